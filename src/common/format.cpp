@@ -1,0 +1,19 @@
+#include "common/format.h"
+
+#include <fmt/format.h>
+
+namespace rl {
+
+std::string human_bytes(uint64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    u++;
+  }
+  if (u == 0) return fmt::format("{} B", bytes);
+  return fmt::format("{:.2f} {}", v, units[u]);
+}
+
+}  // namespace rl

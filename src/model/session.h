@@ -1,0 +1,64 @@
+// The one interface every backend implements (DESIGN.md §3): a Session holds one sequence's
+// state (KV cache, conv and SSM states, position) and turns tokens into logits.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rl {
+
+// Receives intermediate tensors of a forward pass (names as in the llama.cpp trace fixtures:
+// "attn_residual-L", "ffn_moe_logits-L", "ffn_moe_topk-L", "l_out-L", "result_norm").
+// Shapes are [n_tokens][width], row-major.
+class TraceSink {
+ public:
+  virtual ~TraceSink() = default;
+  virtual void tensor(std::string_view name, int n_tokens, int width, const float* data) = 0;
+  virtual void ids(std::string_view name, int n_tokens, int width, const int32_t* data) = 0;
+};
+
+// An opaque copy of a session's state; bytes() is what it costs to keep.
+class SessionSnapshot {
+ public:
+  virtual ~SessionSnapshot() = default;
+  virtual size_t bytes() const = 0;
+  virtual int position() const = 0;
+};
+
+class Session {
+ public:
+  virtual ~Session() = default;
+
+  // Runs `tokens` at positions position()..position()+n-1 and returns the logits of the last one
+  // [n_vocab]. When all_logits is given it receives [n_tokens][n_vocab]. Throws rl::Error (and
+  // leaves the state unchanged) when the tokens would run past n_ctx() or an id is out of range.
+  virtual std::vector<float> prefill(std::span<const int32_t> tokens,
+                                     std::vector<float>* all_logits = nullptr) = 0;
+  // One token; same as prefill({token}).
+  virtual std::vector<float> decode(int32_t token) = 0;
+
+  virtual int position() const = 0;
+  virtual int n_ctx() const = 0;
+  virtual int n_vocab() const = 0;
+
+  virtual std::unique_ptr<SessionSnapshot> snapshot() const = 0;
+  // Throws rl::Error when the snapshot came from another kind of session.
+  virtual void restore(const SessionSnapshot& snap) = 0;
+  virtual void reset() = 0;
+
+  // Optional observation of intermediate tensors and router selections (nullptr: off).
+  virtual void set_trace(TraceSink* sink) = 0;
+};
+
+// A loaded model on one backend; sessions share its weights.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+  virtual std::unique_ptr<Session> new_session(int n_ctx) = 0;
+};
+
+}  // namespace rl

@@ -1,0 +1,32 @@
+// Shared test helpers: where the fixtures and the redlite binary are.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace rl::test {
+
+// REDLITE_FIXTURES, else ../shared/fixtures next to the source tree.
+inline std::string fixtures_dir() {
+  if (const char* e = std::getenv("REDLITE_FIXTURES"); e && *e) return e;
+  return std::string(REDLITE_SOURCE_DIR) + "/../shared/fixtures";
+}
+
+inline std::string fixture(const std::string& name) { return fixtures_dir() + "/" + name; }
+
+// The redlite binary under test (set by CTest), else the one in the build tree.
+inline std::string redlite_bin() {
+  if (const char* e = std::getenv("REDLITE_BIN"); e && *e) return e;
+  return std::string(REDLITE_BINARY_DIR) + "/redlite";
+}
+
+}  // namespace rl::test
+
+// Skips the test, visibly, when a fixture file is absent.
+#define RL_REQUIRE_FIXTURE(path)                                                   \
+  do {                                                                             \
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "fixture not found: " << (path) \
+                                                     << " (set REDLITE_FIXTURES)"; \
+  } while (0)
