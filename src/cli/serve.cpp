@@ -1,0 +1,89 @@
+// `redlite serve -m MODEL [--host] [--port] [--api-key] [--ctx] [--max-queue]`: the
+// OpenAI-compatible HTTP server (src/server). Ctrl-C (SIGINT/SIGTERM) stops it cleanly.
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "cli/common_options.h"
+#include "common/error.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rl::cli {
+namespace {
+
+struct ServeArgs {
+  CommonOptions common;
+  ServerConfig server;
+  double cache_mib_prompt = 1024;
+};
+
+// The signal handler only flips this; a watcher thread calls Server::stop().
+volatile std::sig_atomic_t g_stop_requested = 0;
+void on_signal(int) { g_stop_requested = 1; }
+
+int run_serve(ServeArgs& a) {
+  const CommonOptions common = a.common;
+  ServerConfig cfg = a.server;
+  if (common.ctx > 0) cfg.n_ctx = common.ctx;
+  cfg.prompt_cache_bytes = (size_t)(a.cache_mib_prompt * 1024 * 1024);
+  if (!std::filesystem::exists(common.model_path)) fail("{}: no such model file", common.model_path);
+
+  struct Owned {
+    LoadedModel loaded;
+    std::unique_ptr<Tokenizer> tokenizer;
+  };
+  Server server(cfg, [common](const std::function<void(float)>& progress) {
+    auto owned = std::make_shared<Owned>();
+    progress(0.05f);
+    owned->loaded = open_model(common);
+    progress(0.9f);
+    owned->tokenizer = Tokenizer::from_gguf(owned->loaded.model->gguf());
+    ServedModel m;
+    m.id = std::filesystem::path(common.model_path).filename().string();
+    m.backend = owned->loaded.backend.get();
+    m.tokenizer = owned->tokenizer.get();
+    m.n_ctx_train = owned->loaded.n_ctx;
+    m.owner = owned;
+    return m;
+  });
+  server.start();
+  fmt::print(stderr, "redlite serve: listening on http://{}:{} (model {}, backend {})\n", cfg.host, server.port(),
+             common.model_path, common.backend.empty() ? default_backend_name() : common.backend);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::thread watcher([&server] {
+    while (!g_stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.stop();
+  });
+  server.wait();
+  g_stop_requested = 1;
+  watcher.join();
+  fmt::print(stderr, "redlite serve: stopped\n");
+  return 0;
+}
+
+Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)", [](CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  add_common_options(app, a->common);
+  app.add_option("--host", a->server.host, "address to bind (default: loopback only)");
+  app.add_option("--port", a->server.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--api-key", a->server.api_key, "require 'Authorization: Bearer KEY' on API calls");
+  app.add_option("--max-queue", a->server.max_queue, "requests that may wait for the model; more get 503")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_option("--timeout", a->server.request_timeout_s, "seconds a request may run")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-body", a->server.max_body_bytes, "largest request body in bytes");
+  app.add_option("--prompt-cache-mib", a->cache_mib_prompt, "memory for kept session states (state reuse)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--chatml-fallback", a->server.chatml_fallback,
+               "serve a file whose chat template is not recognised with plain ChatML");
+  app.add_flag("-v,--verbose", a->server.verbose, "log every request on stderr");
+  return [a] { return run_serve(*a); };
+});
+
+}  // namespace
+}  // namespace rl::cli

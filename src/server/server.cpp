@@ -1,0 +1,952 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "generate/chat_template.h"
+#include "generate/generator.h"
+#include "generate/prompt_cache.h"
+#include "model/session.h"
+#include "server/api.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rl {
+
+using nlohmann::json;
+using api::ApiError;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// How often a waiting HTTP thread wakes to check its client and deadline.
+constexpr auto kPollInterval = std::chrono::milliseconds(100);
+// Alternatives reported per token at most (OpenAI's limit for top_logprobs).
+constexpr int kMaxTopLogprobs = 20;
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+  std::vector<std::pair<int32_t, float>> top;  // most probable first
+};
+
+// log-softmax of the model's logits for `token` and the `top_n` most probable alternatives.
+TokenLogprob token_logprob(int32_t token, std::span<const float> logits, int top_n) {
+  float mx = -INFINITY;
+  for (float v : logits) mx = std::max(mx, v);
+  double sum = 0;
+  for (float v : logits) sum += std::exp((double)v - mx);
+  const float log_z = mx + (float)std::log(sum);
+  TokenLogprob t{token, logits[token] - log_z, {}};
+  if (top_n > 0) {
+    std::vector<int32_t> idx(logits.size());
+    for (size_t i = 0; i < idx.size(); i++) idx[i] = (int32_t)i;
+    const size_t n = std::min<size_t>(top_n, idx.size());
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (size_t i = 0; i < n; i++) t.top.emplace_back(idx[i], logits[idx[i]] - log_z);
+  }
+  return t;
+}
+
+// Splits a Thinking model's reply into reasoning (before </think>) and content, incrementally,
+// so the streamed deltas and the non-streamed message are cut at the same place.
+class ReasoningSplitter {
+ public:
+  explicit ReasoningSplitter(bool active) : in_reasoning_(active) {}
+  // Appends text; returns (reasoning, content) that became final.
+  std::pair<std::string, std::string> push(std::string_view text) {
+    std::string reasoning, content;
+    if (!in_reasoning_) {
+      content = strip_leading(std::string(text));
+      return {reasoning, content};
+    }
+    held_ += text;
+    static constexpr std::string_view kEnd = "</think>";
+    if (size_t p = held_.find(kEnd); p != std::string::npos) {
+      reasoning = held_.substr(0, p);
+      content = strip_leading(held_.substr(p + kEnd.size()));
+      held_.clear();
+      in_reasoning_ = false;
+      return {reasoning, content};
+    }
+    size_t keep = 0;  // a tail that may be the start of </think>
+    for (size_t k = std::min(kEnd.size() - 1, held_.size()); k > 0; k--)
+      if (held_.compare(held_.size() - k, k, kEnd.substr(0, k)) == 0) {
+        keep = k;
+        break;
+      }
+    reasoning = held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return {reasoning, content};
+  }
+  std::string flush_reasoning() {
+    std::string r;
+    r.swap(held_);
+    return r;
+  }
+
+ private:
+  // The template separates </think> from the answer with blank lines: drop them once.
+  std::string strip_leading(std::string s) {
+    if (!strip_pending_) return s;
+    size_t i = s.find_first_not_of('\n');
+    if (i == std::string::npos) return {};
+    strip_pending_ = false;
+    return s.substr(i);
+  }
+  bool in_reasoning_;
+  bool strip_pending_ = true;
+  std::string held_;
+};
+
+// One generation request, shared between its HTTP thread and the model worker.
+struct Job {
+  std::vector<int32_t> prompt;
+  GenerationConfig gen;
+  int top_logprobs = -1;
+  Clock::time_point enqueued = Clock::now();
+  Clock::time_point deadline;
+  std::atomic<bool> cancel{false};
+
+  std::mutex m;
+  std::condition_variable cv;
+  std::string text;                    // streamed text not yet taken by the HTTP thread
+  std::vector<TokenLogprob> logprobs;  // per generated token, not yet taken
+  bool started = false;
+  bool done = false;
+  std::optional<GenerationResult> result;
+  std::optional<ApiError> error;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerConfig cfg;
+  ModelLoader loader;
+  httplib::Server http;
+  std::thread http_thread, load_thread, worker_thread;
+
+  // Model state (set once by the loader).
+  std::atomic<bool> is_ready{false};
+  std::atomic<bool> load_failed{false};
+  std::atomic<float> load_progress{0};
+  std::string load_error;
+  ServedModel model;
+  std::optional<ChatTemplate> chat_template;
+  std::string chat_template_error;
+  SamplingParams default_sampling;
+
+  // The worker's session and its prompt cache.
+  std::unique_ptr<Session> session;
+  std::unique_ptr<Generator> generator;
+  std::unique_ptr<PromptCache> prompt_cache;
+
+  // Queue.
+  std::mutex qm;
+  std::condition_variable qcv;
+  std::deque<std::shared_ptr<Job>> queue;
+  bool stopping = false;
+  bool running_job = false;
+  std::shared_ptr<Job> current;  // the job the worker runs, for stop()
+
+  // Metrics.
+  std::mutex metrics_m;
+  std::map<std::pair<std::string, int>, uint64_t> requests;  // (endpoint, status) -> count
+  uint64_t rejected_busy = 0, cancelled = 0, timed_out = 0;
+  uint64_t prompt_tokens = 0, prefill_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  double last_decode_tok_s = 0, last_prefill_tok_s = 0;
+  std::atomic<uint64_t> next_id{1};
+
+  std::mutex stop_m;
+  std::condition_variable stop_cv;
+  bool stopped = false;
+
+  void count(const std::string& endpoint, int status) {
+    std::lock_guard<std::mutex> l(metrics_m);
+    requests[{endpoint, status}]++;
+  }
+
+  // ---- loading and the worker ------------------------------------------------------------
+
+  void load() {
+    try {
+      model = loader([this](float p) { load_progress = p; });
+      if (!model.backend || !model.tokenizer) fail("the model loader returned no backend or tokenizer");
+      try {
+        chat_template = ChatTemplate::detect(model.tokenizer->chat_template(), cfg.chatml_fallback);
+        if (chat_template->fell_back()) fmt::print(stderr, "warning: {}\n", chat_template->warning());
+      } catch (const Error& e) {
+        chat_template_error = e.what();  // completions still work; chat requests get this error
+        fmt::print(stderr, "warning: /v1/chat/completions disabled: {}\n", e.what());
+      }
+      int n_ctx = cfg.n_ctx;
+      if (model.n_ctx_train > 0) n_ctx = std::min(n_ctx, model.n_ctx_train);
+      session = model.backend->new_session(n_ctx);
+      generator = std::make_unique<Generator>(*session, *model.tokenizer);
+      prompt_cache = std::make_unique<PromptCache>(cfg.prompt_cache_bytes);
+      load_progress = 1;
+      is_ready = true;
+      worker_thread = std::thread([this] { work(); });
+      fmt::print(stderr, "redlite serve: model '{}' ready, context {} tokens\n", model.id, n_ctx);
+    } catch (const std::exception& e) {
+      load_error = e.what();
+      load_failed = true;
+      fmt::print(stderr, "error: loading the model failed: {}\n", e.what());
+    }
+  }
+
+  void work() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> l(qm);
+        qcv.wait(l, [&] { return stopping || !queue.empty(); });
+        if (stopping) return;
+        job = queue.front();
+        queue.pop_front();
+        running_job = true;
+        current = job;
+      }
+      run(*job);
+      std::lock_guard<std::mutex> l(qm);
+      running_job = false;
+      current.reset();
+    }
+  }
+
+  void run(Job& job) {
+    {
+      std::lock_guard<std::mutex> l(job.m);
+      job.started = true;
+    }
+    GenerationConfig gen = job.gen;
+    if (job.top_logprobs >= 0) {
+      const int top = std::min(job.top_logprobs, kMaxTopLogprobs);
+      gen.on_token = [&job, top, this](int32_t token, std::span<const float> logits) {
+        if (model.tokenizer->is_eog(token)) return;  // the end token is not part of the reply
+        TokenLogprob t = token_logprob(token, logits, top);
+        std::lock_guard<std::mutex> l(job.m);
+        job.logprobs.push_back(std::move(t));
+      };
+    }
+    try {
+      GenerationResult r = generator->generate(
+          job.prompt, gen,
+          [&job](std::string_view piece) {
+            std::lock_guard<std::mutex> l(job.m);
+            job.text += piece;
+            job.cv.notify_all();
+          },
+          &job.cancel, prompt_cache.get());
+      {
+        std::lock_guard<std::mutex> l(metrics_m);
+        prompt_tokens += r.prompt_tokens;
+        prefill_tokens += r.prefill_tokens;
+        cached_tokens += r.reused_tokens;
+        generated_tokens += r.decode_passes + (r.tokens.empty() ? 0 : 1);
+        prefill_seconds += r.prefill_seconds;
+        decode_seconds += r.decode_seconds;
+        if (r.prefill_tokens > 0) last_prefill_tok_s = r.prefill_tok_s();
+        if (r.decode_passes > 0) last_decode_tok_s = r.decode_tok_s();
+        if (r.finish == FinishReason::Cancelled) cancelled++;
+      }
+      std::lock_guard<std::mutex> l(job.m);
+      job.result = std::move(r);
+    } catch (const std::exception& e) {
+      // The session may be mid-token: start over, so the next request sees a clean state.
+      try {
+        generator->reset();
+      } catch (...) {
+      }
+      std::lock_guard<std::mutex> l(job.m);
+      job.error = ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error");
+    }
+    std::lock_guard<std::mutex> l(job.m);
+    job.done = true;
+    job.cv.notify_all();
+  }
+
+  // Admits a job to the queue or refuses it with 503 (the caller sets Retry-After).
+  void enqueue(const std::shared_ptr<Job>& job) {
+    std::lock_guard<std::mutex> l(qm);
+    if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
+    if ((int)queue.size() >= cfg.max_queue) {
+      std::lock_guard<std::mutex> m(metrics_m);
+      rejected_busy++;
+      throw ApiError(503, fmt::format("the server is busy: {} requests are waiting; retry later", queue.size()),
+                     "server_busy", {}, "queue_full");
+    }
+    queue.push_back(job);
+    qcv.notify_one();
+  }
+
+  // ---- request helpers ----------------------------------------------------------------------
+
+  void require_ready() {
+    if (load_failed) throw ApiError(500, "the model failed to load: " + load_error, "server_error");
+    if (!is_ready)
+      throw ApiError(503, fmt::format("the model is loading ({:.0f}%)", load_progress * 100), "server_busy", {},
+                     "loading");
+  }
+
+  void check_auth(const httplib::Request& req) {
+    if (cfg.api_key.empty()) return;
+    const std::string h = req.get_header_value("Authorization");
+    const std::string expected = "Bearer " + cfg.api_key;
+    // Compare in constant time so the key cannot be guessed byte by byte from response times.
+    bool ok = h.size() == expected.size();
+    unsigned char diff = 0;
+    for (size_t i = 0; i < expected.size(); i++) diff |= (unsigned char)(i < h.size() ? h[i] : 0) ^ expected[i];
+    if (!ok || diff != 0)
+      throw ApiError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                     "authentication_error", {}, "invalid_api_key");
+  }
+
+  // Fits the prompt and max_tokens into the context; 400 when the prompt alone does not fit.
+  void fit_context(Job& job, bool max_tokens_given) {
+    const int n_ctx = session->n_ctx();
+    const int n_prompt = (int)job.prompt.size();
+    if (n_prompt == 0) throw ApiError(400, "the prompt is empty", "invalid_request_error", "prompt");
+    if (n_prompt >= n_ctx)
+      throw ApiError(400,
+                     fmt::format("the prompt is {} tokens long, but the context holds {} tokens (prompt and "
+                                 "reply together); shorten the prompt or start the server with a larger --ctx",
+                                 n_prompt, n_ctx),
+                     "invalid_request_error", "messages", "context_length_exceeded");
+    const int room = n_ctx - n_prompt;
+    if (!max_tokens_given || job.gen.max_tokens > room) job.gen.max_tokens = room;
+    for (int32_t t : job.prompt)
+      if (t < 0 || t >= model.tokenizer->n_vocab())
+        throw ApiError(400, fmt::format("token id {} is out of range (vocabulary of {})", t, model.tokenizer->n_vocab()),
+                       "invalid_request_error", "prompt");
+  }
+
+  std::shared_ptr<Job> make_job(std::vector<int32_t> prompt, const api::CommonRequest& c) {
+    auto job = std::make_shared<Job>();
+    job->prompt = std::move(prompt);
+    job->gen = c.gen;
+    job->top_logprobs = c.top_logprobs;
+    job->deadline = Clock::now() + std::chrono::milliseconds((int64_t)(cfg.request_timeout_s * 1000));
+    fit_context(*job, c.max_tokens_given);
+    return job;
+  }
+
+  // Waits for more output. Returns false when the deadline passed (the job is then cancelled).
+  bool wait_for_output(Job& job, std::unique_lock<std::mutex>& l) {
+    job.cv.wait_for(l, kPollInterval);
+    if (!job.done && Clock::now() > job.deadline) {
+      job.cancel = true;
+      return false;
+    }
+    return true;
+  }
+
+  // Cancels a job: removes it from the queue if it has not started, else flags it.
+  void abandon(const std::shared_ptr<Job>& job) {
+    job->cancel = true;
+    std::lock_guard<std::mutex> l(qm);
+    auto it = std::find(queue.begin(), queue.end(), job);
+    if (it != queue.end()) {
+      queue.erase(it);
+      std::lock_guard<std::mutex> m(metrics_m);
+      cancelled++;
+    }
+  }
+
+  // Blocks until the job ends; 504 when it runs past its deadline.
+  GenerationResult wait_result(const std::shared_ptr<Job>& job) {
+    std::unique_lock<std::mutex> l(job->m);
+    while (!job->done) {
+      if (!wait_for_output(*job, l)) {
+        l.unlock();
+        abandon(job);
+        l.lock();
+        while (!job->done && job->started) job->cv.wait_for(l, kPollInterval);
+        std::lock_guard<std::mutex> m(metrics_m);
+        timed_out++;
+        throw ApiError(504, fmt::format("the request ran past its {} s timeout", cfg.request_timeout_s),
+                       "timeout_error");
+      }
+    }
+    if (job->error) throw *job->error;
+    return *job->result;
+  }
+
+  json usage_json(const GenerationResult& r) const {
+    const int completion = (int)r.tokens.size() - (r.stop_token ? 1 : 0);
+    return json{{"prompt_tokens", r.prompt_tokens},
+                {"completion_tokens", completion},
+                {"total_tokens", r.prompt_tokens + completion},
+                {"prompt_tokens_details", {{"cached_tokens", r.reused_tokens}}}};
+  }
+
+  static json timings_json(const GenerationResult& r) {
+    return json{{"prompt_n", r.prefill_tokens},
+                {"prompt_ms", r.prefill_seconds * 1000},
+                {"prompt_per_second", r.prefill_tok_s()},
+                {"cached_n", r.reused_tokens},
+                {"predicted_n", r.decode_passes},
+                {"predicted_ms", r.decode_seconds * 1000},
+                {"predicted_per_second", r.decode_tok_s()}};
+  }
+
+  json bytes_json(const std::string& s) const {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back((int)c);
+    return b;
+  }
+
+  // Chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}
+  json chat_logprobs_json(const std::vector<TokenLogprob>& lps) const {
+    json content = json::array();
+    for (const TokenLogprob& t : lps) {
+      const std::string piece = model.tokenizer->piece(t.token);
+      json top = json::array();
+      for (auto [id, lp] : t.top) {
+        const std::string p = model.tokenizer->piece(id);
+        top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes_json(p)}});
+      }
+      content.push_back({{"token", piece}, {"logprob", t.logprob}, {"bytes", bytes_json(piece)}, {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+
+  // Completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+  json completion_logprobs_json(const std::vector<TokenLogprob>& lps, size_t text_offset0) const {
+    json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+    size_t off = text_offset0;
+    for (const TokenLogprob& t : lps) {
+      const std::string piece = model.tokenizer->piece(t.token);
+      tokens.push_back(piece);
+      token_lps.push_back(t.logprob);
+      json top = json::object();
+      for (auto [id, lp] : t.top) top[model.tokenizer->piece(id)] = lp;
+      tops.push_back(top);
+      offsets.push_back(off);
+      off += piece.size();
+    }
+    return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  bool thinking() const {
+    return chat_template && chat_template->format() == ChatFormat::Qwen3Thinking;
+  }
+
+  // ---- endpoints ----------------------------------------------------------------------------
+
+  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+    check_auth(req);
+    json body = api::parse_body(req.body);
+    api::ChatRequest cr = api::parse_chat_request(body, default_sampling);
+    require_ready();
+    if (!chat_template) throw ApiError(500, chat_template_error, "server_error");
+    ChatRenderOptions opt;
+    opt.tools = cr.tools;
+    opt.enable_thinking = cr.enable_thinking;
+    std::string prompt_text;
+    try {
+      prompt_text = chat_template->render(cr.messages, opt);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "invalid_request_error", "messages");
+    }
+    auto job = make_job(model.tokenizer->encode(prompt_text, /*parse_special=*/true), cr.common);
+    const std::string id = fmt::format("chatcmpl-{}", next_id++);
+    const int64_t created = unix_now();
+    const bool has_tools = !cr.tools.empty();
+    const bool split_reasoning = thinking() && !(cr.enable_thinking && !*cr.enable_thinking);
+    auto finish_name = [&](const GenerationResult& r, const ParsedReply& parsed) -> std::string {
+      if (!parsed.tool_calls.empty()) return "tool_calls";
+      return r.finish == FinishReason::Length ? "length" : "stop";
+    };
+    auto tool_calls_json = [&](const ParsedReply& parsed) {
+      json calls = json::array();
+      for (size_t i = 0; i < parsed.tool_calls.size(); i++) {
+        const ToolCall& c = parsed.tool_calls[i];
+        calls.push_back({{"index", i},
+                         {"id", fmt::format("call_{}_{}", id, i)},
+                         {"type", "function"},
+                         {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      }
+      return calls;
+    };
+
+    enqueue(job);
+    if (!cr.common.stream) {
+      GenerationResult r = wait_result(job);
+      ReasoningSplitter split(split_reasoning);
+      auto [reasoning, content] = split.push(r.text);
+      reasoning += split.flush_reasoning();
+      ParsedReply parsed;
+      if (has_tools) parsed = chat_template->parse_reply(content, cr.tools);
+      else parsed.content = content;
+      json message = {{"role", "assistant"}, {"content", parsed.content}};
+      if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+      if (!parsed.tool_calls.empty()) {
+        message["tool_calls"] = tool_calls_json(parsed);
+        if (parsed.content.empty()) message["content"] = nullptr;
+      }
+      json choice = {{"index", 0}, {"message", message}, {"finish_reason", finish_name(r, parsed)}};
+      choice["logprobs"] = job->top_logprobs >= 0 ? chat_logprobs_json(job->logprobs) : json(nullptr);
+      json out = {{"id", id},          {"object", "chat.completion"}, {"created", created},
+                  {"model", model.id}, {"system_fingerprint", "redlite-" REDLITE_VERSION},
+                  {"choices", json::array({choice})}, {"usage", usage_json(r)}, {"timings", timings_json(r)}};
+      res.set_content(api::dump(out), "application/json");
+      return;
+    }
+
+    auto chunk = [&, id, created](json delta, json finish, json logprobs) {
+      json choice = {{"index", 0}, {"delta", std::move(delta)}, {"finish_reason", std::move(finish)}};
+      choice["logprobs"] = std::move(logprobs);
+      json c = {{"id", id},          {"object", "chat.completion.chunk"}, {"created", created},
+                {"model", model.id}, {"system_fingerprint", "redlite-" REDLITE_VERSION},
+                {"choices", json::array({choice})}};
+      return c;
+    };
+    const bool include_usage = cr.common.include_usage;
+    auto tools = cr.tools;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, chunk, include_usage, has_tools, split_reasoning, tools, tool_calls_json, finish_name, id,
+         created](size_t, httplib::DataSink& sink) {
+          auto send = [&](const json& j) {
+            const std::string s = "data: " + api::dump(j) + "\n\n";
+            return sink.write(s.data(), s.size());
+          };
+          ReasoningSplitter split(split_reasoning);
+          std::string buffered;  // with tools, content waits for the end to be parsed
+          bool ok = send(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+          std::unique_lock<std::mutex> l(job->m);
+          bool expired = false;
+          for (;;) {
+            std::string text;
+            text.swap(job->text);
+            std::vector<TokenLogprob> lps;
+            lps.swap(job->logprobs);
+            const bool done = job->done;
+            l.unlock();
+            if (ok && !text.empty()) {
+              auto [reasoning, content] = split.push(text);
+              if (!reasoning.empty()) ok = ok && send(chunk({{"reasoning_content", reasoning}}, nullptr, nullptr));
+              if (has_tools) {
+                buffered += content;
+              } else if (!content.empty()) {
+                json lp = job->top_logprobs >= 0 ? chat_logprobs_json(lps) : json(nullptr);
+                ok = ok && send(chunk({{"content", content}}, nullptr, lp));
+              }
+            }
+            if (!ok) {  // the client went away: stop generating at the next token
+              abandon(job);
+              return false;
+            }
+            if (done) break;
+            l.lock();
+            if (!job->done && job->text.empty() && !wait_for_output(*job, l)) {
+              expired = true;
+              l.unlock();
+              break;
+            }
+          }
+          if (expired) {
+            abandon(job);
+            std::lock_guard<std::mutex> m(metrics_m);
+            timed_out++;
+            ApiError e(504, "the request ran past its timeout", "timeout_error");
+            send(api::error_body(e));
+            sink.write("data: [DONE]\n\n", 14);
+            sink.done();
+            return true;
+          }
+          std::unique_lock<std::mutex> l2(job->m);
+          if (job->error) {
+            ApiError e = *job->error;
+            l2.unlock();
+            send(api::error_body(e));
+            sink.write("data: [DONE]\n\n", 14);
+            sink.done();
+            return true;
+          }
+          GenerationResult r = *job->result;
+          l2.unlock();
+          if (std::string rest = split.flush_reasoning(); !rest.empty())
+            send(chunk({{"reasoning_content", rest}}, nullptr, nullptr));
+          ParsedReply parsed;
+          if (has_tools) {
+            parsed = chat_template->parse_reply(buffered, tools);
+            if (!parsed.content.empty()) send(chunk({{"content", parsed.content}}, nullptr, nullptr));
+            if (!parsed.tool_calls.empty()) send(chunk({{"tool_calls", tool_calls_json(parsed)}}, nullptr, nullptr));
+          }
+          send(chunk(json::object(), finish_name(r, parsed), nullptr));
+          if (include_usage) {
+            json u = {{"id", id},          {"object", "chat.completion.chunk"}, {"created", created},
+                      {"model", model.id}, {"choices", json::array()},          {"usage", usage_json(r)},
+                      {"timings", timings_json(r)}};
+            send(u);
+          }
+          sink.write("data: [DONE]\n\n", 14);
+          sink.done();
+          return true;
+        });
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    check_auth(req);
+    json body = api::parse_body(req.body);
+    api::CompletionRequest cr = api::parse_completion_request(body, default_sampling);
+    require_ready();
+    std::vector<int32_t> prompt = cr.prompt_text ? model.tokenizer->encode(*cr.prompt_text, /*parse_special=*/true)
+                                                 : cr.prompt_tokens;
+    if (model.tokenizer->add_bos() && model.tokenizer->bos_id() >= 0 && cr.prompt_text)
+      prompt.insert(prompt.begin(), model.tokenizer->bos_id());
+    auto job = make_job(std::move(prompt), cr.common);
+    const std::string id = fmt::format("cmpl-{}", next_id++);
+    const int64_t created = unix_now();
+    auto make_choice = [](json text, json finish, json logprobs) {
+      return json{{"index", 0}, {"text", std::move(text)}, {"logprobs", std::move(logprobs)},
+                  {"finish_reason", std::move(finish)}};
+    };
+    auto finish_name = [](const GenerationResult& r) { return r.finish == FinishReason::Length ? "length" : "stop"; };
+
+    enqueue(job);
+    if (!cr.common.stream) {
+      GenerationResult r = wait_result(job);
+      json lp = job->top_logprobs >= 0 ? completion_logprobs_json(job->logprobs, 0) : json(nullptr);
+      json out = {{"id", id},
+                  {"object", "text_completion"},
+                  {"created", created},
+                  {"model", model.id},
+                  {"system_fingerprint", "redlite-" REDLITE_VERSION},
+                  {"choices", json::array({make_choice(r.text, finish_name(r), lp)})},
+                  {"usage", usage_json(r)},
+                  {"timings", timings_json(r)}};
+      res.set_content(api::dump(out), "application/json");
+      return;
+    }
+    const bool include_usage = cr.common.include_usage;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, job, id, created, make_choice, finish_name, include_usage](size_t, httplib::DataSink& sink) {
+          auto frame = [&](json choices, json usage) {
+            json c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model.id},
+                      {"choices", std::move(choices)}};
+            if (!usage.is_null()) c["usage"] = std::move(usage);
+            return c;
+          };
+          auto send = [&](const json& j) {
+            const std::string s = "data: " + api::dump(j) + "\n\n";
+            return sink.write(s.data(), s.size());
+          };
+          size_t offset = 0;
+          std::unique_lock<std::mutex> l(job->m);
+          bool expired = false;
+          for (;;) {
+            std::string text;
+            text.swap(job->text);
+            std::vector<TokenLogprob> lps;
+            lps.swap(job->logprobs);
+            const bool done = job->done;
+            l.unlock();
+            if (!text.empty()) {
+              json lp = job->top_logprobs >= 0 ? completion_logprobs_json(lps, offset) : json(nullptr);
+              offset += text.size();
+              if (!send(frame(json::array({make_choice(text, nullptr, lp)}), nullptr))) {
+                abandon(job);
+                return false;
+              }
+            }
+            if (done) break;
+            l.lock();
+            if (!job->done && job->text.empty() && !wait_for_output(*job, l)) {
+              expired = true;
+              l.unlock();
+              break;
+            }
+          }
+          std::unique_lock<std::mutex> l2(job->m);
+          if (expired || job->error) {
+            ApiError e = expired ? ApiError(504, "the request ran past its timeout", "timeout_error") : *job->error;
+            l2.unlock();
+            if (expired) abandon(job);
+            send(api::error_body(e));
+          } else {
+            GenerationResult r = *job->result;
+            l2.unlock();
+            send(frame(json::array({make_choice("", finish_name(r), nullptr)}), nullptr));
+            if (include_usage) send(frame(json::array(), usage_json(r)));
+          }
+          sink.write("data: [DONE]\n\n", 14);
+          sink.done();
+          return true;
+        });
+  }
+
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    check_auth(req);
+    json body = api::parse_body(req.body);
+    require_ready();
+    auto c = body.find("content");
+    if (c == body.end() || !c->is_string())
+      throw ApiError(400, "'content' must be a string", "invalid_request_error", "content");
+    bool special = false;
+    if (auto s = body.find("parse_special"); s != body.end()) {
+      if (!s->is_boolean()) throw ApiError(400, "'parse_special' must be a boolean", "invalid_request_error", "parse_special");
+      special = s->get<bool>();
+    }
+    bool with_pieces = false;
+    if (auto s = body.find("with_pieces"); s != body.end()) {
+      if (!s->is_boolean()) throw ApiError(400, "'with_pieces' must be a boolean", "invalid_request_error", "with_pieces");
+      with_pieces = s->get<bool>();
+    }
+    std::vector<int32_t> ids = model.tokenizer->encode(c->get<std::string>(), special);
+    json tokens = json::array();
+    for (int32_t id : ids) {
+      if (with_pieces) tokens.push_back({{"id", id}, {"piece", model.tokenizer->piece(id)}});
+      else tokens.push_back(id);
+    }
+    res.set_content(api::dump(json{{"tokens", tokens}}), "application/json");
+  }
+
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    check_auth(req);
+    json body = api::parse_body(req.body);
+    require_ready();
+    auto t = body.find("tokens");
+    if (t == body.end() || !t->is_array())
+      throw ApiError(400, "'tokens' must be an array of token ids", "invalid_request_error", "tokens");
+    std::vector<int32_t> ids;
+    for (const json& v : *t) {
+      if (!v.is_number_integer() && !v.is_number_unsigned())
+        throw ApiError(400, "'tokens' must hold integers", "invalid_request_error", "tokens");
+      const int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= model.tokenizer->n_vocab())
+        throw ApiError(400, fmt::format("token id {} is out of range (vocabulary of {})", id, model.tokenizer->n_vocab()),
+                       "invalid_request_error", "tokens");
+      ids.push_back((int32_t)id);
+    }
+    res.set_content(api::dump(json{{"content", model.tokenizer->decode(ids)}}), "application/json");
+  }
+
+  void models(const httplib::Request& req, httplib::Response& res) {
+    check_auth(req);
+    json data = json::array();
+    if (is_ready)
+      data.push_back({{"id", model.id}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "redlite"},
+                      {"meta", {{"n_ctx", session->n_ctx()}, {"n_vocab", model.tokenizer->n_vocab()}}}});
+    res.set_content(api::dump(json{{"object", "list"}, {"data", data}}), "application/json");
+  }
+
+  void health(httplib::Response& res) {
+    if (load_failed) {
+      res.status = 500;
+      res.set_content(api::dump(json{{"status", "error"}, {"error", load_error}}), "application/json");
+    } else if (!is_ready) {
+      res.status = 503;
+      res.set_content(api::dump(json{{"status", "loading"}, {"progress", load_progress.load()}}), "application/json");
+    } else {
+      res.set_content(api::dump(json{{"status", "ok"}}), "application/json");
+    }
+  }
+
+  void metrics(httplib::Response& res) {
+    std::string out;
+    size_t depth;
+    bool busy;
+    {
+      std::lock_guard<std::mutex> l(qm);
+      depth = queue.size();
+      busy = running_job;
+    }
+    std::lock_guard<std::mutex> l(metrics_m);
+    auto metric = [&](const char* name, const char* type, const char* help) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    };
+    metric("redlite_requests_total", "counter", "HTTP requests by endpoint and status");
+    for (auto& [k, v] : requests)
+      out += fmt::format("redlite_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", k.first, k.second, v);
+    metric("redlite_requests_rejected_busy_total", "counter", "requests refused with 503 because the queue was full");
+    out += fmt::format("redlite_requests_rejected_busy_total {}\n", rejected_busy);
+    metric("redlite_requests_cancelled_total", "counter", "generations cancelled by a client that went away");
+    out += fmt::format("redlite_requests_cancelled_total {}\n", cancelled);
+    metric("redlite_requests_timed_out_total", "counter", "generations that ran past the request timeout");
+    out += fmt::format("redlite_requests_timed_out_total {}\n", timed_out);
+    metric("redlite_prompt_tokens_total", "counter", "prompt tokens of finished generations");
+    out += fmt::format("redlite_prompt_tokens_total {}\n", prompt_tokens);
+    metric("redlite_prompt_tokens_cached_total", "counter", "prompt tokens reused from a kept session state");
+    out += fmt::format("redlite_prompt_tokens_cached_total {}\n", cached_tokens);
+    metric("redlite_prefill_tokens_total", "counter", "prompt tokens the model processed");
+    out += fmt::format("redlite_prefill_tokens_total {}\n", prefill_tokens);
+    metric("redlite_generated_tokens_total", "counter", "tokens generated");
+    out += fmt::format("redlite_generated_tokens_total {}\n", generated_tokens);
+    metric("redlite_prefill_seconds_total", "counter", "time spent in prefill");
+    out += fmt::format("redlite_prefill_seconds_total {:.6f}\n", prefill_seconds);
+    metric("redlite_decode_seconds_total", "counter", "time spent generating");
+    out += fmt::format("redlite_decode_seconds_total {:.6f}\n", decode_seconds);
+    metric("redlite_decode_tokens_per_second", "gauge", "decode speed of the last generation");
+    out += fmt::format("redlite_decode_tokens_per_second {:.3f}\n", last_decode_tok_s);
+    metric("redlite_prefill_tokens_per_second", "gauge", "prefill speed of the last prompt");
+    out += fmt::format("redlite_prefill_tokens_per_second {:.3f}\n", last_prefill_tok_s);
+    metric("redlite_queue_depth", "gauge", "requests waiting for the model");
+    out += fmt::format("redlite_queue_depth {}\n", depth);
+    metric("redlite_requests_running", "gauge", "generations running now");
+    out += fmt::format("redlite_requests_running {}\n", busy ? 1 : 0);
+    if (prompt_cache) {
+      const uint64_t h = prompt_cache->hits(), m = prompt_cache->misses();
+      metric("redlite_prompt_cache_hit_rate", "gauge", "share of lookups that found a reusable session state");
+      out += fmt::format("redlite_prompt_cache_hit_rate {:.4f}\n", h + m ? (double)h / (double)(h + m) : 0.0);
+      metric("redlite_prompt_cache_bytes", "gauge", "bytes held by kept session states");
+      out += fmt::format("redlite_prompt_cache_bytes {}\n", prompt_cache->bytes());
+    }
+    res.set_content(out, "text/plain; version=0.0.4");
+  }
+
+  // Wraps an endpoint: ApiError -> OpenAI error object; anything else -> 500; counts the result.
+  template <class F>
+  httplib::Server::Handler wrap(const char* endpoint, F f) {
+    return [this, endpoint, f](const httplib::Request& req, httplib::Response& res) {
+      try {
+        f(req, res);
+      } catch (const ApiError& e) {
+        res.status = e.status;
+        if (e.status == 503) res.set_header("Retry-After", "1");
+        res.set_content(api::dump(api::error_body(e)), "application/json");
+      } catch (const std::exception& e) {
+        res.status = 500;
+        res.set_content(api::dump(api::error_body(ApiError(500, e.what(), "server_error"))), "application/json");
+      }
+      count(endpoint, res.status);
+      if (cfg.verbose) fmt::print(stderr, "{} {} -> {}\n", req.method, req.path, res.status);
+    };
+  }
+
+  void routes() {
+    http.Get("/health", wrap("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); }));
+    http.Get("/v1/health", wrap("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); }));
+    http.Get("/metrics", wrap("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+               check_auth(req);
+               metrics(res);
+             }));
+    http.Get("/v1/models", wrap("/v1/models", [this](const auto& q, auto& s) { models(q, s); }));
+    http.Post("/v1/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
+    http.Post("/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
+    http.Post("/v1/completions", wrap("/v1/completions", [this](const auto& q, auto& s) { completions(q, s); }));
+    http.Post("/completions", wrap("/v1/completions", [this](const auto& q, auto& s) { completions(q, s); }));
+    http.Post("/tokenize", wrap("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); }));
+    http.Post("/detokenize", wrap("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); }));
+
+    // Unknown paths and methods, and httplib's own rejections (413 for a body past the limit,
+    // 400 for a malformed request line), still answer with an OpenAI-style error object.
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string msg;
+      switch (res.status) {
+        case 404: msg = fmt::format("no endpoint {} {}", req.method, req.path); break;
+        case 413: msg = fmt::format("the request body is larger than the limit of {} bytes", cfg.max_body_bytes); break;
+        case 405: msg = fmt::format("method {} is not allowed on {}", req.method, req.path); break;
+        default: msg = fmt::format("the request could not be processed (HTTP {})", res.status); break;
+      }
+      res.set_content(api::dump(api::error_body(ApiError(res.status, msg))), "application/json");
+      count("other", res.status);
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+      res.status = 500;
+      res.set_content(api::dump(api::error_body(ApiError(500, "internal error", "server_error"))), "application/json");
+    });
+  }
+};
+
+Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = std::move(config);
+  impl_->loader = std::move(loader);
+  // OpenAI's defaults (temperature 1, top_p 1) with no top-k / min-p filter: a request that
+  // names no sampling field samples from the model's own distribution.
+  SamplingParams d;
+  d.temperature = 1.0f;
+  d.top_k = 0;
+  d.top_p = 1.0f;
+  d.min_p = 0.0f;
+  impl_->default_sampling = d;
+  if (impl_->cfg.max_queue < 0) fail("--max-queue: must be >= 0, got {}", impl_->cfg.max_queue);
+  if (impl_->cfg.n_ctx < 2) fail("--ctx: must be at least 2, got {}", impl_->cfg.n_ctx);
+  if (!(impl_->cfg.request_timeout_s > 0)) fail("--timeout: must be > 0 seconds");
+}
+
+Server::~Server() {
+  stop();
+  if (impl_->http_thread.joinable()) impl_->http_thread.join();
+  if (impl_->load_thread.joinable()) impl_->load_thread.join();
+  if (impl_->worker_thread.joinable()) impl_->worker_thread.join();
+}
+
+void Server::start() {
+  Impl& s = *impl_;
+  const int threads = s.cfg.http_threads > 0 ? s.cfg.http_threads : std::max(16, s.cfg.max_queue + 8);
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.http.set_payload_max_length(s.cfg.max_body_bytes);
+  // A client that sends its request slowly is dropped after this, not waited for forever.
+  s.http.set_read_timeout(s.cfg.read_timeout_s, 0);
+  s.http.set_write_timeout(30, 0);
+  s.http.set_keep_alive_timeout(5);
+  s.routes();
+  int port = s.cfg.port;
+  if (port == 0) {
+    port = s.http.bind_to_any_port(s.cfg.host);
+    if (port < 0) fail("cannot bind to {}:<any port>", s.cfg.host);
+  } else if (!s.http.bind_to_port(s.cfg.host, port)) {
+    fail("cannot bind to {}:{} (in use, or not an address of this machine?)", s.cfg.host, port);
+  }
+  s.cfg.port = port;
+  s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
+  s.load_thread = std::thread([&s] { s.load(); });
+}
+
+void Server::wait() {
+  std::unique_lock<std::mutex> l(impl_->stop_m);
+  impl_->stop_cv.wait(l, [&] { return impl_->stopped; });
+}
+
+void Server::stop() {
+  Impl& s = *impl_;
+  {
+    std::lock_guard<std::mutex> l(s.qm);
+    s.stopping = true;
+    // Queued requests end with 503; the running one stops at its next token.
+    for (auto& job : s.queue) {
+      std::lock_guard<std::mutex> j(job->m);
+      job->cancel = true;
+      job->error = ApiError(503, "the server is shutting down", "server_error");
+      job->done = true;
+      job->cv.notify_all();
+    }
+    s.queue.clear();
+    if (s.current) s.current->cancel = true;
+    s.qcv.notify_all();
+  }
+  s.http.stop();
+  std::lock_guard<std::mutex> l(s.stop_m);
+  s.stopped = true;
+  s.stop_cv.notify_all();
+}
+
+int Server::port() const { return impl_->cfg.port; }
+bool Server::ready() const { return impl_->is_ready; }
+
+}  // namespace rl

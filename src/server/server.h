@@ -1,0 +1,74 @@
+// `redlite serve`: an OpenAI-compatible HTTP server (cpp-httplib + nlohmann-json).
+//
+// Threads: httplib's pool parses requests and writes responses; one worker thread owns the model
+// session and runs queued generations one at a time (batched decode of several sequences is
+// future work, DESIGN.md §7). A request waits in a bounded queue; past --max-queue it is refused
+// with 503 and Retry-After. A streaming client that goes away cancels its generation at the next
+// token; every request has a deadline.
+//
+// State reuse: the worker keeps one session and a PromptCache of snapshots taken at prompt
+// boundaries, so a request whose prompt extends an earlier conversation prefills only its new
+// tokens (usage.prompt_tokens_details.cached_tokens says how many were reused).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace rl {
+
+class Backend;
+class Tokenizer;
+
+// What the server serves. `owner` keeps the model, its GGUF mapping and the backend alive.
+struct ServedModel {
+  std::string id;  // /v1/models name (the file's base name)
+  std::shared_ptr<void> owner;
+  Backend* backend = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  int n_ctx_train = 0;
+};
+
+// Loads the model; `progress` takes 0..1. Throws rl::Error on failure (the server then reports
+// the error on /health with 500 and refuses generation requests).
+using ModelLoader = std::function<ServedModel(const std::function<void(float)>& progress)>;
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;                 // 0: any free port (see Server::port())
+  std::string api_key;             // empty: no authentication
+  int n_ctx = 4096;                // context of the served session (prompt + generation)
+  int max_queue = 16;              // requests waiting for the model beyond the one running
+  double request_timeout_s = 600;  // a generation that runs longer ends with an error
+  size_t max_body_bytes = 8u << 20;
+  size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
+  bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
+  int http_threads = 0;            // 0: max(16, max_queue + 8)
+  int read_timeout_s = 10;         // a client that sends its request slower than this is dropped
+  bool verbose = false;            // one log line per request on stderr
+};
+
+class Server {
+ public:
+  Server(ServerConfig config, ModelLoader loader);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds (throws rl::Error naming host:port when it cannot), then serves on background threads
+  // and starts loading the model. /health answers 503 until the model is ready.
+  void start();
+  // Blocks until stop() is called (from a signal handler thread or another thread).
+  void wait();
+  void stop();
+
+  int port() const;  // the bound port (useful with port 0)
+  bool ready() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rl

@@ -1,0 +1,151 @@
+// server.stream_greedy: the official `openai` npm client drives a real `redlite serve` process
+// (CPU backend, loopback). Streamed text equals whole text equals `redlite generate --greedy`
+// for the same prompt tokens.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "generate/chat_template.h"
+#include "server_test_util.h"
+
+using nlohmann::json;
+using namespace rl;
+using namespace rl::test;
+
+extern char** environ;
+
+namespace {
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, (sockaddr*)&a, sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, (sockaddr*)&a, &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// A `redlite serve` child process, stopped with SIGTERM.
+class ServeProcess {
+ public:
+  ServeProcess(const std::string& model, int port, const std::string& key, const std::string& log) {
+    std::vector<std::string> args = {redlite_bin(), "serve", "-m", model, "--port", std::to_string(port),
+                                     "--api-key", key, "--backend", "cpu", "--threads", "2"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    ok_ = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) == 0;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~ServeProcess() {
+    if (!ok_) return;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 100 && waitpid(pid_, &status, WNOHANG) == 0; i++) usleep(50000);
+    if (waitpid(pid_, &status, WNOHANG) == 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+    }
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  pid_t pid_ = -1;
+  bool ok_ = false;
+};
+
+// Greedy continuation of `prompt` by `redlite generate`, as text up to the first end token.
+std::string cli_greedy_text(const std::vector<int32_t>& prompt, int n, const Tokenizer& tok) {
+  std::string ids;
+  for (size_t i = 0; i < prompt.size(); i++) ids += (i ? "," : "") + std::to_string(prompt[i]);
+  const std::string out = run_capture(redlite_bin() + " generate -m " + server_model() +
+                                      " --backend cpu --threads 2 --greedy --json -n " + std::to_string(n) +
+                                      " --tokens " + ids + " 2>/dev/null");
+  json j = json::parse(out, nullptr, false);
+  if (j.is_discarded() || !j.contains("tokens")) return "<redlite generate failed: " + out + ">";
+  std::vector<int32_t> gen;
+  for (int32_t t : j["tokens"]) {
+    if (tok.is_eog(t)) break;
+    gen.push_back(t);
+  }
+  // JSON carries UTF-8 only: a random-weight model's invalid byte sequences reach the client as
+  // U+FFFD, as the server's serialiser writes them.
+  return wire_text(tok.decode(gen, /*render_special=*/false));
+}
+
+}  // namespace
+
+TEST(ServerOpenAIClient, StreamGreedy) {
+  RL_REQUIRE_FIXTURE(server_model());
+  const std::string dir = std::string(REDLITE_SOURCE_DIR) + "/tests/server";
+  if (!std::filesystem::exists(dir + "/node_modules/openai"))
+    GTEST_SKIP() << "the openai npm client is not installed: run `npm ci` in tests/server (scripts/test.sh does)";
+  if (run_capture("node --version 2>/dev/null").empty()) GTEST_SKIP() << "node is not installed";
+
+  const int port = free_port();
+  const std::string key = "test-key-123";
+  const std::string log = std::string(REDLITE_BINARY_DIR) + "/serve-openai-test.log";
+  ServeProcess server(server_model(), port, key, log);
+  ASSERT_TRUE(server.ok()) << "could not start " << redlite_bin();
+  httplib::Client c("127.0.0.1", port);
+  bool up = false;
+  for (int i = 0; i < 600 && !up; i++) {
+    auto h = c.Get("/health");
+    up = h && h->status == 200;
+    if (!up) usleep(100000);
+  }
+  ASSERT_TRUE(up) << "redlite serve did not become healthy; log: " << log;
+
+  const std::string out =
+      run_capture("cd " + dir + " && node openai_client.mjs http://127.0.0.1:" + std::to_string(port) + "/v1 " + key);
+  json r = json::parse(out, nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << "client output: " << out;
+
+  EXPECT_EQ(r["chat"]["text"], r["chat_stream"]["text"]);
+  EXPECT_EQ(r["chat"]["finish"], r["chat_stream"]["finish"]);
+  EXPECT_EQ(r["chat"]["usage"]["completion_tokens"], r["chat_stream"]["usage"]["completion_tokens"]);
+  EXPECT_EQ(r["completion"]["text"], r["completion_stream"]["text"]);
+  EXPECT_EQ(r["models"], json::array({"tiny-qwen3next-q4km.gguf"}));
+  EXPECT_EQ(r["bad_key"], 401);
+
+  // Against the command line, on the same prompt tokens.
+  auto owned = fixture_loader(server_model())([](float) {});
+  const Tokenizer& tok = *owned.tokenizer;
+  ChatTemplate t = ChatTemplate::detect(tok.chat_template(), false);
+  std::vector<ChatMessage> msgs = {{"system", "You are a helpful assistant."},
+                                   {"user", "What is the capital of France? Answer briefly."}};
+  const auto chat_ids = tok.encode(t.render(msgs), true);
+  EXPECT_EQ(r["chat"]["text"].get<std::string>(), cli_greedy_text(chat_ids, 24, tok));
+  const auto text_ids = tok.encode("The quick brown fox jumps over the lazy dog.", true);
+  EXPECT_EQ(r["completion"]["text"].get<std::string>(), cli_greedy_text(text_ids, 24, tok));
+  EXPECT_FALSE(r["completion"]["text"].get<std::string>().empty());
+}

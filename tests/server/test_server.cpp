@@ -1,0 +1,337 @@
+// The HTTP server on the tiny fixture model (CPU backend, loopback): protocol, greedy equality
+// between streamed and whole answers and the Generator itself, state reuse, authentication,
+// context limits, the queue under 32 concurrent clients, and a corpus of malformed requests.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <set>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include "generate/chat_template.h"
+#include "generate/generator.h"
+#include "server_test_util.h"
+
+using nlohmann::json;
+using namespace rl;
+using namespace rl::test;
+
+namespace {
+
+json chat_body(const std::string& user, int max_tokens, bool stream = false) {
+  return json{{"model", "any"},
+              {"messages", json::array({{{"role", "system"}, {"content", "You are terse."}},
+                                        {{"role", "user"}, {"content", user}}})},
+              {"max_tokens", max_tokens},
+              {"temperature", 0},
+              {"stream", stream}};
+}
+
+std::string stream_text(const SseStream& s, std::string* finish = nullptr) {
+  std::string text;
+  for (const json& e : s.events) {
+    if (!e.contains("choices")) continue;
+    for (const json& c : e["choices"]) {
+      if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
+        text += c["delta"]["content"].get<std::string>();
+      if (c.contains("text")) text += c["text"].get<std::string>();
+      if (finish && c.contains("finish_reason") && c["finish_reason"].is_string()) *finish = c["finish_reason"];
+    }
+  }
+  return text;
+}
+
+// The reference: the Generator on a fresh CPU session, greedy, same prompt tokens.
+std::string direct_greedy(const std::vector<int32_t>& prompt, int max_tokens) {
+  auto owned = fixture_loader(server_model())([](float) {});
+  auto session = owned.backend->new_session(4096);
+  Generator gen(*session, *owned.tokenizer);
+  GenerationConfig cfg;
+  cfg.sampling.temperature = 0;
+  cfg.max_tokens = max_tokens;
+  return wire_text(gen.generate(prompt, cfg, nullptr).text);
+}
+
+std::vector<int32_t> chat_prompt_tokens(const std::string& user) {
+  auto owned = fixture_loader(server_model())([](float) {});
+  ChatTemplate t = ChatTemplate::detect(owned.tokenizer->chat_template(), false);
+  std::vector<ChatMessage> msgs = {{"system", "You are terse."}, {"user", user}};
+  return owned.tokenizer->encode(t.render(msgs), true);
+}
+
+size_t rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
+  return 0;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
+};
+
+}  // namespace
+
+TEST_F(ServerTest, HealthModelsAndMetrics) {
+  TestServer s(ServerConfig{});
+  ASSERT_TRUE(s.ready());
+  auto c = s.client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  json mj = json::parse(m->body);
+  ASSERT_EQ(mj["data"].size(), 1u);
+  EXPECT_EQ(mj["data"][0]["id"], "tiny-qwen3next-q4km.gguf");
+  auto met = c.Get("/metrics");
+  ASSERT_TRUE(met);
+  EXPECT_EQ(met->status, 200);
+  EXPECT_NE(met->body.find("redlite_queue_depth 0"), std::string::npos);
+  EXPECT_NE(met->body.find("redlite_generated_tokens_total"), std::string::npos);
+}
+
+TEST_F(ServerTest, StreamedChatEqualsWholeChatEqualsGenerator) {
+  TestServer s(ServerConfig{});
+  auto c = s.client();
+  const std::string user = "What is the capital of France?";
+  auto whole = c.Post("/v1/chat/completions", chat_body(user, 20).dump(), "application/json");
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  json wj = json::parse(whole->body);
+  const std::string whole_text = wj["choices"][0]["message"]["content"];
+  EXPECT_EQ(wj["object"], "chat.completion");
+  EXPECT_TRUE(wj["choices"][0]["finish_reason"] == "length" || wj["choices"][0]["finish_reason"] == "stop");
+  EXPECT_GT(wj["usage"]["prompt_tokens"].get<int>(), 10);
+
+  json sb = chat_body(user, 20, true);
+  sb["stream_options"] = {{"include_usage", true}};
+  auto streamed = c.Post("/v1/chat/completions", sb.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200);
+  EXPECT_NE(streamed->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  SseStream sse = parse_sse(streamed->body);
+  EXPECT_TRUE(sse.done) << "the stream must end with data: [DONE]";
+  std::string finish;
+  EXPECT_EQ(stream_text(sse, &finish), whole_text);
+  EXPECT_EQ(finish, wj["choices"][0]["finish_reason"]);
+  ASSERT_FALSE(sse.events.empty());
+  EXPECT_TRUE(sse.events.back().contains("usage")) << "include_usage adds a final usage chunk";
+  EXPECT_EQ(sse.events.back()["usage"]["completion_tokens"], wj["usage"]["completion_tokens"]);
+
+  EXPECT_EQ(direct_greedy(chat_prompt_tokens(user), 20), whole_text);
+}
+
+TEST_F(ServerTest, CompletionsStreamAndWholeAgree) {
+  TestServer s(ServerConfig{});
+  auto c = s.client();
+  json body = {{"prompt", "The quick brown fox"}, {"max_tokens", 16}, {"temperature", 0}};
+  auto whole = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  json wj = json::parse(whole->body);
+  body["stream"] = true;
+  auto streamed = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  SseStream sse = parse_sse(streamed->body);
+  EXPECT_TRUE(sse.done);
+  EXPECT_EQ(stream_text(sse), wj["choices"][0]["text"].get<std::string>());
+  // Token-id prompts give the same answer as the text they tokenize to.
+  auto tok = c.Post("/tokenize", json{{"content", "The quick brown fox"}}.dump(), "application/json");
+  ASSERT_TRUE(tok);
+  json ids = json::parse(tok->body)["tokens"];
+  json by_ids = {{"prompt", ids}, {"max_tokens", 16}, {"temperature", 0}};
+  auto r = c.Post("/v1/completions", by_ids.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], wj["choices"][0]["text"]);
+  auto detok = c.Post("/detokenize", json{{"tokens", ids}}.dump(), "application/json");
+  ASSERT_TRUE(detok);
+  EXPECT_EQ(json::parse(detok->body)["content"], "The quick brown fox");
+}
+
+TEST_F(ServerTest, SecondTurnReusesTheFirstTurnsState) {
+  TestServer s(ServerConfig{});
+  auto c = s.client();
+  json first = chat_body("Tell me about Paris.", 12);
+  auto r1 = c.Post("/v1/chat/completions", first.dump(), "application/json");
+  ASSERT_TRUE(r1);
+  ASSERT_EQ(r1->status, 200);
+  json j1 = json::parse(r1->body);
+  EXPECT_EQ(j1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+  json second = first;
+  second["messages"].push_back({{"role", "assistant"}, {"content", j1["choices"][0]["message"]["content"]}});
+  second["messages"].push_back({{"role", "user"}, {"content", "And about Lyon?"}});
+  auto r2 = c.Post("/v1/chat/completions", second.dump(), "application/json");
+  ASSERT_TRUE(r2);
+  ASSERT_EQ(r2->status, 200);
+  json j2 = json::parse(r2->body);
+  const int prompt2 = j2["usage"]["prompt_tokens"];
+  const int cached2 = j2["usage"]["prompt_tokens_details"]["cached_tokens"];
+  const int prefilled2 = j2["timings"]["prompt_n"];
+  // At least the whole first prompt is reused; only the rest is prefilled.
+  EXPECT_GE(cached2, j1["usage"]["prompt_tokens"].get<int>());
+  EXPECT_EQ(prefilled2, prompt2 - cached2);
+  EXPECT_LT(prefilled2, prompt2);
+}
+
+TEST_F(ServerTest, ApiKeyIsRequiredWhenSet) {
+  ServerConfig cfg;
+  cfg.api_key = "sekret-key";
+  TestServer s(cfg);
+  auto c = s.client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200) << "health needs no key";
+  auto none = c.Get("/v1/models");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body)["error"]["type"], "authentication_error");
+  httplib::Headers wrong = {{"Authorization", "Bearer sekret-kez"}};
+  auto w = c.Post("/v1/completions", wrong, json{{"prompt", "x"}, {"max_tokens", 1}}.dump(), "application/json");
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->status, 401);
+  httplib::Headers right = {{"Authorization", "Bearer sekret-key"}};
+  auto ok = c.Post("/v1/completions", right, json{{"prompt", "x"}, {"max_tokens", 1}}.dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST_F(ServerTest, PromptLongerThanContextIs400) {
+  ServerConfig cfg;
+  cfg.n_ctx = 32;
+  TestServer s(cfg);
+  auto c = s.client();
+  std::string long_text;
+  for (int i = 0; i < 40; i++) long_text += "word" + std::to_string(i) + " ";
+  auto r = c.Post("/v1/completions", json{{"prompt", long_text}, {"max_tokens", 4}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  json e = json::parse(r->body);
+  EXPECT_EQ(e["error"]["code"], "context_length_exceeded");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("32"), std::string::npos);
+  // max_tokens past the context is clipped, not refused.
+  auto ok = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 1000}, {"temperature", 0}}.dump(),
+                   "application/json");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  json oj = json::parse(ok->body);
+  EXPECT_LE(oj["usage"]["total_tokens"].get<int>(), 32);
+}
+
+TEST_F(ServerTest, LogprobsAreNormalisedAndTopIsSorted) {
+  TestServer s(ServerConfig{});
+  auto c = s.client();
+  json body = chat_body("Hi", 4);
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json lp = json::parse(r->body)["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(lp.size(), 4u);
+  for (const json& t : lp) {
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    // Greedy: the chosen token is the most probable one.
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+  }
+}
+
+// 32 clients at once against a queue of 8: every request ends with its own complete answer (the
+// same as when run alone) or a clean 503 with Retry-After.
+TEST_F(ServerTest, ThirtyTwoConcurrentClients) {
+  ServerConfig cfg;
+  cfg.max_queue = 8;
+  TestServer s(cfg);
+  constexpr int kClients = 32, kPerClient = 2, kTokens = 6;
+  // Expected answers, one request at a time.
+  std::vector<std::string> expected(kClients);
+  {
+    auto c = s.client();
+    for (int i = 0; i < kClients; i++) {
+      json b = {{"prompt", "Client " + std::to_string(i) + " says"}, {"max_tokens", kTokens}, {"temperature", 0}};
+      auto r = c.Post("/v1/completions", b.dump(), "application/json");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200);
+      expected[i] = json::parse(r->body)["choices"][0]["text"];
+    }
+  }
+  const size_t rss_before = rss_kib();
+  std::atomic<int> ok{0}, busy{0}, bad{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; i++) {
+    threads.emplace_back([&, i] {
+      auto c = s.client();
+      for (int k = 0; k < kPerClient; k++) {
+        const bool stream = (i + k) % 2 == 0;
+        json b = {{"prompt", "Client " + std::to_string(i) + " says"},
+                  {"max_tokens", kTokens}, {"temperature", 0}, {"stream", stream}};
+        auto r = c.Post("/v1/completions", b.dump(), "application/json");
+        if (!r) {
+          bad++;
+          continue;
+        }
+        if (r->status == 503) {
+          if (r->get_header_value("Retry-After").empty()) bad++;
+          else busy++;
+          continue;
+        }
+        if (r->status != 200) {
+          bad++;
+          continue;
+        }
+        std::string text = stream ? stream_text(parse_sse(r->body)) : json::parse(r->body)["choices"][0]["text"].get<std::string>();
+        if (text == expected[i]) ok++;
+        else bad++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(ok + busy, kClients * kPerClient);
+  EXPECT_GT(ok.load(), 0);
+  // Bounded memory: the queue and the prompt cache are bounded; 64 requests must not grow the
+  // process by more than the prompt cache's budget (1 GiB default is far above; 256 MiB here).
+  EXPECT_LT(rss_kib(), rss_before + 256 * 1024);
+  auto h = s.client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+// A streaming client that disconnects after the first chunk cancels its generation.
+TEST_F(ServerTest, DisconnectCancelsGeneration) {
+  TestServer s(ServerConfig{});
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(s.port());
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(fd, (sockaddr*)&addr, sizeof addr), 0);
+  const std::string body = json{{"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"stream", true}}.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(write(fd, req.data(), req.size()), (ssize_t)req.size());
+  char buf[512];
+  ASSERT_GT(read(fd, buf, sizeof buf), 0);
+  close(fd);
+  // The worker notices at its next token; the next request is then served promptly.
+  auto c = s.client(30);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("redlite_requests_cancelled_total 1"), std::string::npos) << m->body;
+}
