@@ -18,8 +18,8 @@ enum class GgmlType : uint32_t {
 
 // Dequantise n values (n a multiple of block_size) from src into dst.
 using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
-// Dot product of n quantised values with an fp32 vector, accumulated in fp32 (reference order:
-// dequantise each block, multiply-add in index order within a block; blocks summed in order).
+// Dot product of n quantised values with an fp32 vector, accumulated in fp32: dequantise block by
+// block, multiply-add into 16 partial sums (index mod 16), add those pairwise (quant/block_dot.h).
 using DotRowFn = float (*)(const void* src, const float* x, int64_t n);
 
 struct QuantType {
