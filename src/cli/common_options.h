@@ -1,0 +1,47 @@
+// Flags every model-running command shares (-m, --backend, --threads, --ctx, --cache-mib) and the
+// one place that turns them into a loaded model on a backend, so commands never differ in how a
+// model is opened or which backends exist.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/session.h"
+
+namespace rl::cli {
+
+struct CommonOptions {
+  std::string model_path;
+  std::string backend;     // "cpu" or "cuda"; empty: cuda when this build has it, else cpu
+  int threads = 0;         // CPU threads; 0: every hardware thread
+  int ctx = 0;             // context length of a session; 0: min(4096, the model's context_length)
+  int64_t cache_mib = 0;   // GPU expert-cache budget; 0: the backend's default
+};
+
+// Adds -m/--model (required when model_required), --backend, --threads, --ctx, --cache-mib.
+void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required = true);
+
+// The backend a plain command uses when --backend is not given.
+std::string default_backend_name();
+
+struct LoadedModel {
+  std::shared_ptr<const Model> model;
+  std::unique_ptr<Backend> backend;
+  int n_ctx = 0;  // resolved context length for new sessions
+  std::unique_ptr<Session> new_session() const { return backend->new_session(n_ctx); }
+};
+
+// Opens the model file and the backend named by opts.backend (or the default); throws rl::Error
+// naming the file or the unknown backend.
+LoadedModel open_model(const CommonOptions& opts);
+// A backend by name on an already opened model (parity runs two on one model).
+std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<const Model> model,
+                                      const CommonOptions& opts);
+
+// "1,2,3" -> {1, 2, 3}; throws rl::Error naming `flag` on anything else.
+std::vector<int32_t> parse_token_ids(const std::string& text, const char* flag);
+
+}  // namespace rl::cli

@@ -1,0 +1,113 @@
+#include "cpu/cpu_backend.h"
+
+#include "common/error.h"
+#include "cpu/forward.h"
+
+namespace rl::cpu {
+namespace {
+
+// Everything sessions share: the model, its small vectors in fp32, and the thread pool.
+struct Shared {
+  Shared(std::shared_ptr<const Model> model, int n_threads)
+      : weights(std::move(model)), pool(n_threads) {}
+  OracleWeights weights;
+  ThreadPool pool;
+};
+
+class CpuSnapshot final : public SessionSnapshot {
+ public:
+  CpuSnapshot(const Shared* owner, State state) : owner(owner), state(std::move(state)) {}
+  size_t bytes() const override { return state.bytes(); }
+  int position() const override { return state.position; }
+  const Shared* owner;  // snapshots restore only into sessions of the same loaded model
+  State state;
+};
+
+class CpuSession final : public Session {
+ public:
+  CpuSession(std::shared_ptr<Shared> shared, int n_ctx)
+      : shared_(std::move(shared)), n_ctx_(n_ctx), state_(initial_state(config())) {}
+
+  std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
+    check_tokens(tokens);
+    const size_t n_vocab = (size_t)config().n_vocab;
+    if (all_logits) all_logits->assign(tokens.size() * n_vocab, 0.0f);
+    std::vector<float> last(n_vocab);
+    for (size_t begin = 0; begin < tokens.size(); begin += kMaxBatch) {
+      const size_t n = std::min(tokens.size() - begin, (size_t)kMaxBatch);
+      const bool final_chunk = begin + n == tokens.size();
+      float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();
+      forward(shared_->weights, shared_->pool, state_, tokens.subspan(begin, n), all_logits != nullptr,
+              dst, trace_);
+      if (all_logits && final_chunk)
+        std::copy(dst + (n - 1) * n_vocab, dst + n * n_vocab, last.begin());
+    }
+    return last;
+  }
+
+  std::vector<float> decode(int32_t token) override { return prefill(std::span(&token, 1), nullptr); }
+
+  int position() const override { return state_.position; }
+  int n_ctx() const override { return n_ctx_; }
+  int n_vocab() const override { return config().n_vocab; }
+
+  std::unique_ptr<SessionSnapshot> snapshot() const override {
+    return std::make_unique<CpuSnapshot>(shared_.get(), state_);
+  }
+
+  void restore(const SessionSnapshot& snap) override {
+    const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
+    if (!s) fail("restore: the snapshot was not taken from a cpu session");
+    if (s->owner != shared_.get()) fail("restore: the snapshot was taken from a session of another loaded model");
+    if (s->state.position > n_ctx_)
+      fail("restore: the snapshot is at position {}, past this session's context of {} tokens",
+           s->state.position, n_ctx_);
+    state_ = s->state;
+  }
+
+  void reset() override { state_ = initial_state(config()); }
+  void set_trace(TraceSink* sink) override { trace_ = sink; }
+
+ private:
+  const Config& config() const { return shared_->weights.model->config(); }
+
+  // Everything is checked before any state changes, so a refused call leaves the session as it was.
+  void check_tokens(std::span<const int32_t> tokens) const {
+    if (tokens.empty()) fail("prefill: no tokens given");
+    if ((int64_t)state_.position + (int64_t)tokens.size() > n_ctx_)
+      fail("context full: {} tokens at position {} would run past the context of {} tokens (--ctx)",
+           tokens.size(), state_.position, n_ctx_);
+    for (size_t i = 0; i < tokens.size(); i++)
+      if (tokens[i] < 0 || tokens[i] >= config().n_vocab)
+        fail("token id {} (input index {}) is out of range: the vocabulary has {} tokens", tokens[i], i,
+             config().n_vocab);
+  }
+
+  std::shared_ptr<Shared> shared_;
+  int n_ctx_;
+  State state_;
+  TraceSink* trace_ = nullptr;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(std::shared_ptr<const Model> model, int n_threads)
+      : shared_(std::make_shared<Shared>(std::move(model), n_threads)) {}
+  std::string name() const override { return "cpu"; }
+  std::unique_ptr<Session> new_session(int n_ctx) override {
+    if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);
+    return std::make_unique<CpuSession>(shared_, n_ctx);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const Model> model, int n_threads) {
+  if (!model) fail("make_cpu_backend: no model");
+  return std::make_unique<CpuBackend>(std::move(model), n_threads);
+}
+
+}  // namespace rl::cpu

@@ -1,0 +1,399 @@
+#include "cpu/forward.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cpu/ops.h"
+
+namespace rl::cpu {
+
+OracleWeights::OracleWeights(std::shared_ptr<const Model> m) : model(std::move(m)) {
+  output_norm = to_f32(model->output_norm);
+  for (const LayerWeights& lw : model->layers) {
+    LayerVectors v;
+    v.attn_norm = to_f32(lw.attn_norm);
+    v.post_attention_norm = to_f32(lw.post_attention_norm);
+    if (lw.recurrent) {
+      v.conv1d = to_f32(lw.ssm.conv1d);
+      v.dt_bias = to_f32(lw.ssm.dt_bias);
+      v.ssm_a = to_f32(lw.ssm.a);
+      v.ssm_norm = to_f32(lw.ssm.norm);
+    } else {
+      v.q_norm = to_f32(lw.attn.q_norm);
+      v.k_norm = to_f32(lw.attn.k_norm);
+    }
+    layers.push_back(std::move(v));
+  }
+}
+
+size_t State::bytes() const {
+  size_t n = sizeof(*this);
+  for (const LayerState& l : layers)
+    n += (l.k_cache.size() + l.v_cache.size() + l.conv.size() + l.ssm.size()) * sizeof(float);
+  return n;
+}
+
+State initial_state(const Config& c) {
+  State s;
+  s.layers.resize(c.n_layer);
+  for (int L = 0; L < c.n_layer; L++) {
+    if (!c.is_recurrent[L]) continue;
+    s.layers[L].conv.assign((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim(), 0.0f);
+    s.layers[L].ssm.assign((size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim, 0.0f);
+  }
+  return s;
+}
+
+namespace {
+
+using Buf = std::vector<float>;
+
+// x[t] = token_embd[token[t]]                                    x: [T][n_embd]
+void embed(const Model& m, std::span<const int32_t> tokens, float* x) {
+  const int64_t n_embd = m.config().n_embd;
+  for (size_t t = 0; t < tokens.size(); t++)
+    dequantize_row(m.token_embd.type, m.token_embd.row(tokens[t]), x + t * n_embd, n_embd);
+}
+
+// y[t] = RMSNorm(x[t]) * weight                                  x, y: [T][n]
+void rmsnorm_rows(const float* x, const std::vector<float>& weight, float eps, int T, int64_t n, float* y) {
+  for (int t = 0; t < T; t++) rmsnorm(x + t * n, weight.data(), eps, n, y + t * n);
+}
+
+// NeoX rotary embedding of the first rope_dim values of one head: pairs (i, i + rope_dim/2) turn by
+// pos * base^(-2i/rope_dim). The angle is formed as ggml forms it (fp32, multiplied up from the
+// position one frequency at a time), because at positions in the thousands the angle's rounding
+// is visible at the 1e-5 level and the reference is ggml's.
+void rope_neox(float* head, int rope_dim, int pos, float base) {
+  const int half = rope_dim / 2;
+  const float theta_scale = std::pow(base, -2.0f / (float)rope_dim);
+  float theta = (float)pos;
+  for (int i = 0; i < half; i++) {
+    const float c = std::cos(theta), s = std::sin(theta);
+    const float x0 = head[i], x1 = head[i + half];
+    head[i] = x0 * c - x1 * s;
+    head[i + half] = x0 * s + x1 * c;
+    theta *= theta_scale;
+  }
+}
+
+// Gated full attention.                                         h, out: [T][n_embd]
+//   [q | gate] = attn_q h  (per head: head_dim query, head_dim gate); k = attn_k h; v = attn_v h
+//   q, k: per-head RMSNorm, then RoPE; softmax(q k^T / sqrt(head_dim)) v over positions <= own
+//   out = attn_output (attention * sigmoid(gate))
+void attention_layer(ThreadPool& pool, const Config& c, const AttentionWeights& w,
+                     const LayerVectors& vec, LayerState& st, int pos0, const float* h, int T,
+                     float* out) {
+  const int hd = c.head_dim, n_head = c.n_head, kv_dim = c.kv_dim(), q_dim = c.q_dim();
+  const int group = n_head / c.n_head_kv;  // query heads per KV head
+  Buf qg((size_t)T * 2 * q_dim), k((size_t)T * kv_dim), v((size_t)T * kv_dim);
+  matmul(pool, w.q, h, T, qg.data());  // [T][n_head][2][hd]
+  matmul(pool, w.k, h, T, k.data());   // [T][n_kv][hd]
+  matmul(pool, w.v, h, T, v.data());   // [T][n_kv][hd]
+
+  Buf q((size_t)T * q_dim), gate((size_t)T * q_dim);  // [T][n_head][hd]
+  for (int t = 0; t < T; t++) {
+    const int pos = pos0 + t;
+    for (int hh = 0; hh < n_head; hh++) {
+      const float* src = qg.data() + ((size_t)t * n_head + hh) * 2 * hd;
+      float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
+      std::copy(src + hd, src + 2 * hd, gate.data() + ((size_t)t * n_head + hh) * hd);
+      rmsnorm(src, vec.q_norm.data(), c.rms_eps, hd, qh);
+      rope_neox(qh, c.rope_dim, pos, c.rope_base);
+    }
+    for (int kh = 0; kh < c.n_head_kv; kh++) {
+      float* kk = k.data() + ((size_t)t * c.n_head_kv + kh) * hd;
+      rmsnorm(kk, vec.k_norm.data(), c.rms_eps, hd, kk);
+      rope_neox(kk, c.rope_dim, pos, c.rope_base);
+    }
+  }
+
+  // Append this batch's keys and values: the cache then holds positions [0, pos0 + T).
+  st.k_cache.resize((size_t)(pos0 + T) * kv_dim);
+  st.v_cache.resize((size_t)(pos0 + T) * kv_dim);
+  std::copy(k.begin(), k.end(), st.k_cache.begin() + (size_t)pos0 * kv_dim);
+  std::copy(v.begin(), v.end(), st.v_cache.begin() + (size_t)pos0 * kv_dim);
+
+  Buf attn((size_t)T * q_dim);  // [T][n_head][hd]
+  const double scale = 1.0 / std::sqrt((double)hd);
+  pool.run(T, [&](int64_t t) {
+    const int n_keys = pos0 + (int)t + 1;  // causal: positions 0..pos
+    std::vector<double> p(n_keys);
+    std::vector<double> acc(hd);
+    for (int hh = 0; hh < n_head; hh++) {
+      const int kh = hh / group;
+      const float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
+      double max_score = -INFINITY;
+      for (int s = 0; s < n_keys; s++) {
+        p[s] = dot(qh, st.k_cache.data() + (size_t)s * kv_dim + kh * hd, hd) * scale;
+        max_score = std::max(max_score, p[s]);
+      }
+      double sum = 0.0;
+      for (int s = 0; s < n_keys; s++) sum += (p[s] = std::exp(p[s] - max_score));
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int s = 0; s < n_keys; s++) {
+        const float* vs = st.v_cache.data() + (size_t)s * kv_dim + kh * hd;
+        for (int i = 0; i < hd; i++) acc[i] += p[s] * vs[i];
+      }
+      float* o = attn.data() + ((size_t)t * n_head + hh) * hd;
+      const float* g = gate.data() + ((size_t)t * n_head + hh) * hd;
+      for (int i = 0; i < hd; i++) o[i] = (float)(acc[i] / sum) * sigmoid(g[i]);
+    }
+  });
+  matmul(pool, w.output, attn.data(), T, out);
+}
+
+// The input projections of a DeltaNet layer, in the current layout whatever the file's:
+//   qkv: [T][conv_dim] = [q of all key heads | k of all key heads | v of all value heads]
+//   z:   [T][value_dim]
+void deltanet_projections(ThreadPool& pool, const Config& c, const DeltaNetWeights& w,
+                          const float* h, int T, Buf& qkv, Buf& z) {
+  const int conv_dim = c.ssm_conv_dim(), value_dim = c.ssm_value_dim(), key_dim = c.ssm_key_dim();
+  qkv.resize((size_t)T * conv_dim);
+  z.resize((size_t)T * value_dim);
+  if (!w.legacy_fused) {
+    matmul(pool, w.qkv, h, T, qkv.data());
+    matmul(pool, w.gate, h, T, z.data());
+    return;
+  }
+  // Legacy ssm_in: per key head g, [q_g (dk), k_g (dk), v_g (r*dv), z_g (r*dv)].
+  const int dk = c.ssm_head_dim, rdv = c.ssm_v_per_k() * c.ssm_head_dim;
+  const int group_width = 2 * dk + 2 * rdv;
+  Buf mixed((size_t)T * c.ssm_n_k_heads * group_width);
+  matmul(pool, w.in, h, T, mixed.data());
+  for (int t = 0; t < T; t++) {
+    for (int g = 0; g < c.ssm_n_k_heads; g++) {
+      const float* src = mixed.data() + ((size_t)t * c.ssm_n_k_heads + g) * group_width;
+      float* dst = qkv.data() + (size_t)t * conv_dim;
+      std::copy(src, src + dk, dst + g * dk);
+      std::copy(src + dk, src + 2 * dk, dst + key_dim + g * dk);
+      std::copy(src + 2 * dk, src + 2 * dk + rdv, dst + 2 * key_dim + g * rdv);
+      std::copy(src + 2 * dk + rdv, src + group_width, z.data() + (size_t)t * value_dim + g * rdv);
+    }
+  }
+}
+
+// Causal depthwise conv1d over the channels, then SiLU; the state holds the previous K-1 inputs.
+//   y[c] = SiLU(sum_j w[c][j] * x_{t-(K-1)+j}[c])                  qkv: [T][conv_dim], in place
+void causal_conv_silu(const Config& c, const std::vector<float>& taps, std::vector<float>& conv_state,
+                      float* qkv, int T) {
+  const int K = c.ssm_conv_kernel, conv_dim = c.ssm_conv_dim();
+  for (int t = 0; t < T; t++) {
+    float* x = qkv + (size_t)t * conv_dim;
+    for (int ch = 0; ch < conv_dim; ch++) {
+      const float* wc = taps.data() + (size_t)ch * K;
+      double sum = (double)wc[K - 1] * x[ch];
+      for (int j = 0; j < K - 1; j++) sum += (double)wc[j] * conv_state[(size_t)j * conv_dim + ch];
+      // Shift the window: drop the oldest input, append this one.
+      for (int j = 0; j + 1 < K - 1; j++)
+        conv_state[(size_t)j * conv_dim + ch] = conv_state[(size_t)(j + 1) * conv_dim + ch];
+      if (K > 1) conv_state[(size_t)(K - 2) * conv_dim + ch] = x[ch];
+      x[ch] = silu((float)sum);
+    }
+  }
+}
+
+// Gated DeltaNet.                                                h, out: [T][n_embd]
+void deltanet_layer(ThreadPool& pool, const Config& c, const DeltaNetWeights& w,
+                    const LayerVectors& vec, LayerState& st, const float* h, int T, float* out) {
+  const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, r = c.ssm_v_per_k();
+  const int dk = c.ssm_head_dim, dv = c.ssm_head_dim;
+  const int key_dim = c.ssm_key_dim(), value_dim = c.ssm_value_dim(), conv_dim = c.ssm_conv_dim();
+
+  Buf qkv, z;
+  deltanet_projections(pool, c, w, h, T, qkv, z);
+  Buf ba((size_t)T * 2 * nv);  // [T][nk][b (r), a (r)]
+  matmul(pool, w.ba, h, T, ba.data());
+
+  // beta = sigmoid(b); g = softplus(a + dt_bias) * ssm_a (log-decay, negative)   [T][nv]
+  Buf beta((size_t)T * nv), decay_log((size_t)T * nv);
+  for (int t = 0; t < T; t++)
+    for (int j = 0; j < nv; j++) {
+      const int g = j / r, i = j % r;
+      const float b = ba[(size_t)t * 2 * nv + g * 2 * r + i];
+      const float a = ba[(size_t)t * 2 * nv + g * 2 * r + r + i];
+      beta[(size_t)t * nv + j] = sigmoid(b);
+      decay_log[(size_t)t * nv + j] = softplus(a + vec.dt_bias[j]) * vec.ssm_a[j];
+    }
+
+  causal_conv_silu(c, vec.conv1d, st.conv, qkv.data(), T);
+
+  // q, k: L2-normalised per key head; q scaled by 1/sqrt(dk).
+  const float q_scale = (float)(1.0 / std::sqrt((double)dk));
+  for (int t = 0; t < T; t++)
+    for (int g = 0; g < nk; g++) {
+      float* q = qkv.data() + (size_t)t * conv_dim + g * dk;
+      float* k = qkv.data() + (size_t)t * conv_dim + key_dim + g * dk;
+      l2norm(q, dk, 1e-6f);
+      l2norm(k, dk, 1e-6f);
+      for (int i = 0; i < dk; i++) q[i] *= q_scale;
+    }
+
+  // The recurrence, one task per value head j (key head j / r), tokens in order:
+  //   S = S * exp(g_t);  S += outer((v_t - S k_t) * beta_t, k_t);  o_t = S q_t     S: [dv][dk]
+  // then o_t = RMSNorm(o_t) * ssm_norm * SiLU(z_t).
+  Buf o((size_t)T * value_dim);  // [T][nv][dv]
+  pool.run(nv, [&](int64_t j) {
+    float* S = st.ssm.data() + (size_t)j * dv * dk;
+    const int g = (int)j / r;
+    std::vector<double> d(dv);
+    for (int t = 0; t < T; t++) {
+      const float* q = qkv.data() + (size_t)t * conv_dim + g * dk;
+      const float* k = qkv.data() + (size_t)t * conv_dim + key_dim + g * dk;
+      const float* v = qkv.data() + (size_t)t * conv_dim + 2 * key_dim + j * dv;
+      const double decay = std::exp((double)decay_log[(size_t)t * nv + j]);
+      const double b = beta[(size_t)t * nv + j];
+      for (int i = 0; i < dv * dk; i++) S[i] = (float)(S[i] * decay);
+      for (int i = 0; i < dv; i++) d[i] = ((double)v[i] - dot(S + (size_t)i * dk, k, dk)) * b;
+      for (int i = 0; i < dv; i++)
+        for (int cc = 0; cc < dk; cc++) S[(size_t)i * dk + cc] = (float)(S[(size_t)i * dk + cc] + d[i] * k[cc]);
+      float* oj = o.data() + (size_t)t * value_dim + j * dv;
+      for (int i = 0; i < dv; i++) oj[i] = (float)dot(S + (size_t)i * dk, q, dk);
+      rmsnorm(oj, vec.ssm_norm.data(), c.rms_eps, dv, oj);
+      const float* zj = z.data() + (size_t)t * value_dim + j * dv;
+      for (int i = 0; i < dv; i++) oj[i] *= silu(zj[i]);
+    }
+  });
+  matmul(pool, w.out, o.data(), T, out);
+}
+
+// Router: softmax over all experts, top-k (ties: lower expert index), probabilities renormalised.
+//   logits: [T][n_expert] -> ids, weights: [T][k]
+void route(const Config& c, const float* logits, int T, int32_t* ids, float* weights) {
+  const int E = c.n_expert, K = c.n_expert_used;
+  std::vector<float> prob(E);
+  std::vector<int> order(E);
+  for (int t = 0; t < T; t++) {
+    const float* l = logits + (size_t)t * E;
+    const double max_l = *std::max_element(l, l + E);
+    double sum = 0.0;
+    for (int e = 0; e < E; e++) sum += std::exp((double)l[e] - max_l);
+    for (int e = 0; e < E; e++) prob[e] = (float)(std::exp((double)l[e] - max_l) / sum);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int a, int b) {
+      return prob[a] != prob[b] ? prob[a] > prob[b] : a < b;
+    });
+    double selected = 0.0;
+    for (int k = 0; k < K; k++) selected += prob[order[k]];
+    for (int k = 0; k < K; k++) {
+      ids[(size_t)t * K + k] = order[k];
+      double wk = prob[order[k]] / selected;
+      if (c.expert_weights_scale != 0.0f) wk *= c.expert_weights_scale;
+      weights[(size_t)t * K + k] = (float)wk;
+    }
+  }
+}
+
+// SwiGLU feed-forward: y = down (SiLU(gate x) * (up x))         x: [T][n_in], y: [T][down rows]
+void swiglu(ThreadPool& pool, const TensorView& gate, const TensorView& up, const TensorView& down,
+            const float* x, int T, float* y) {
+  const int64_t ff = gate.n_rows();
+  Buf g((size_t)T * ff), u((size_t)T * ff);
+  matmul(pool, gate, x, T, g.data());
+  matmul(pool, up, x, T, u.data());
+  for (size_t i = 0; i < g.size(); i++) g[i] = silu(g[i]) * u[i];
+  matmul(pool, down, g.data(), T, y);
+}
+
+// Mixture of experts with a shared expert.                      h2, out: [T][n_embd]
+//   out = sum_k w_k Expert_{id_k}(h2) + sigmoid(ffn_gate_inp_shexp . h2) * SharedExpert(h2)
+void moe_layer(ThreadPool& pool, const Config& c, const MoeWeights& w, int layer, const float* h2,
+               int T, float* out, TraceSink* trace) {
+  const int E = c.n_expert, K = c.n_expert_used, n_embd = c.n_embd;
+  Buf logits((size_t)T * E);
+  matmul(pool, w.router, h2, T, logits.data());
+  std::vector<int32_t> ids((size_t)T * K);
+  Buf weights((size_t)T * K);
+  route(c, logits.data(), T, ids.data(), weights.data());
+  if (trace) {
+    trace->tensor(fmt::format("ffn_moe_logits-{}", layer), T, E, logits.data());
+    trace->ids(fmt::format("ffn_moe_topk-{}", layer), T, K, ids.data());
+  }
+
+  // Each selected expert runs once on all the tokens that chose it, so its weights are
+  // dequantised once per batch. expert_out: [T][K][n_embd].
+  Buf expert_out((size_t)T * K * n_embd);
+  std::vector<std::vector<int>> slots(E);  // expert -> slots t*K + k that selected it
+  for (int i = 0; i < T * K; i++) slots[ids[i]].push_back(i);
+  Buf xs, ys;
+  for (int e = 0; e < E; e++) {
+    if (slots[e].empty()) continue;
+    const int n = (int)slots[e].size();
+    xs.resize((size_t)n * n_embd);
+    ys.resize((size_t)n * n_embd);
+    for (int i = 0; i < n; i++) {
+      const float* src = h2 + (size_t)(slots[e][i] / K) * n_embd;
+      std::copy(src, src + n_embd, xs.data() + (size_t)i * n_embd);
+    }
+    swiglu(pool, w.gate_exps.matrix(e), w.up_exps.matrix(e), w.down_exps.matrix(e), xs.data(), n,
+           ys.data());
+    for (int i = 0; i < n; i++)
+      std::copy(ys.data() + (size_t)i * n_embd, ys.data() + (size_t)(i + 1) * n_embd,
+                expert_out.data() + (size_t)slots[e][i] * n_embd);
+  }
+
+  Buf shared((size_t)T * n_embd), shared_gate(T);
+  swiglu(pool, w.gate_shexp, w.up_shexp, w.down_shexp, h2, T, shared.data());
+  matmul(pool, w.shared_gate_inp, h2, T, shared_gate.data());
+
+  for (int t = 0; t < T; t++) {
+    const float sg = sigmoid(shared_gate[t]);
+    for (int i = 0; i < n_embd; i++) {
+      double routed = 0.0;
+      for (int k = 0; k < K; k++)
+        routed += (double)weights[(size_t)t * K + k] * expert_out[((size_t)t * K + k) * n_embd + i];
+      out[(size_t)t * n_embd + i] = (float)routed + shared[(size_t)t * n_embd + i] * sg;
+    }
+  }
+}
+
+void add_into(float* x, const float* y, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+}  // namespace
+
+void forward(const OracleWeights& w, ThreadPool& pool, State& state, std::span<const int32_t> tokens,
+             bool all_logits, float* logits, TraceSink* trace) {
+  const Model& m = *w.model;
+  const Config& c = m.config();
+  const int T = (int)tokens.size(), n_embd = c.n_embd;
+  const int pos0 = state.position;
+  const size_t act = (size_t)T * n_embd;
+
+  Buf x(act), h(act), mix(act);  // residual stream, normed input, block output: [T][n_embd]
+  embed(m, tokens, x.data());
+
+  for (int L = 0; L < c.n_layer; L++) {
+    const LayerWeights& lw = m.layers[L];
+    const LayerVectors& vec = w.layers[L];
+    // x += Mixer(RMSNorm(x) * attn_norm)
+    rmsnorm_rows(x.data(), vec.attn_norm, c.rms_eps, T, n_embd, h.data());
+    if (lw.recurrent)
+      deltanet_layer(pool, c, lw.ssm, vec, state.layers[L], h.data(), T, mix.data());
+    else
+      attention_layer(pool, c, lw.attn, vec, state.layers[L], pos0, h.data(), T, mix.data());
+    add_into(x.data(), mix.data(), act);
+    if (trace) trace->tensor(fmt::format("attn_residual-{}", L), T, n_embd, x.data());
+
+    // x += MoE(RMSNorm(x) * post_attention_norm)
+    rmsnorm_rows(x.data(), vec.post_attention_norm, c.rms_eps, T, n_embd, h.data());
+    moe_layer(pool, c, lw.moe, L, h.data(), T, mix.data(), trace);
+    add_into(x.data(), mix.data(), act);
+    if (trace) trace->tensor(fmt::format("l_out-{}", L), T, n_embd, x.data());
+  }
+
+  // logits = output (RMSNorm(x) * output_norm), for every token or only the last one.
+  rmsnorm_rows(x.data(), w.output_norm, c.rms_eps, T, n_embd, h.data());
+  if (trace) trace->tensor("result_norm", T, n_embd, h.data());
+  if (all_logits)
+    matmul(pool, m.output, h.data(), T, logits);
+  else
+    matmul(pool, m.output, h.data() + (size_t)(T - 1) * n_embd, 1, logits);
+  state.position = pos0 + T;
+}
+
+}  // namespace rl::cpu
