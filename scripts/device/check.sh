@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One command on the GPU host: build with CUDA, run the GPU tests, check the CUDA backend against
+# the CPU oracle on the fixture models and on an 80B-shaped model made with `redlite synth`, and
+# run the bench protocol. Results go to $OUT (logs and JSON).
+#
+#   scripts/device/check.sh [quick|full|fixtures|bench]
+#     quick     build, test_cache, test_cuda, parity on the carried fixture models
+#     fixtures  parity on the carried fixture models only (build reused when present)
+#     full      quick + 80B seed-mix model: parity at three budgets, bench all resident,
+#               bench --cache-mib 8192 uniform and with --router-skew
+#     bench     build + the 80B benches only (no tests, no parity)
+#
+# What the GPU host lacks travels in git-ignored folders named in the call's `carry`:
+#   .deps/debs   Debian packages of PCRE2, cpp-httplib, brotli/ssl/zlib headers (DEVICE.md)
+#   .deps/fix    fixture models (*.gguf) to check; each call carries what fits in 64 MiB
+#                (FIX_DIR=.deps/fixA selects another carried folder)
+set -uo pipefail
+STAGE=${1:-quick}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT"
+BUILD=$ROOT/build-device
+BIN=$BUILD/redlite
+SHM=/dev/shm/redlite
+FIX=$ROOT/${FIX_DIR:-.deps/fix}
+mkdir -p $SHM
+status=0
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+step() {  # step NAME CMD...: runs, logs to $OUT/NAME.log, records the exit code
+  local name=$1; shift
+  log "$name: $*"
+  local t0=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  log "$name: exit $rc ($((SECONDS - t0)) s)"
+  tail -n 25 "$OUT/$name.log"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+
+# --- dependencies: unpack the carried .debs into a prefix ------------------------------------
+PREFIX=/tmp/rl-prefix
+if [ ! -d $PREFIX/usr ]; then
+  for f in "$ROOT"/.deps/debs/*.deb; do dpkg -x "$f" $PREFIX; done
+  sed -i "s#^prefix=/usr#prefix=$PREFIX/usr#" $PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+fi
+LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
+export CMAKE_PREFIX_PATH=$PREFIX/usr
+export PKG_CONFIG_PATH=$LIBDIR/pkgconfig
+export LD_LIBRARY_PATH=$LIBDIR:${LD_LIBRARY_PATH:-}
+export CPATH=$PREFIX/usr/include:$PREFIX/usr/include/x86_64-linux-gnu
+export PATH=/usr/local/cuda/bin:$PATH
+
+# --- build ---------------------------------------------------------------------------------------
+if [ "$STAGE" != fixtures ] || [ ! -x "$BIN" ]; then
+  step configure cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREDLITE_BENCH=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_LIBRARY_PATH=$LIBDIR || exit 1
+  step build ninja -C "$BUILD" -j16 redlite test_cache test_cuda || exit 1
+fi
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+
+# --- tests -----------------------------------------------------------------------------------------
+if [ "$STAGE" = quick ] || [ "$STAGE" = full ]; then
+  step test_cache "$BUILD/test_cache"
+  REDLITE_FIXTURES=$FIX step test_cuda "$BUILD/test_cuda"
+fi
+
+# --- parity on the fixture models -----------------------------------------------------------------------
+for m in "$FIX"/*.gguf; do
+  [ -e "$m" ] || continue
+  [ "$STAGE" = bench ] && break
+  n=$(basename "$m" .gguf)
+  step "parity-$n" "$BIN" parity -m "$m" --backend cuda --repeat 2 --prompt-tokens 40 --budget-fractions 1,0.5,0.1
+done
+[ "$STAGE" = full ] || [ "$STAGE" = bench ] || exit $status
+
+# --- the 80B-shaped seed-mix model -------------------------------------------------------------------------
+M80=$SHM/80b-seed-mix.gguf
+[ -e $M80 ] || step synth-80b "$BIN" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
+[ "$STAGE" = full ] && step parity-80b "$BIN" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
+RL_ENGINE_PROFILE=1 step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json
+cp "$OUT/bench-80b-profile.log" "$OUT/bench-80b-profile.json" 2>/dev/null
+step bench-80b "$BIN" bench -m $M80 --backend cuda --reps 3 --json
+step bench-80b-8g "$BIN" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json
+rm -f $M80
+M80S=$SHM/80b-seed-mix-skew.gguf
+[ -e $M80S ] || step synth-80b-skew "$BIN" synth --preset 80b --recipe seed-mix --seed 1 --router-skew 1.0 --out $M80S
+step bench-80b-8g-skew "$BIN" bench -m $M80S --backend cuda --cache-mib 8192 --reps 1 --json
+rm -f $M80S
+exit $status

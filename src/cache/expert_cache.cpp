@@ -1,0 +1,159 @@
+#include "cache/expert_cache.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace rl {
+
+int ExpertCache::Reservation::n_misses() const {
+  int n = 0;
+  for (const Entry& e : entries) n += e.hit ? 0 : 1;
+  return n;
+}
+
+ExpertCache::ExpertCache(int n_layers, int n_experts, size_t slot_bytes, size_t budget_bytes,
+                         int min_slots)
+    : n_layers_(n_layers), n_experts_(n_experts), slot_bytes_(slot_bytes) {
+  if (n_layers <= 0 || n_experts <= 0 || slot_bytes == 0)
+    fail("expert cache: invalid shape ({} layers, {} experts, slot of {} bytes)", n_layers,
+         n_experts, slot_bytes);
+  const size_t total = (size_t)n_layers * (size_t)n_experts;
+  n_slots_ = (int)std::min(budget_bytes / slot_bytes, total);
+  if (n_slots_ < min_slots)
+    fail("--cache-mib: a budget of {} MiB holds {} expert slots of {:.2f} MiB, but a token needs {} "
+         "experts of one layer at once (at least {:.0f} MiB)",
+         budget_bytes >> 20, n_slots_, slot_bytes / 1048576.0, min_slots,
+         std::ceil(min_slots * (double)slot_bytes / 1048576.0));
+  slot_of_key_.assign(total, -1);
+  key_of_slot_.assign(n_slots_, kNoKey);
+  prev_.assign(n_slots_, -1);
+  next_.assign(n_slots_, -1);
+  pinned_epoch_.assign(n_slots_, 0);
+  free_slots_.reserve(n_slots_);
+  for (int s = n_slots_ - 1; s >= 0; s--) free_slots_.push_back(s);  // slot 0 is handed out first
+}
+
+int ExpertCache::lookup(int layer, int expert) const {
+  if (layer < 0 || layer >= n_layers_ || expert < 0 || expert >= n_experts_) return -1;
+  return slot_of_key_[key(layer, expert)];
+}
+
+void ExpertCache::unlink(int slot) {
+  const int p = prev_[slot], n = next_[slot];
+  if (p >= 0) next_[p] = n; else head_ = n;
+  if (n >= 0) prev_[n] = p; else tail_ = p;
+  prev_[slot] = next_[slot] = -1;
+}
+
+void ExpertCache::push_front(int slot) {
+  prev_[slot] = -1;
+  next_[slot] = head_;
+  if (head_ >= 0) prev_[head_] = slot;
+  head_ = slot;
+  if (tail_ < 0) tail_ = slot;
+}
+
+const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const int> experts) {
+  if (open_) fail("expert cache: reserve() while a reservation is open (commit or abort it first)");
+  if (layer < 0 || layer >= n_layers_) fail("expert cache: layer {} out of range [0, {})", layer, n_layers_);
+  if ((int)experts.size() > n_slots_)
+    fail("expert cache: {} experts requested at once but the cache has {} slots", experts.size(),
+         n_slots_);
+  for (size_t i = 0; i < experts.size(); i++) {
+    if (experts[i] < 0 || experts[i] >= n_experts_)
+      fail("expert cache: expert {} out of range [0, {})", experts[i], n_experts_);
+    for (size_t j = 0; j < i; j++)
+      if (experts[j] == experts[i]) fail("expert cache: expert {} requested twice", experts[i]);
+  }
+  epoch_++;
+  if (epoch_ == 0) {  // wrapped: clear stale pins
+    std::fill(pinned_epoch_.begin(), pinned_epoch_.end(), 0);
+    epoch_ = 1;
+  }
+  res_.layer = layer;
+  res_.entries.assign(experts.size(), Entry{});
+
+  // Hits first, so that no miss evicts an expert this same request needs.
+  for (size_t i = 0; i < experts.size(); i++) {
+    Entry& e = res_.entries[i];
+    e.expert = experts[i];
+    const int slot = slot_of_key_[key(layer, experts[i])];
+    if (slot < 0) continue;
+    e.hit = true;
+    e.slot = slot;
+    pinned_epoch_[slot] = epoch_;
+    unlink(slot);
+    push_front(slot);
+    stats_.hits++;
+  }
+  for (Entry& e : res_.entries) {
+    if (e.hit) continue;
+    int slot;
+    if (!free_slots_.empty()) {
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      slot = tail_;
+      while (slot >= 0 && pinned_epoch_[slot] == epoch_) slot = prev_[slot];
+      // Cannot happen: n_slots >= request size and only this request's slots are pinned.
+      if (slot < 0) fail("expert cache: no slot to evict for layer {} expert {}", layer, e.expert);
+      unlink(slot);
+      const Key old = key_of_slot_[slot];
+      e.evicted = old;
+      slot_of_key_[old] = -1;
+      n_resident_--;
+      stats_.evictions++;
+      notify(old, -1);
+    }
+    e.slot = slot;
+    key_of_slot_[slot] = key(layer, e.expert);
+    pinned_epoch_[slot] = epoch_;
+    push_front(slot);
+    stats_.misses++;
+  }
+  open_ = true;
+  return res_;
+}
+
+void ExpertCache::commit() {
+  if (!open_) fail("expert cache: commit() without an open reservation");
+  for (const Entry& e : res_.entries) {
+    if (e.hit) continue;
+    const Key k = key(res_.layer, e.expert);
+    slot_of_key_[k] = e.slot;
+    n_resident_++;
+    notify(k, e.slot);
+  }
+  open_ = false;
+  epoch_++;  // unpin
+}
+
+void ExpertCache::abort() {
+  if (!open_) fail("expert cache: abort() without an open reservation");
+  for (const Entry& e : res_.entries) {
+    if (e.hit) continue;
+    unlink(e.slot);
+    key_of_slot_[e.slot] = kNoKey;
+    free_slots_.push_back(e.slot);
+  }
+  open_ = false;
+  epoch_++;
+}
+
+void ExpertCache::touch(int layer, std::span<const int> experts) {
+  for (int ex : experts) {
+    const int slot = lookup(layer, ex);
+    if (slot < 0) continue;
+    unlink(slot);
+    push_front(slot);
+  }
+}
+
+void ExpertCache::record_copy(size_t bytes, double seconds) {
+  stats_.bytes_copied += bytes;
+  stats_.copy_seconds += seconds;
+}
+
+}  // namespace rl

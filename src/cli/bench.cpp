@@ -1,0 +1,184 @@
+// redlite bench: the bench protocol of DESIGN.md §6.
+//   decode  = 256 greedy tokens (255 decode passes) after a fixed prompt  -> decode_tok_s
+//   prefill = the first 1100 tokens of the long-context prompt, chunks of 512 -> prefill_tok_s
+// Median of --reps runs with min and max. On the CUDA backend it adds what a decode token reads
+// (bytes, achieved GB/s, percent of the H200's 4.8 TB/s), and over the decode passes the
+// expert-cache hit rate, the bytes copied per token and the copy rate, and with
+// RL_ENGINE_PROFILE=1 the per-stage GPU milliseconds of the last decode run.
+//
+// The prompts are fixed token-id sequences (a xorshift stream over the vocabulary): the bench
+// models are synthetic, so text carries no meaning, and ids make runs identical on any vocabulary.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "cli/command.h"
+#include "cli/common_options.h"
+#include "common/error.h"
+#include "model/parity.h"
+#ifdef REDLITE_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+namespace rl::cli {
+namespace {
+
+constexpr double kH200PeakBytesPerSecond = 4.8e12;  // vendor datasheet, HBM3e
+
+struct BenchOptions {
+  CommonOptions common;
+  int reps = 3;
+  int decode_tokens = 256;
+  int prefill_tokens = 1100;
+  int prompt_tokens = 16;
+  bool json = false;
+};
+
+std::vector<int32_t> token_stream(int n, int n_vocab, uint64_t seed) {
+  std::vector<int32_t> t(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int i = 0; i < n; i++) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    t[i] = (int32_t)(s % (uint64_t)n_vocab);
+  }
+  return t;
+}
+
+struct Summary {
+  double median = 0, min = 0, max = 0;
+};
+Summary summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Summary s;
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return s;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_bench(const BenchOptions& o) {
+  LoadedModel lm = open_model(o.common);
+  const Config& c = lm.model->config();
+  const int n_ctx = std::max(o.prefill_tokens, o.prompt_tokens + o.decode_tokens) + 1;
+  auto session = lm.backend->new_session(n_ctx);
+  const auto prompt = token_stream(o.prompt_tokens, c.n_vocab, 1);
+  const auto long_prompt = token_stream(o.prefill_tokens, c.n_vocab, 2);
+
+#ifdef REDLITE_HAVE_CUDA
+  // Cache statistics and the profile cover the decode passes only (the bytes a decode token
+  // reads and copies); the prefill runs are timed but not counted there.
+  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(lm.backend.get());
+  ExpertCache::Stats decode_cache;
+  std::string profile;
+#endif
+  std::vector<double> decode_rates, prefill_rates;
+  for (int rep = 0; rep < o.reps; rep++) {
+    // Decode: prompt, then decode_tokens greedy tokens; the first comes from the prompt's logits,
+    // so decode_tokens - 1 decode passes are timed.
+    session->reset();
+    std::vector<float> logits = session->prefill(prompt);
+#ifdef REDLITE_HAVE_CUDA
+    if (cuda_backend) cuda_backend->reset_stats();
+#endif
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i + 1 < o.decode_tokens; i++) logits = session->decode(argmax_token(logits));
+    decode_rates.push_back((o.decode_tokens - 1) / seconds_since(t0));
+#ifdef REDLITE_HAVE_CUDA
+    if (cuda_backend) {
+      const ExpertCache::Stats s = cuda_backend->stats().cache;
+      decode_cache.hits += s.hits;
+      decode_cache.misses += s.misses;
+      decode_cache.bytes_copied += s.bytes_copied;
+      decode_cache.copy_seconds += s.copy_seconds;
+      profile = cuda_backend->profile_report();  // the last decode run
+    }
+#endif
+
+    session->reset();
+    const auto t1 = std::chrono::steady_clock::now();
+    session->prefill(long_prompt);  // the session splits it into chunks of 512
+    prefill_rates.push_back(o.prefill_tokens / seconds_since(t1));
+  }
+  const Summary dec = summarize(decode_rates), pre = summarize(prefill_rates);
+
+  nlohmann::json j;
+  j["model"] = o.common.model_path;
+  j["backend"] = lm.backend->name();
+  j["build"] = std::string("redlite ") + REDLITE_VERSION;
+  j["reps"] = o.reps;
+  j["decode_tokens"] = o.decode_tokens;
+  j["prefill_tokens"] = o.prefill_tokens;
+  j["prefill_chunk"] = 512;
+  j["decode_tok_s"] = dec.median;
+  j["decode_tok_s_min"] = dec.min;
+  j["decode_tok_s_max"] = dec.max;
+  j["prefill_tok_s"] = pre.median;
+  j["prefill_tok_s_min"] = pre.min;
+  j["prefill_tok_s_max"] = pre.max;
+  j["cache_mib"] = o.common.cache_mib;
+#ifdef REDLITE_HAVE_CUDA
+  if (cuda_backend) {
+    cuda::EngineStats s = cuda_backend->stats();
+    s.cache = decode_cache;
+    const double bytes = (double)s.decode_bytes_per_token;
+    j["gpu"] = s.gpu_name;
+    j["cache_slots"] = s.n_slots;
+    j["experts_total"] = s.n_experts_total;
+    j["cache_budget_mib"] = s.cache_bytes >> 20;
+    j["fully_resident"] = s.fully_resident;
+    j["pinned_copies"] = s.pinned_copies;
+    j["dense_mib"] = s.dense_bytes >> 20;
+    j["working_set_mib"] = s.working_bytes >> 20;
+    j["preload_s"] = s.preload_seconds;
+    j["bytes_per_token"] = s.decode_bytes_per_token;
+    j["achieved_gb_s"] = bytes * dec.median / 1e9;
+    j["percent_of_peak"] = 100.0 * bytes * dec.median / kH200PeakBytesPerSecond;
+    j["hit_rate"] = s.cache.hit_rate();
+    j["cache_hits"] = s.cache.hits;
+    j["cache_misses"] = s.cache.misses;
+    const double tokens = (double)o.reps * (o.decode_tokens - 1);  // decode passes
+    j["bytes_copied"] = s.cache.bytes_copied;
+    j["bytes_copied_per_token"] = s.cache.bytes_copied / std::max(tokens, 1.0);
+    j["copy_gb_s"] = s.cache.copy_seconds > 0 ? s.cache.bytes_copied / s.cache.copy_seconds / 1e9 : 0.0;
+    if (!profile.empty()) j["profile_decode"] = profile;
+  }
+#endif
+  if (o.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s on %s: decode %.1f tok/s (min %.1f, max %.1f), prefill %.0f tok/s (min %.0f, max %.0f), "
+                "median of %d\n",
+                o.common.model_path.c_str(), lm.backend->name().c_str(), dec.median, dec.min, dec.max,
+                pre.median, pre.min, pre.max, o.reps);
+    if (j.contains("bytes_per_token"))
+      std::printf("  %.1f MB/token, %.0f GB/s (%.1f%% of 4.8 TB/s), hit rate %.3f, %.2f MB copied/token, "
+                  "copy %.1f GB/s\n",
+                  j["bytes_per_token"].get<double>() / 1e6, j["achieved_gb_s"].get<double>(),
+                  j["percent_of_peak"].get<double>(), j["hit_rate"].get<double>(),
+                  j["bytes_copied_per_token"].get<double>() / 1e6, j["copy_gb_s"].get<double>());
+    if (j.contains("profile_decode"))
+      std::printf("decode profile (%d passes):\n%s", o.decode_tokens - 1, j["profile_decode"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+const Registrar registrar("bench", "decode and prefill throughput (DESIGN.md §6 bench protocol)", [](CLI::App& sub) {
+  auto o = std::make_shared<BenchOptions>();
+  add_common_options(sub, o->common);
+  sub.add_option("--reps", o->reps, "runs; the median is reported with min and max")->check(CLI::PositiveNumber);
+  sub.add_option("--decode-tokens", o->decode_tokens, "greedy tokens per decode run (protocol: 256)")
+      ->check(CLI::Range(2, 1 << 20));
+  sub.add_option("--prefill-tokens", o->prefill_tokens, "prompt tokens of the prefill run (protocol: 1100)")
+      ->check(CLI::PositiveNumber);
+  sub.add_flag("--json", o->json, "print the result as JSON");
+  return [o] { return run_bench(*o); };
+});
+
+}  // namespace
+}  // namespace rl::cli

@@ -1,0 +1,1075 @@
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "common/error.h"
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+#include "gguf/gguf.h"
+
+namespace rl::cuda {
+
+CudaOptions CudaOptions::from_env(int64_t cache_mib) {
+  CudaOptions o;
+  o.cache_mib = cache_mib;
+  if (const char* e = std::getenv("RL_ENGINE_PRELOAD")) o.preload = std::string(e) != "0";
+  if (const char* e = std::getenv("RL_ENGINE_PROFILE")) o.profile = std::string(e) == "1";
+  return o;
+}
+
+namespace {
+
+constexpr int kMaxChunk = 512;          // tokens per forward pass (DESIGN.md §5)
+constexpr size_t kAlign = 256;
+constexpr size_t kStagingBytes = 64u << 20;  // pinned ring for per-layer host<->device tables
+constexpr size_t kFreeMemoryReserve = 1ull << 30;  // left free for the driver and other sessions
+
+size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+
+// ---- weights on the device ------------------------------------------------------------------
+
+// A quantised matrix [rows x cols] in device memory.
+struct DMat {
+  GgmlType type = GgmlType::F32;
+  const uint8_t* data = nullptr;
+  size_t row_bytes = 0;
+  int rows = 0, cols = 0;
+};
+
+struct AttnDev {
+  DMat q, k, v, o;      // q: [n_head*2*hd x n_embd] (query, gate per head)
+  const float* q_norm;  // [hd]
+  const float* k_norm;  // [hd]
+};
+
+struct SsmDev {
+  DMat qkv, z, ba, out;  // qkv [conv_dim x n_embd], z [value_dim x n_embd] (legacy rows permuted)
+  const float* conv;     // [conv_dim][K]
+  const float* dt_bias;  // [nv]
+  const float* a;        // [nv]
+  const float* norm;     // [dv]
+};
+
+struct MoeDev {
+  DMat router, shared_gate_inp, gate_sh, up_sh, down_sh;
+  // Routed experts: the host views (copied into slots) and where each matrix sits in a slot.
+  TensorView gate_exps, up_exps, down_exps;
+  size_t up_offset = 0, down_offset = 0, expert_bytes = 0;
+};
+
+struct LayerDev {
+  bool recurrent = false;
+  const float* attn_norm = nullptr;
+  const float* post_norm = nullptr;
+  AttnDev attn{};
+  SsmDev ssm{};
+  MoeDev moe;
+};
+
+// Bump allocator over one device allocation, sized by a first pass that only counts.
+class Arena {
+ public:
+  size_t reserve(size_t bytes) {
+    const size_t off = size_;
+    size_ += align_up(bytes);
+    return off;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+// ---- per-stage GPU timing (RL_ENGINE_PROFILE=1) ------------------------------------------------
+
+enum Stage { kNorms, kProjections, kDeltaNet, kAttention, kRouter, kExperts, kLmHead, kCopies, kOther, kStageCount };
+const char* const kStageNames[kStageCount] = {"norms", "projections", "deltanet", "attention",
+                                              "router", "experts", "lm_head", "copies", "other"};
+
+class Profiler {
+ public:
+  bool on = false;
+  // Marks the start of `stage` on the stream; the previous stage ends there.
+  void mark(Stage stage, cudaStream_t s) {
+    if (!on) return;
+    cudaEvent_t e = next_event();
+    cudaEventRecord(e, s);
+    marks_.push_back({stage, e});
+  }
+  // After a synchronisation: folds the recorded marks into the totals.
+  void collect() {
+    if (!on) return;
+    for (size_t i = 0; i + 1 < marks_.size(); i++) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, marks_[i].second, marks_[i + 1].second);
+      total_ms[marks_[i].first] += ms;
+    }
+    marks_.clear();
+    used_ = 0;
+  }
+  void reset() { std::fill(std::begin(total_ms), std::end(total_ms), 0.0); }
+  ~Profiler() {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+  }
+  double total_ms[kStageCount] = {};
+
+ private:
+  cudaEvent_t next_event() {
+    if (used_ == pool_.size()) {
+      cudaEvent_t e;
+      RL_CUDA_CHECK(cudaEventCreate(&e));
+      pool_.push_back(e);
+    }
+    return pool_[used_++];
+  }
+  std::vector<cudaEvent_t> pool_;
+  size_t used_ = 0;
+  std::vector<std::pair<Stage, cudaEvent_t>> marks_;
+};
+
+// ---- router: the oracle's selection rule on the host ---------------------------------------------
+// Softmax over all experts (double), top-k by probability with ties to the lower index, weights
+// renormalised over the selection (cpu/forward.cpp route()).
+void route_token(const Config& c, const float* l, int32_t* ids, float* weights,
+                 std::vector<float>& prob, std::vector<int>& order) {
+  const int E = c.n_expert, K = c.n_expert_used;
+  const double max_l = *std::max_element(l, l + E);
+  double sum = 0.0;
+  for (int e = 0; e < E; e++) sum += std::exp((double)l[e] - max_l);
+  for (int e = 0; e < E; e++) prob[e] = (float)(std::exp((double)l[e] - max_l) / sum);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                    [&](int a, int b) { return prob[a] != prob[b] ? prob[a] > prob[b] : a < b; });
+  double selected = 0.0;
+  for (int k = 0; k < K; k++) selected += prob[order[k]];
+  for (int k = 0; k < K; k++) {
+    ids[k] = order[k];
+    double wk = prob[order[k]] / selected;
+    if (c.expert_weights_scale != 0.0f) wk *= c.expert_weights_scale;
+    weights[k] = (float)wk;
+  }
+}
+
+class CudaSessionImpl;
+
+// ---- the backend: weights, expert cache, shared buffers -----------------------------------------
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  CudaBackendImpl(std::shared_ptr<const Model> model, const CudaOptions& opts);
+  ~CudaBackendImpl() override;
+
+  std::string name() const override { return "cuda"; }
+  std::unique_ptr<Session> new_session(int n_ctx) override;
+  EngineStats stats() const override {
+    EngineStats s = stats_;
+    s.cache = cache_->stats();
+    return s;
+  }
+  void reset_stats() override {
+    cache_->reset_stats();
+    stats_.tokens_decoded = 0;
+    profiler_.reset();
+  }
+  std::string profile_report() const override;
+
+  // One forward pass of T <= kMaxChunk tokens for a session (the state buffers it owns).
+  struct SessionState;
+  void forward(SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
+               TraceSink* trace);
+
+  const Config& config() const { return model_->config(); }
+  std::shared_ptr<const Model> model_;
+  CudaOptions opts_;
+
+ private:
+  friend class CudaSessionImpl;
+  void upload_weights();
+  void init_cache();
+  void register_mapping();
+  void preload_all();
+  void allocate_working_set();
+  // Routed experts of layer L for the T tokens whose h2 rows are in `h2`; adds into x.
+  void moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace);
+  void run_expert_batch(int L, std::span<const int> experts, std::span<const int> group_rows,
+                        std::span<const int> group_offset, int T);
+  void copy_misses(int L, const ExpertCache::Reservation& r);
+  void sync_residency_rows();
+  void project(const DMat& w, const float* x, int T, float* y);
+
+  // Pinned staging area (host) mirrored by a device area at the same offsets, for the small
+  // per-layer tables (slot pointers, assignments, weights). Reset once per layer, when the host
+  // has waited for the router logits: by stream order everything staged before was consumed.
+  template <class T>
+  std::pair<T*, T*> stage(size_t count);
+  void stage_reset() { staging_used_ = 0; }
+
+  cudaStream_t stream_ = nullptr, copy_stream_ = nullptr;
+  cudaEvent_t slots_free_ = nullptr, copies_done_ = nullptr, router_ready_ = nullptr;
+  DeviceBuffer dense_;
+  std::vector<LayerDev> layers_;
+  DMat token_embd_, output_;
+  const float* output_norm_ = nullptr;
+
+  std::unique_ptr<ExpertCache> cache_;
+  DeviceBuffer slots_;
+  DeviceBuffer residency_table_;              // [n_layer][n_expert] slot address or 0
+  std::vector<uint64_t> residency_host_;
+  std::vector<bool> residency_dirty_;
+  bool registered_ = false;
+  const uint8_t* registered_base_ = nullptr;
+  uint64_t expected_file_size_ = 0;
+
+  uint8_t* staging_host_ = nullptr;
+  DeviceBuffer staging_dev_;
+  size_t staging_used_ = 0;
+
+  // Activations for one chunk of up to kMaxChunk tokens.
+  DeviceBuffer x_, h_, mix_, proj_a_, proj_b_, proj_c_, small_a_, small_b_, logits_;
+  DeviceBuffer router_logits_, g_buf_, u_buf_, y_buf_, xg_buf_, sh_gate_, sh_up_, sh_out_, sh_scalar_;
+  DeviceBuffer ids_, pos_;
+  size_t logits_rows_ = 0;
+  float* pinned_logits_ = nullptr;
+  size_t pinned_logits_floats_ = 0;
+  float* pinned_router_ = nullptr;  // [kMaxChunk][n_expert]
+
+  Profiler profiler_;
+  EngineStats stats_;
+  std::vector<cudaEvent_t> pending_copy_events_;  // (start, stop) pairs awaiting collection
+  std::vector<size_t> pending_copy_bytes_;
+};
+
+struct CudaBackendImpl::SessionState {
+  int position = 0;
+  int n_ctx = 0;
+  std::vector<DeviceBuffer> k_cache, v_cache;  // [n_layer]: [n_ctx][kv_dim] (attention layers)
+  std::vector<DeviceBuffer> conv, ssm;         // [n_layer]: [K-1][conv_dim], [nv][dv][dk]
+};
+
+template <class T>
+std::pair<T*, T*> CudaBackendImpl::stage(size_t count) {
+  const size_t bytes = align_up(count * sizeof(T));
+  // A layer stages a few hundred KiB at most (T·k ids, weights, assignments; slot pointers).
+  if (staging_used_ + bytes > kStagingBytes)
+    fail("CUDA backend: {} bytes of per-layer tables exceed the {} MiB staging area",
+         staging_used_ + bytes, kStagingBytes >> 20);
+  T* h = reinterpret_cast<T*>(staging_host_ + staging_used_);
+  T* d = reinterpret_cast<T*>(staging_dev_.get<uint8_t>() + staging_used_);
+  staging_used_ += bytes;
+  return {h, d};
+}
+
+CudaBackendImpl::CudaBackendImpl(std::shared_ptr<const Model> model, const CudaOptions& opts)
+    : model_(std::move(model)), opts_(opts) {
+  if (!device_available()) fail("--backend cuda: no CUDA device is available");
+  cudaDeviceProp prop{};
+  RL_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  stats_.gpu_name = prop.name;
+  upload_quant_tables();
+  RL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  RL_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  RL_CUDA_CHECK(cudaEventCreateWithFlags(&slots_free_, cudaEventDisableTiming));
+  RL_CUDA_CHECK(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming));
+  RL_CUDA_CHECK(cudaEventCreateWithFlags(&router_ready_, cudaEventDisableTiming));
+  RL_CUDA_CHECK(cudaEventRecord(slots_free_, stream_));
+  profiler_.on = opts_.profile;
+  upload_weights();
+  allocate_working_set();
+  init_cache();
+  register_mapping();
+  if (cache_->holds_all() && opts_.preload) preload_all();
+}
+
+CudaBackendImpl::~CudaBackendImpl() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
+  if (registered_) cudaHostUnregister(const_cast<uint8_t*>(registered_base_));
+  if (staging_host_) cudaFreeHost(staging_host_);
+  if (pinned_logits_) cudaFreeHost(pinned_logits_);
+  if (pinned_router_) cudaFreeHost(pinned_router_);
+  for (cudaEvent_t e : {slots_free_, copies_done_, router_ready_})
+    if (e) cudaEventDestroy(e);
+  if (stream_) cudaStreamDestroy(stream_);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
+}
+
+// Dense weights: every non-expert tensor, uploaded once into one allocation. Matrices keep their
+// ggml type; small vectors are converted to fp32 (model::to_f32). The legacy fused ssm_in is
+// stored with its rows permuted into the current layout [q all | k all | v all | z all], so both
+// layouts run the same code: qkv and z are then two row ranges of one matrix.
+void CudaBackendImpl::upload_weights() {
+  const Model& m = *model_;
+  const Config& c = m.config();
+  struct Job {
+    size_t offset;
+    std::vector<uint8_t> bytes;  // host copy (converted or permuted); empty: use src
+    const uint8_t* src = nullptr;
+    size_t n = 0;
+  };
+  std::vector<Job> jobs;
+  Arena arena;
+  auto check_type = [&](const TensorView& t) {
+    if (!weight_type_supported(t.type))
+      fail("{}: tensor {} has type {}, which the CUDA backend does not run", model_->path(), t.name,
+           type_name(t.type));
+  };
+  auto add_matrix = [&](const TensorView& t) -> DMat {
+    check_type(t);
+    if (t.row_length() % 32 != 0)
+      fail("{}: tensor {} has rows of {} values; the CUDA backend needs a multiple of 32",
+           model_->path(), t.name, t.row_length());
+    Job j;
+    j.offset = arena.reserve(t.nbytes);
+    j.src = t.data;
+    j.n = t.nbytes;
+    jobs.push_back(std::move(j));
+    DMat d;
+    d.type = t.type;
+    d.data = reinterpret_cast<const uint8_t*>(jobs.back().offset);  // rebased after allocation
+    d.row_bytes = t.row_bytes;
+    d.rows = (int)t.n_rows();
+    d.cols = (int)t.row_length();
+    return d;
+  };
+  auto add_vector = [&](const TensorView& t) -> const float* {
+    std::vector<float> v = to_f32(t);
+    Job j;
+    j.offset = arena.reserve(v.size() * 4);
+    j.bytes.resize(v.size() * 4);
+    std::memcpy(j.bytes.data(), v.data(), j.bytes.size());
+    jobs.push_back(std::move(j));
+    return reinterpret_cast<const float*>(jobs.back().offset);
+  };
+
+  token_embd_ = add_matrix(m.token_embd);
+  output_ = m.output_is_token_embd ? token_embd_ : add_matrix(m.output);
+  output_norm_ = add_vector(m.output_norm);
+  layers_.resize(c.n_layer);
+  for (int L = 0; L < c.n_layer; L++) {
+    const LayerWeights& lw = m.layers[L];
+    LayerDev& d = layers_[L];
+    d.recurrent = lw.recurrent;
+    d.attn_norm = add_vector(lw.attn_norm);
+    d.post_norm = add_vector(lw.post_attention_norm);
+    if (lw.recurrent) {
+      const DeltaNetWeights& w = lw.ssm;
+      if (w.legacy_fused) {
+        const TensorView& t = w.in;
+        check_type(t);
+        const int dk = c.ssm_head_dim, rdv = c.ssm_v_per_k() * c.ssm_head_dim;
+        const int group = 2 * dk + 2 * rdv, key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
+        Job j;
+        j.offset = arena.reserve(t.nbytes);
+        j.bytes.resize(t.nbytes);
+        auto put = [&](int dst_row, int src_row, int n) {
+          std::memcpy(j.bytes.data() + (size_t)dst_row * t.row_bytes, t.row(src_row), (size_t)n * t.row_bytes);
+        };
+        for (int g = 0; g < c.ssm_n_k_heads; g++) {
+          put(g * dk, g * group, dk);                                        // q
+          put(key_dim + g * dk, g * group + dk, dk);                         // k
+          put(2 * key_dim + g * rdv, g * group + 2 * dk, rdv);               // v
+          put(conv_dim + g * rdv, g * group + 2 * dk + rdv, rdv);            // z
+        }
+        jobs.push_back(std::move(j));
+        const auto base = (const uint8_t*)jobs.back().offset;
+        d.ssm.qkv = {t.type, base, t.row_bytes, conv_dim, (int)t.row_length()};
+        d.ssm.z = {t.type, (const uint8_t*)(jobs.back().offset + (size_t)conv_dim * t.row_bytes),
+                   t.row_bytes, c.ssm_value_dim(), (int)t.row_length()};
+      } else {
+        d.ssm.qkv = add_matrix(w.qkv);
+        d.ssm.z = add_matrix(w.gate);
+      }
+      d.ssm.ba = add_matrix(w.ba);
+      d.ssm.out = add_matrix(w.out);
+      d.ssm.conv = add_vector(w.conv1d);
+      d.ssm.dt_bias = add_vector(w.dt_bias);
+      d.ssm.a = add_vector(w.a);
+      d.ssm.norm = add_vector(w.norm);
+    } else {
+      d.attn.q = add_matrix(lw.attn.q);
+      d.attn.k = add_matrix(lw.attn.k);
+      d.attn.v = add_matrix(lw.attn.v);
+      d.attn.o = add_matrix(lw.attn.output);
+      d.attn.q_norm = add_vector(lw.attn.q_norm);
+      d.attn.k_norm = add_vector(lw.attn.k_norm);
+    }
+    const MoeWeights& mw = lw.moe;
+    d.moe.router = add_matrix(mw.router);
+    d.moe.shared_gate_inp = add_matrix(mw.shared_gate_inp);
+    d.moe.gate_sh = add_matrix(mw.gate_shexp);
+    d.moe.up_sh = add_matrix(mw.up_shexp);
+    d.moe.down_sh = add_matrix(mw.down_shexp);
+    for (const TensorView* t : {&mw.gate_exps, &mw.up_exps, &mw.down_exps}) {
+      check_type(*t);
+      if (t->row_length() % 32 != 0)
+        fail("{}: tensor {} has rows of {} values; the CUDA backend needs a multiple of 32",
+             model_->path(), t->name, t->row_length());
+    }
+    d.moe.gate_exps = mw.gate_exps;
+    d.moe.up_exps = mw.up_exps;
+    d.moe.down_exps = mw.down_exps;
+    const size_t g = mw.gate_exps.matrix(0).nbytes, u = mw.up_exps.matrix(0).nbytes,
+                 dn = mw.down_exps.matrix(0).nbytes;
+    d.moe.up_offset = align_up(g);
+    d.moe.down_offset = d.moe.up_offset + align_up(u);
+    d.moe.expert_bytes = d.moe.down_offset + align_up(dn);
+  }
+
+  dense_.allocate(arena.size());
+  uint8_t* base = dense_.get<uint8_t>();
+  for (const Job& j : jobs) {
+    const uint8_t* src = j.bytes.empty() ? j.src : j.bytes.data();
+    const size_t n = j.bytes.empty() ? j.n : j.bytes.size();
+    RL_CUDA_CHECK(cudaMemcpy(base + j.offset, src, n, cudaMemcpyHostToDevice));
+  }
+  auto rebase_m = [&](DMat& d) { d.data = base + (size_t)d.data; };
+  auto rebase_v = [&](const float*& p) { p = reinterpret_cast<const float*>(base + (size_t)p); };
+  const bool shared_head = m.output_is_token_embd;
+  rebase_m(token_embd_);
+  if (shared_head) output_ = token_embd_; else rebase_m(output_);
+  rebase_v(output_norm_);
+  for (LayerDev& d : layers_) {
+    rebase_v(d.attn_norm);
+    rebase_v(d.post_norm);
+    if (d.recurrent) {
+      for (DMat* x : {&d.ssm.qkv, &d.ssm.z, &d.ssm.ba, &d.ssm.out}) rebase_m(*x);
+      for (const float** p : {&d.ssm.conv, &d.ssm.dt_bias, &d.ssm.a, &d.ssm.norm}) rebase_v(*p);
+    } else {
+      for (DMat* x : {&d.attn.q, &d.attn.k, &d.attn.v, &d.attn.o}) rebase_m(*x);
+      rebase_v(d.attn.q_norm);
+      rebase_v(d.attn.k_norm);
+    }
+    for (DMat* x : {&d.moe.router, &d.moe.shared_gate_inp, &d.moe.gate_sh, &d.moe.up_sh, &d.moe.down_sh})
+      rebase_m(*x);
+  }
+  stats_.dense_bytes = arena.size();
+
+  // Bytes a decode token reads: every dense tensor, of the embedding only one row (unless it is
+  // also the LM head), and n_expert_used experts per layer.
+  size_t per_token = 0;
+  for (const Job& j : jobs) per_token += j.bytes.empty() ? j.n : j.bytes.size();
+  if (!shared_head) per_token = per_token - m.token_embd.nbytes + m.token_embd.row_bytes;
+  for (const LayerDev& d : layers_)
+    per_token += (size_t)c.n_expert_used * (d.moe.gate_exps.matrix(0).nbytes + d.moe.up_exps.matrix(0).nbytes +
+                                            d.moe.down_exps.matrix(0).nbytes);
+  stats_.decode_bytes_per_token = per_token;
+}
+
+void CudaBackendImpl::allocate_working_set() {
+  const Config& c = config();
+  const size_t T = kMaxChunk;
+  const size_t n_embd = c.n_embd;
+  const size_t proj = std::max<size_t>({(size_t)c.ssm_conv_dim(), 2 * (size_t)c.q_dim(), 1});
+  const size_t small = std::max<size_t>({(size_t)c.ssm_value_dim(), (size_t)c.q_dim(), 2 * (size_t)c.ssm_n_v_heads, 1});
+  const size_t n_assign = T * c.n_expert_used;
+  const size_t ff = std::max(c.n_ff_exp, 1), ff_sh = std::max(c.n_ff_shexp, 1);
+  size_t total = 0;
+  auto alloc = [&](DeviceBuffer& b, size_t floats) {
+    b.allocate(floats * sizeof(float));
+    total += floats * sizeof(float);
+  };
+  alloc(x_, T * n_embd);
+  alloc(h_, T * n_embd);
+  // mix_ also holds the DeltaNet gates [2][T][nv] and the attention values [T][kv_dim].
+  alloc(mix_, T * std::max<size_t>({n_embd, (size_t)c.kv_dim(), 2 * (size_t)c.ssm_n_v_heads}));
+  alloc(proj_a_, T * proj);
+  alloc(proj_b_, T * proj);
+  alloc(proj_c_, T * small);
+  alloc(small_a_, T * small);
+  alloc(small_b_, T * small);
+  alloc(router_logits_, T * c.n_expert);
+  alloc(g_buf_, n_assign * ff);
+  alloc(u_buf_, n_assign * ff);
+  alloc(y_buf_, n_assign * n_embd);
+  alloc(xg_buf_, n_assign * n_embd);
+  alloc(sh_gate_, T * ff_sh);
+  alloc(sh_up_, T * ff_sh);
+  alloc(sh_out_, T * n_embd);
+  alloc(sh_scalar_, T);
+  ids_.allocate(T * sizeof(int32_t));
+  pos_.allocate(T * sizeof(int32_t));
+  alloc(logits_, c.n_vocab);  // grows when all positions' logits are asked for
+  logits_rows_ = 1;
+  RL_CUDA_CHECK(cudaMallocHost(&staging_host_, kStagingBytes));
+  RL_CUDA_CHECK(cudaMallocHost(&pinned_router_, T * c.n_expert * sizeof(float)));
+  staging_dev_.allocate(kStagingBytes);
+  total += kStagingBytes + 2 * T * sizeof(int32_t);
+  stats_.working_bytes = total;
+}
+
+void CudaBackendImpl::init_cache() {
+  const Config& c = config();
+  size_t slot_bytes = 0;
+  for (const LayerDev& d : layers_) slot_bytes = std::max(slot_bytes, d.moe.expert_bytes);
+  const size_t n_total = (size_t)c.n_layer * c.n_expert;
+  size_t free_b = 0, total_b = 0;
+  RL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t usable = free_b > kFreeMemoryReserve ? free_b - kFreeMemoryReserve : 0;
+  size_t budget;
+  if (opts_.cache_mib > 0) {
+    // A budget the card cannot hold is refused even when the model's experts would need less:
+    // the user asked for memory that is not there, and silently capping would hide it.
+    budget = (size_t)opts_.cache_mib << 20;
+    if (budget > usable)
+      fail("--cache-mib {}: only {} MiB of device memory are free after the dense weights ({} MiB) "
+           "and the working set ({} MiB), keeping {} MiB spare",
+           opts_.cache_mib, usable >> 20, stats_.dense_bytes >> 20, stats_.working_bytes >> 20,
+           kFreeMemoryReserve >> 20);
+  } else {
+    budget = std::min(usable, n_total * slot_bytes);
+  }
+  cache_ = std::make_unique<ExpertCache>(c.n_layer, c.n_expert, slot_bytes, budget, c.n_expert_used);
+  slots_.allocate((size_t)cache_->n_slots() * slot_bytes);
+  residency_table_.allocate(n_total * sizeof(uint64_t));
+  RL_CUDA_CHECK(cudaMemset(residency_table_.get(), 0, n_total * sizeof(uint64_t)));
+  residency_host_.assign(n_total, 0);
+  residency_dirty_.assign(c.n_layer, false);
+  cache_->set_listener([this](ExpertCache::Key k, int slot) {
+    residency_host_[k] = slot < 0 ? 0 : (uint64_t)(slots_.get<uint8_t>() + (size_t)slot * cache_->slot_bytes());
+    residency_dirty_[cache_->layer_of(k)] = true;
+  });
+  stats_.n_slots = cache_->n_slots();
+  stats_.n_experts_total = (int)n_total;
+  stats_.slot_bytes = slot_bytes;
+  stats_.cache_bytes = (size_t)cache_->n_slots() * slot_bytes;
+  stats_.fully_resident = cache_->holds_all();
+}
+
+// Misses are copied straight from the mapping. Registering it (read-only, page-locked) lets the
+// copy engine read it at PCIe speed; a pageable copy measured ~9x slower on the H200 host
+// (DEVICE.md). When registration is refused the backend still works, with pageable copies.
+void CudaBackendImpl::register_mapping() {
+  const GgufFile& f = model_->gguf();
+  expected_file_size_ = f.file_size();
+  const uint8_t* base = f.base();
+  const size_t page = 4096;
+  const uint8_t* start = reinterpret_cast<const uint8_t*>((uintptr_t)base & ~(uintptr_t)(page - 1));
+  const size_t len = align_up((size_t)(base + f.file_size() - start), page);
+  cudaError_t e = cudaHostRegister(const_cast<uint8_t*>(start), len,
+                                   cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+  if (e == cudaSuccess) {
+    registered_ = true;
+    registered_base_ = start;
+  } else {
+    cudaGetLastError();
+    std::fprintf(stderr, "cuda: could not page-lock the model mapping (%s); experts are copied from "
+                 "pageable memory, which is slower\n", cudaGetErrorString(e));
+  }
+  stats_.pinned_copies = registered_;
+}
+
+void CudaBackendImpl::sync_residency_rows() {
+  const int E = config().n_expert;
+  for (size_t L = 0; L < residency_dirty_.size(); L++) {
+    if (!residency_dirty_[L]) continue;
+    RL_CUDA_CHECK(cudaMemcpyAsync(residency_table_.get<uint64_t>() + L * E, residency_host_.data() + L * E,
+                                  E * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+    residency_dirty_[L] = false;
+  }
+}
+
+// Enqueues the copies of a reservation's misses on the copy stream, after the expert kernels that
+// last read those slots, and makes the compute stream wait for them.
+void CudaBackendImpl::copy_misses(int L, const ExpertCache::Reservation& r) {
+  if (r.n_misses() == 0) return;
+  // A file truncated after open would make the mapping's tail unreadable: refuse before copying.
+  struct stat sb{};
+  if (::stat(model_->path().c_str(), &sb) != 0 || (uint64_t)sb.st_size < expected_file_size_)
+    fail("{}: the model file changed size after it was opened (now {} bytes, expected {}); cannot "
+         "copy the experts of layer {}", model_->path(), (long long)sb.st_size, expected_file_size_, L);
+  const MoeDev& moe = layers_[L].moe;
+  uint8_t* slots = slots_.get<uint8_t>();
+  RL_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, slots_free_, 0));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  RL_CUDA_CHECK(cudaEventCreate(&start));
+  RL_CUDA_CHECK(cudaEventCreate(&stop));
+  pending_copy_events_.push_back(start);
+  pending_copy_events_.push_back(stop);
+  RL_CUDA_CHECK(cudaEventRecord(start, copy_stream_));
+  size_t bytes = 0;
+  for (const ExpertCache::Entry& e : r.entries) {
+    if (e.hit) continue;
+    uint8_t* dst = slots + (size_t)e.slot * cache_->slot_bytes();
+    const TensorView g = moe.gate_exps.matrix(e.expert), u = moe.up_exps.matrix(e.expert),
+                     d = moe.down_exps.matrix(e.expert);
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst, g.data, g.nbytes, cudaMemcpyHostToDevice, copy_stream_));
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.up_offset, u.data, u.nbytes, cudaMemcpyHostToDevice, copy_stream_));
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.down_offset, d.data, d.nbytes, cudaMemcpyHostToDevice, copy_stream_));
+    bytes += g.nbytes + u.nbytes + d.nbytes;
+  }
+  RL_CUDA_CHECK(cudaEventRecord(stop, copy_stream_));
+  pending_copy_bytes_.push_back(bytes);
+  RL_CUDA_CHECK(cudaEventRecord(copies_done_, copy_stream_));
+  RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, copies_done_, 0));
+}
+
+void CudaBackendImpl::preload_all() {
+  const Config& c = config();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> all(c.n_expert);
+  std::iota(all.begin(), all.end(), 0);
+  const bool tty = isatty(2);
+  for (int L = 0; L < c.n_layer; L++) {
+    const ExpertCache::Reservation& r = cache_->reserve(L, all);
+    try {
+      copy_misses(L, r);
+    } catch (...) {
+      cache_->abort();
+      throw;
+    }
+    cache_->commit();
+    RL_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    if (tty || L + 1 == c.n_layer) {
+      const int width = 30, done = (L + 1) * width / c.n_layer;
+      std::fprintf(stderr, "\rloading experts [%.*s%*s] %d/%d layers", done,
+                   "##############################", width - done, "", L + 1, c.n_layer);
+      if (L + 1 == c.n_layer) std::fprintf(stderr, "\n");
+    }
+  }
+  sync_residency_rows();
+  RL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  stats_.preload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The preload is not part of any request's statistics.
+  for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
+  pending_copy_events_.clear();
+  pending_copy_bytes_.clear();
+  cache_->reset_stats();
+}
+
+void CudaBackendImpl::project(const DMat& w, const float* x, int T, float* y) {
+  if (T == 1)
+    matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_);
+  else
+    matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
+}
+
+// Expert kernels for one batch of experts (all reserved and resident): group g = experts[g] over
+// rows [group_offset[g], +group_rows[g]) of the gathered activations (prefill) or, for one token,
+// the shared input h (decode).
+void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std::span<const int> group_rows,
+                                       std::span<const int> group_offset, int T) {
+  const Config& c = config();
+  const MoeDev& moe = layers_[L].moe;
+  const int n = (int)experts.size();
+  auto [ptr_h, ptr_d] = stage<const uint8_t*>(n);
+  for (int g = 0; g < n; g++)
+    ptr_h[g] = slots_.get<uint8_t>() + (size_t)cache_->lookup(L, experts[g]) * cache_->slot_bytes();
+  RL_CUDA_CHECK(cudaMemcpyAsync(ptr_d, ptr_h, n * sizeof(void*), cudaMemcpyHostToDevice, stream_));
+  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
+  const int ff = c.n_ff_exp, n_embd = c.n_embd;
+  if (T == 1) {
+    // Decode: group g is selection g; its output row is g.
+    matvec_experts(gv.type, ptr_d, 0, gv.row_bytes, ff, n_embd, h_.f(), 0, g_buf_.f(), n, stream_);
+    matvec_experts(uv.type, ptr_d, moe.up_offset, uv.row_bytes, ff, n_embd, h_.f(), 0, u_buf_.f(), n, stream_);
+    swiglu(g_buf_.f(), u_buf_.f(), g_buf_.f(), (size_t)n * ff, stream_);
+    matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f(), ff, y_buf_.f(), n,
+                   stream_);
+  } else {
+    auto [off_h, off_d] = stage<int>(2 * n);
+    int max_cnt = 0;
+    for (int g = 0; g < n; g++) {
+      off_h[g] = group_offset[g];
+      off_h[n + g] = group_rows[g];
+      max_cnt = std::max(max_cnt, group_rows[g]);
+    }
+    RL_CUDA_CHECK(cudaMemcpyAsync(off_d, off_h, 2 * n * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    matmul_experts(gv.type, ptr_d, 0, gv.row_bytes, ff, n_embd, xg_buf_.f(), off_d, off_d + n, n, max_cnt,
+                   g_buf_.f(), stream_);
+    matmul_experts(uv.type, ptr_d, moe.up_offset, uv.row_bytes, ff, n_embd, xg_buf_.f(), off_d, off_d + n, n,
+                   max_cnt, u_buf_.f(), stream_);
+    // SwiGLU over exactly this batch's rows (contiguous: groups are in gathered order).
+    const size_t row0 = (size_t)group_offset[0];
+    size_t rows = 0;
+    for (int g = 0; g < n; g++) rows += group_rows[g];
+    swiglu(g_buf_.f() + row0 * ff, u_buf_.f() + row0 * ff, g_buf_.f() + row0 * ff, rows * ff, stream_);
+    matmul_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f(), off_d, off_d + n, n,
+                   max_cnt, y_buf_.f(), stream_);
+  }
+  // These slots may be overwritten once the kernels above have read them.
+  RL_CUDA_CHECK(cudaEventRecord(slots_free_, stream_));
+}
+
+void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace) {
+  const Config& c = config();
+  const LayerDev& d = layers_[L];
+  const int E = c.n_expert, K = c.n_expert_used, n_embd = c.n_embd;
+
+  // Router logits to the host; the shared expert runs on the GPU while the host selects.
+  profiler_.mark(kRouter, stream_);
+  project(d.moe.router, h2, T, router_logits_.f());
+  const float* logits_h = pinned_router_;
+  RL_CUDA_CHECK(cudaMemcpyAsync(pinned_router_, router_logits_.f(), (size_t)T * E * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream_));
+  RL_CUDA_CHECK(cudaEventRecord(router_ready_, stream_));
+  profiler_.mark(kExperts, stream_);
+  project(d.moe.gate_sh, h2, T, sh_gate_.f());
+  project(d.moe.up_sh, h2, T, sh_up_.f());
+  swiglu(sh_gate_.f(), sh_up_.f(), sh_gate_.f(), (size_t)T * c.n_ff_shexp, stream_);
+  project(d.moe.down_sh, sh_gate_.f(), T, sh_out_.f());
+  project(d.moe.shared_gate_inp, h2, T, sh_scalar_.f());
+  RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
+  stage_reset();
+
+  auto [ids_h, ids_d] = stage<int32_t>((size_t)T * K);
+  auto [w_h, w_d] = stage<float>((size_t)T * K);
+  {
+    std::vector<float> prob(E);
+    std::vector<int> order(E);
+    for (int t = 0; t < T; t++)
+      route_token(c, logits_h + (size_t)t * E, ids_h + (size_t)t * K, w_h + (size_t)t * K, prob, order);
+  }
+  if (trace) {
+    trace->tensor(fmt::format("ffn_moe_logits-{}", L), T, E, logits_h);
+    trace->ids(fmt::format("ffn_moe_topk-{}", L), T, K, ids_h);
+  }
+  RL_CUDA_CHECK(cudaMemcpyAsync(w_d, w_h, (size_t)T * K * sizeof(float), cudaMemcpyHostToDevice, stream_));
+
+  // Assignments: row a of the expert outputs holds (token, selection) assign[t][k] == a.
+  auto [assign_h, assign_d] = stage<int32_t>((size_t)T * K);
+  std::vector<int> experts, rows, offsets;
+  if (T == 1) {
+    experts.assign(ids_h, ids_h + K);
+    for (int k = 0; k < K; k++) assign_h[k] = k;
+  } else {
+    // Grouped by expert (ascending id), tokens in order within a group: each resident expert's
+    // weights are read once per chunk.
+    std::vector<std::vector<int>> by_expert(E);
+    for (int i = 0; i < T * K; i++) by_expert[ids_h[i]].push_back(i);
+    auto [gather_h, gather_d] = stage<int32_t>((size_t)T * K);
+    int a = 0;
+    for (int e = 0; e < E; e++) {
+      if (by_expert[e].empty()) continue;
+      experts.push_back(e);
+      offsets.push_back(a);
+      rows.push_back((int)by_expert[e].size());
+      for (int i : by_expert[e]) {
+        gather_h[a] = i / K;
+        assign_h[i] = a++;
+      }
+    }
+    RL_CUDA_CHECK(cudaMemcpyAsync(gather_d, gather_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream_));
+    gather_rows(h2, gather_d, xg_buf_.f(), T * K, n_embd, stream_);
+  }
+  RL_CUDA_CHECK(cudaMemcpyAsync(assign_d, assign_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                stream_));
+
+  // Reserve, copy the misses, run: in batches of at most n_slots distinct experts.
+  const int batch = std::min<int>((int)experts.size(), cache_->n_slots());
+  for (size_t b0 = 0; b0 < experts.size(); b0 += batch) {
+    const size_t n = std::min(experts.size() - b0, (size_t)batch);
+    std::span<const int> ex(experts.data() + b0, n);
+    const ExpertCache::Reservation& r = cache_->reserve(L, ex);
+    try {
+      copy_misses(L, r);
+    } catch (...) {
+      cache_->abort();
+      sync_residency_rows();
+      throw;
+    }
+    cache_->commit();
+    sync_residency_rows();
+    if (T == 1)
+      run_expert_batch(L, ex, {}, {}, 1);
+    else
+      run_expert_batch(L, ex, std::span<const int>(rows.data() + b0, n),
+                       std::span<const int>(offsets.data() + b0, n), T);
+  }
+  moe_combine(x, y_buf_.f(), assign_d, w_d, K, sh_out_.f(), sh_scalar_.f(), T, n_embd, stream_);
+}
+
+void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens, bool all_logits,
+                              float* logits_out, TraceSink* trace) {
+  const Config& c = config();
+  const int T = (int)tokens.size(), n_embd = c.n_embd, pos0 = st.position;
+  stage_reset();
+  auto trace_tensor = [&](const std::string& name, const float* d, int width) {
+    if (!trace) return;
+    std::vector<float> h((size_t)T * width);
+    RL_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    RL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    trace->tensor(name, T, width, h.data());
+  };
+
+  profiler_.mark(kOther, stream_);
+  auto [ids_h, ids_staged] = stage<int32_t>(T);
+  auto [pos_h, pos_staged] = stage<int32_t>(T);
+  (void)ids_staged;
+  (void)pos_staged;
+  for (int t = 0; t < T; t++) {
+    ids_h[t] = tokens[t];
+    pos_h[t] = pos0 + t;
+  }
+  // Into buffers of their own: the staging area is reused from the first layer on.
+  int32_t* ids_d = ids_.get<int32_t>();
+  int32_t* pos_d = pos_.get<int32_t>();
+  RL_CUDA_CHECK(cudaMemcpyAsync(ids_d, ids_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  RL_CUDA_CHECK(cudaMemcpyAsync(pos_d, pos_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  float* x = x_.f();
+  float* h = h_.f();
+  float* mix = mix_.f();
+  get_rows(token_embd_.type, token_embd_.data, token_embd_.row_bytes, n_embd, ids_d, T, x, stream_);
+
+  const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
+  for (int L = 0; L < c.n_layer; L++) {
+    const LayerDev& d = layers_[L];
+    profiler_.mark(kNorms, stream_);
+    rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream_);
+    if (d.recurrent) {
+      // Gated DeltaNet.
+      const SsmDev& w = d.ssm;
+      const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, dk = c.ssm_head_dim, dv = c.ssm_head_dim;
+      const int key_dim = c.ssm_key_dim(), value_dim = c.ssm_value_dim(), conv_dim = c.ssm_conv_dim();
+      float* qkv = proj_a_.f();   // [T][conv_dim]
+      float* conv = proj_b_.f();  // [T][conv_dim]
+      float* z = small_a_.f();    // [T][value_dim]
+      float* o = small_b_.f();    // [T][value_dim]
+      float* ba = proj_c_.f();    // [T][2 nv]
+      profiler_.mark(kProjections, stream_);
+      project(w.qkv, h, T, qkv);
+      project(w.z, h, T, z);
+      project(w.ba, h, T, ba);
+      profiler_.mark(kDeltaNet, stream_);
+      float* beta = mix;                  // [T][nv], mix is free until ssm_out
+      float* g = mix + (size_t)T * nv;    // [T][nv]
+      deltanet_gates(ba, w.dt_bias, w.a, beta, g, T, nk, nv, stream_);
+      conv1d_silu(qkv, conv_dim, conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, stream_);
+      l2_norm(conv, T, nk, dk, conv_dim, 1e-6f, (float)(1.0 / std::sqrt((double)dk)), stream_);
+      l2_norm(conv + key_dim, T, nk, dk, conv_dim, 1e-6f, 1.0f, stream_);
+      deltanet_recurrence(conv, conv + key_dim, conv + 2 * key_dim, conv_dim, beta, g, st.ssm[L].f(), o, T,
+                          nk, nv, dk, dv, stream_);
+      gated_rms_norm(o, z, w.norm, o, T * nv, dv, c.rms_eps, stream_);
+      profiler_.mark(kProjections, stream_);
+      project(w.out, o, T, mix);
+      (void)value_dim;
+    } else {
+      // Gated attention.
+      const AttnDev& w = d.attn;
+      const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
+      float* qg = proj_a_.f();        // [T][nh][2][hd]
+      float* q = proj_b_.f();         // [T][nh][hd]
+      float* gate = small_a_.f();     // [T][nh][hd]
+      float* att = small_b_.f();      // [T][nh][hd]
+      float* k = proj_c_.f();         // [T][nkv][hd]
+      float* v = mix;                 // [T][nkv][hd], mix is free until attn_output
+      profiler_.mark(kProjections, stream_);
+      project(w.q, h, T, qg);
+      project(w.k, h, T, k);
+      project(w.v, h, T, v);
+      profiler_.mark(kAttention, stream_);
+      split_q_gate(qg, q, gate, T, nh, hd, stream_);
+      rms_norm(q, w.q_norm, q, T * nh, hd, c.rms_eps, stream_);
+      rms_norm(k, w.k_norm, k, T * nkv, hd, c.rms_eps, stream_);
+      rope_neox(q, T, nh, hd, (size_t)nh * hd, c.rope_dim, theta_scale, pos_d, stream_);
+      rope_neox(k, T, nkv, hd, (size_t)nkv * hd, c.rope_dim, theta_scale, pos_d, stream_);
+      store_kv(k, v, st.k_cache[L].f(), st.v_cache[L].f(), T, nkv, hd, pos0, stream_);
+      gated_attention(q, gate, st.k_cache[L].f(), st.v_cache[L].f(), att, T, nh, nkv, hd, pos0,
+                      (float)(1.0 / std::sqrt((double)hd)), stream_);
+      profiler_.mark(kProjections, stream_);
+      project(w.o, att, T, mix);
+    }
+    add_inplace(x, mix, (size_t)T * n_embd, stream_);
+    trace_tensor(fmt::format("attn_residual-{}", L), x, n_embd);
+
+    profiler_.mark(kNorms, stream_);
+    rms_norm(x, d.post_norm, h, T, n_embd, c.rms_eps, stream_);
+    moe_layer(L, h, T, x, trace);
+    trace_tensor(fmt::format("l_out-{}", L), x, n_embd);
+  }
+
+  profiler_.mark(kNorms, stream_);
+  rms_norm(x, output_norm_, h, T, n_embd, c.rms_eps, stream_);
+  trace_tensor("result_norm", h, n_embd);
+  profiler_.mark(kLmHead, stream_);
+  const int rows = all_logits ? T : 1;
+  if ((size_t)rows > logits_rows_) {
+    logits_.allocate((size_t)rows * c.n_vocab * sizeof(float));
+    logits_rows_ = rows;
+  }
+  project(output_, all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits_.f());
+  const size_t n_out = (size_t)rows * c.n_vocab;
+  if (n_out > pinned_logits_floats_) {
+    if (pinned_logits_) cudaFreeHost(pinned_logits_);
+    pinned_logits_ = nullptr;
+    RL_CUDA_CHECK(cudaMallocHost(&pinned_logits_, n_out * sizeof(float)));
+    pinned_logits_floats_ = n_out;
+  }
+  RL_CUDA_CHECK(cudaMemcpyAsync(pinned_logits_, logits_.f(), n_out * sizeof(float), cudaMemcpyDeviceToHost,
+                                stream_));
+  profiler_.mark(kOther, stream_);
+  RL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(logits_out, pinned_logits_, n_out * sizeof(float));
+  st.position = pos0 + T;
+
+  // Statistics that need the GPU's clock.
+  RL_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  for (size_t i = 0; i < pending_copy_bytes_.size(); i++) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, pending_copy_events_[2 * i], pending_copy_events_[2 * i + 1]);
+    cache_->record_copy(pending_copy_bytes_[i], ms / 1000.0);
+    if (profiler_.on) profiler_.total_ms[kCopies] += ms;
+  }
+  for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
+  pending_copy_events_.clear();
+  pending_copy_bytes_.clear();
+  profiler_.collect();
+}
+
+std::string CudaBackendImpl::profile_report() const {
+  if (!profiler_.on) return "";
+  double total = 0;
+  for (int s = 0; s < kStageCount; s++) total += s == kCopies ? 0 : profiler_.total_ms[s];
+  std::string out = fmt::format("{:<12} {:>10} {:>7}\n", "stage", "GPU ms", "share");
+  for (int s = 0; s < kStageCount; s++)
+    out += fmt::format("{:<12} {:>10.3f} {:>6.1f}%{}\n", kStageNames[s], profiler_.total_ms[s],
+                       total > 0 ? 100.0 * profiler_.total_ms[s] / total : 0.0,
+                       s == kCopies ? " (copy stream, overlaps)" : "");
+  out += fmt::format("{:<12} {:>10.3f}\n", "total", total);
+  return out;
+}
+
+// ---- sessions ------------------------------------------------------------------------------------
+
+class CudaSnapshot final : public SessionSnapshot {
+ public:
+  const CudaBackendImpl* owner = nullptr;
+  int pos = 0;
+  std::vector<DeviceBuffer> k_cache, v_cache, conv, ssm;
+  size_t total = 0;
+  size_t bytes() const override { return total; }
+  int position() const override { return pos; }
+};
+
+class CudaSessionImpl final : public Session {
+ public:
+  CudaSessionImpl(CudaBackendImpl* backend, int n_ctx) : b_(backend) {
+    const Config& c = b_->config();
+    st_.n_ctx = n_ctx;
+    st_.k_cache.resize(c.n_layer);
+    st_.v_cache.resize(c.n_layer);
+    st_.conv.resize(c.n_layer);
+    st_.ssm.resize(c.n_layer);
+    for (int L = 0; L < c.n_layer; L++) {
+      if (c.is_recurrent[L]) {
+        st_.conv[L].allocate((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() * sizeof(float));
+        st_.ssm[L].allocate((size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim * sizeof(float));
+      } else {
+        st_.k_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
+        st_.v_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
+      }
+    }
+    reset();
+  }
+
+  std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
+    check_tokens(tokens);
+    const size_t n_vocab = (size_t)b_->config().n_vocab;
+    if (all_logits) all_logits->assign(tokens.size() * n_vocab, 0.0f);
+    std::vector<float> last(n_vocab);
+    for (size_t begin = 0; begin < tokens.size(); begin += kMaxChunk) {
+      const size_t n = std::min(tokens.size() - begin, (size_t)kMaxChunk);
+      float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();
+      b_->forward(st_, tokens.subspan(begin, n), all_logits != nullptr, dst, trace_);
+      if (all_logits && begin + n == tokens.size())
+        std::copy(dst + (n - 1) * n_vocab, dst + n * n_vocab, last.begin());
+    }
+    return last;
+  }
+
+  std::vector<float> decode(int32_t token) override {
+    b_->stats_.tokens_decoded++;
+    return prefill(std::span(&token, 1), nullptr);
+  }
+
+  int position() const override { return st_.position; }
+  int n_ctx() const override { return st_.n_ctx; }
+  int n_vocab() const override { return b_->config().n_vocab; }
+
+  std::unique_ptr<SessionSnapshot> snapshot() const override {
+    auto s = std::make_unique<CudaSnapshot>();
+    s->owner = b_;
+    s->pos = st_.position;
+    const Config& c = b_->config();
+    auto copy = [&](const DeviceBuffer& src, size_t bytes, std::vector<DeviceBuffer>& dst) {
+      dst.emplace_back(bytes);
+      if (bytes) RL_CUDA_CHECK(cudaMemcpy(dst.back().get(), src.get(), bytes, cudaMemcpyDeviceToDevice));
+      s->total += bytes;
+    };
+    for (int L = 0; L < c.n_layer; L++) {
+      const size_t kv = (size_t)st_.position * c.kv_dim() * sizeof(float);
+      copy(st_.k_cache[L], st_.k_cache[L].bytes() ? kv : 0, s->k_cache);
+      copy(st_.v_cache[L], st_.v_cache[L].bytes() ? kv : 0, s->v_cache);
+      copy(st_.conv[L], st_.conv[L].bytes(), s->conv);
+      copy(st_.ssm[L], st_.ssm[L].bytes(), s->ssm);
+    }
+    return s;
+  }
+
+  void restore(const SessionSnapshot& snap) override {
+    const auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
+    if (!s) fail("restore: the snapshot was not taken from a cuda session");
+    if (s->owner != b_) fail("restore: the snapshot was taken from a session of another loaded model");
+    if (s->pos > st_.n_ctx)
+      fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->pos,
+           st_.n_ctx);
+    for (size_t L = 0; L < st_.conv.size(); L++) {
+      for (auto [src, dst] : {std::pair{&s->k_cache[L], &st_.k_cache[L]}, {&s->v_cache[L], &st_.v_cache[L]},
+                              {&s->conv[L], &st_.conv[L]}, {&s->ssm[L], &st_.ssm[L]}})
+        if (src->bytes())
+          RL_CUDA_CHECK(cudaMemcpy(dst->get(), src->get(), src->bytes(), cudaMemcpyDeviceToDevice));
+    }
+    st_.position = s->pos;
+  }
+
+  void reset() override {
+    for (size_t L = 0; L < st_.conv.size(); L++) {
+      if (st_.conv[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.conv[L].get(), 0, st_.conv[L].bytes()));
+      if (st_.ssm[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.ssm[L].get(), 0, st_.ssm[L].bytes()));
+    }
+    st_.position = 0;
+  }
+
+  void set_trace(TraceSink* sink) override { trace_ = sink; }
+
+ private:
+  void check_tokens(std::span<const int32_t> tokens) const {
+    if (tokens.empty()) fail("prefill: no tokens given");
+    if ((int64_t)st_.position + (int64_t)tokens.size() > st_.n_ctx)
+      fail("context full: {} tokens at position {} would run past the context of {} tokens (--ctx)",
+           tokens.size(), st_.position, st_.n_ctx);
+    for (size_t i = 0; i < tokens.size(); i++)
+      if (tokens[i] < 0 || tokens[i] >= b_->config().n_vocab)
+        fail("token id {} (input index {}) is out of range: the vocabulary has {} tokens", tokens[i], i,
+             b_->config().n_vocab);
+  }
+
+  CudaBackendImpl* b_;
+  CudaBackendImpl::SessionState st_;
+  TraceSink* trace_ = nullptr;
+};
+
+std::unique_ptr<Session> CudaBackendImpl::new_session(int n_ctx) {
+  if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);
+  return std::make_unique<CudaSessionImpl>(this, n_ctx);
+}
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const Model> model, const CudaOptions& options) {
+  if (!model) fail("make_cuda_backend: no model");
+  return std::make_unique<CudaBackendImpl>(std::move(model), options);
+}
+
+}  // namespace rl::cuda

@@ -1,0 +1,67 @@
+// The CUDA backend (DESIGN.md §3-5): dense weights resident on the GPU, routed experts in an
+// ExpertCache of device slots filled from the memory-mapped GGUF, activations in fp32.
+//
+// Decode and prefill run the synchronous path: per layer the GPU computes the router logits, the
+// host selects the top-k (the oracle's rule, on the same fp32 logits), reserves slots, copies the
+// misses on a copy stream, and the expert kernels read the slots. One device→host round trip per
+// layer; correct for any cache budget.
+//
+// Device memory = dense weights + expert slots (--cache-mib) + a working set: per session the KV
+// caches (2 × n_ctx × kv_dim floats per attention layer) and the DeltaNet states, and per backend
+// the activation buffers of one 512-token chunk and a 64 MiB staging area (239 MiB together at the
+// 80B shape, EngineStats::working_bytes), plus n_tokens × n_vocab floats when all positions'
+// logits are asked for. The cache budget is refused when it exceeds free memory minus 1 GiB.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cache/expert_cache.h"
+#include "model/model.h"
+#include "model/session.h"
+
+namespace rl::cuda {
+
+struct CudaOptions {
+  // Expert-cache budget in MiB; 0: every expert when that fits in free device memory, else what
+  // fits after the working set.
+  int64_t cache_mib = 0;
+  // Load every expert at open when the budget holds them all (RL_ENGINE_PRELOAD=0 disables).
+  bool preload = true;
+  // Per-stage GPU timing (RL_ENGINE_PROFILE=1).
+  bool profile = false;
+  // Reads RL_ENGINE_PRELOAD and RL_ENGINE_PROFILE.
+  static CudaOptions from_env(int64_t cache_mib);
+};
+
+struct EngineStats {
+  std::string gpu_name;
+  ExpertCache::Stats cache;
+  int n_slots = 0;
+  int n_experts_total = 0;           // layers × experts
+  size_t slot_bytes = 0;
+  size_t cache_bytes = 0;            // n_slots × slot_bytes
+  size_t dense_bytes = 0;            // resident dense weights
+  size_t working_bytes = 0;          // activations and staging of this backend
+  bool fully_resident = false;
+  double preload_seconds = 0;
+  bool pinned_copies = false;        // misses copied from a registered (pinned) mapping
+  // Weight bytes one decode token reads: every dense matrix, one embedding row, the LM head and
+  // n_expert_used experts per layer.
+  size_t decode_bytes_per_token = 0;
+  uint64_t tokens_decoded = 0;       // decode() calls since reset_stats()
+};
+
+class CudaBackend : public Backend {
+ public:
+  virtual EngineStats stats() const = 0;
+  virtual void reset_stats() = 0;
+  // Per-stage GPU milliseconds since the last reset (RL_ENGINE_PROFILE=1), as a table; "" when off.
+  virtual std::string profile_report() const = 0;
+};
+
+// Throws rl::Error when no GPU is usable, a tensor type is unsupported, or the budget does not fit.
+std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const Model> model,
+                                               const CudaOptions& options);
+
+}  // namespace rl::cuda

@@ -1,0 +1,114 @@
+// Host launchers of the CUDA kernels, one family per .cu file. All tensors are fp32 in device
+// memory unless a weight type says otherwise; shapes are [rows][cols] row-major, "T" is the number
+// of tokens in a batch. Every launcher enqueues on `stream` and returns at once.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant/quant.h"
+
+namespace rl::cuda {
+
+// quant_tables.cu: the IQ codebooks, read from the CPU reference; idempotent.
+void upload_quant_tables();
+// True when matvec/matmul/get_rows support weights of this type.
+bool weight_type_supported(GgmlType t);
+
+// ---- matvec.cu: decode products (one token) ----------------------------------------------------
+// y[r] = W[r,:] · x,  W [rows][cols] of type t with rows `row_bytes` apart, x [cols], y [rows].
+void matvec(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x,
+            float* y, cudaStream_t stream);
+// The same for n experts whose weights sit in cache slots: W_e = slot_ptrs[e] + w_offset
+// (slot_ptrs: a device array of n pointers). x_e = x + e * x_stride (x_stride 0: one shared input),
+// y_e = y + e * rows.
+void matvec_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
+                    int rows, int cols, const float* x, size_t x_stride, float* y, int n,
+                    cudaStream_t stream);
+
+// ---- matmul.cu: prefill products (T tokens) -----------------------------------------------------
+// Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows].
+void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
+            float* y, cudaStream_t stream);
+// Grouped by expert: group g (of n) multiplies rows [row_off[g], row_off[g] + row_cnt[g]) of X by
+// W_g = slot_ptrs[g] + w_offset into the same rows of Y. slot_ptrs, row_off, row_cnt live on the
+// device; max_cnt bounds row_cnt (sizes the grid).
+void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
+                    int rows, int cols, const float* x, const int* row_off, const int* row_cnt,
+                    int n, int max_cnt, float* y, cudaStream_t stream);
+
+// out[t][:] = dequantised row ids[t] of W [n_rows][cols] (the token embedding).
+void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32_t* ids, int T,
+              float* out, cudaStream_t stream);
+
+// ---- norm.cu -------------------------------------------------------------------------------------
+// Per row of `width` values (n_rows = T * heads): out = x / sqrt(mean(x²) + eps) * w (w [width];
+// nullptr: no weight). In place allowed.
+void rms_norm(const float* x, const float* w, float* out, int n_rows, int width, float eps,
+              cudaStream_t stream);
+// DeltaNet output norm: out = RMSNorm(o) * w * SiLU(z) per row of `width`.
+void gated_rms_norm(const float* o, const float* z, const float* w, float* out, int n_rows,
+                    int width, float eps, cudaStream_t stream);
+// In place, per head of `width` values: x / sqrt(sum(x²) + eps) * scale. x [T][heads][width] with
+// tokens `token_stride` floats apart.
+void l2_norm(float* x, int T, int heads, int width, size_t token_stride, float eps, float scale,
+             cudaStream_t stream);
+
+// ---- rope.cu: NeoX rotary on the first n_rot dims of each head ----------------------------------
+// x [T][n_heads][head_dim] (rows `row_stride` floats apart per token), positions [T] on the device.
+// theta_scale = powf(freq_base, -2.0f / n_rot), computed by the caller as the oracle does.
+void rope_neox(float* x, int T, int n_heads, int head_dim, size_t row_stride, int n_rot,
+               float theta_scale, const int32_t* positions, cudaStream_t stream);
+
+// ---- attention.cu: gated attention with GQA over a KV cache --------------------------------------
+// Appends k, v [T][n_kv][hd] at positions pos0.. to the caches [n_ctx][n_kv][hd].
+void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
+              int hd, int pos0, cudaStream_t stream);
+// For each query token t (position pos0 + t), attends causally over cache positions
+// [0, pos0 + t]: out[t][h] = softmax(q·k * scale) · v with KV head h / (n_head / n_kv), times
+// sigmoid(gate[t][h]). q, gate, out [T][n_head][hd]; hd <= 256.
+void gated_attention(const float* q, const float* gate, const float* k_cache, const float* v_cache,
+                     float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
+                     cudaStream_t stream);
+
+// ---- deltanet.cu: Gated DeltaNet ---------------------------------------------------------------------
+// Causal depthwise conv (kernel K) + SiLU over channels [T][C] with state [K-1][C] (the previous
+// inputs, oldest first); the state is advanced by T tokens. w [C][K] (tap K-1 = current token).
+void conv1d_silu(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
+                 int C, int K, cudaStream_t stream);
+// beta = sigmoid(b), g = softplus(a + dt_bias) * ssm_a, per token and value head.
+// ba [T][nk][2r] (grouped per key head: r b values then r a values), beta/g [T][nv].
+void deltanet_gates(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
+                    float* g, int T, int nk, int nv, cudaStream_t stream);
+// The recurrence over T tokens for nv value heads (key head j / (nv / nk)); S [nv][dv][dk].
+// q, k [T][nk][dk] (normalised, q scaled), v [T][nv][dv], out [T][nv][dv]. Rows of q/k/v are
+// `qkv_stride` floats apart per token.
+void deltanet_recurrence(const float* q, const float* k, const float* v, size_t qkv_stride,
+                         const float* beta, const float* g, float* S, float* out, int T, int nk,
+                         int nv, int dk, int dv, cudaStream_t stream);
+
+// ---- moe.cu ------------------------------------------------------------------------------------------
+// probs[t][:] = softmax(logits[t][:]) over n_expert (in place allowed).
+void softmax_rows(const float* logits, float* probs, int T, int n, cudaStream_t stream);
+// act[i] = SiLU(gate[i]) * up[i] for i < n (gate/up/act of [rows][width] blocks).
+void swiglu(const float* gate, const float* up, float* act, size_t n, cudaStream_t stream);
+// x[t] += sum_j weights[t][j] * y[assign[t][j]] + sigmoid(shared_gate[t]) * shared[t], summed in
+// the order of the oracle (routed experts in selection order, then the shared expert).
+// y [n_assign][width], assign/weights [T][k] on the device, shared [T][width], shared_gate [T].
+void moe_combine(float* x, const float* y, const int32_t* assign, const float* weights, int k,
+                 const float* shared, const float* shared_gate, int T, int width,
+                 cudaStream_t stream);
+// dst[i][:] = src[idx[i]][:] for i < n (rows of width floats).
+void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width,
+                 cudaStream_t stream);
+
+// ---- elementwise.cu -----------------------------------------------------------------------------------
+// x += y (n floats).
+void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
+// attn_q's output holds, per head, hd query values then hd gate values: qg [T][n_head][2][hd] →
+// q, gate [T][n_head][hd].
+void split_q_gate(const float* qg, float* q, float* gate, int T, int n_head, int hd,
+                  cudaStream_t stream);
+
+}  // namespace rl::cuda

@@ -1,0 +1,165 @@
+// The CUDA backend against the CPU oracle on the fixture models (second test layer: needs the
+// fixtures and a GPU): logits of prefill and decode, router selections, at several cache budgets;
+// then the faults the issue names (budget too large, file truncated after open).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.h"
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#include "gpu_test_util.h"
+#include "model/parity.h"
+#include "test_util.h"
+
+namespace rl {
+namespace {
+
+const char* const kModels[] = {"tiny-qwen3next-iq2xxs.gguf", "tiny-qwen3next-q4km.gguf"};
+
+std::vector<int32_t> prompt(int n, int n_vocab, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + seed * 104729) % n_vocab);
+  return t;
+}
+
+// Budget in MiB for a fraction of the model's experts (at least one layer's k experts).
+int64_t budget_mib(const Model& m, double fraction) {
+  const Config& c = m.config();
+  size_t expert = 0;
+  for (const LayerWeights& l : m.layers)
+    expert = std::max(expert, l.moe.gate_exps.matrix(0).nbytes + l.moe.up_exps.matrix(0).nbytes +
+                                  l.moe.down_exps.matrix(0).nbytes + 3 * 256);
+  const double total = (double)expert * c.n_layer * c.n_expert;
+  return std::max<int64_t>((int64_t)std::ceil(total * fraction / 1048576.0), 1);
+}
+
+struct TopkRecorder final : TraceSink {
+  std::vector<std::vector<int32_t>> topk;
+  void tensor(std::string_view, int, int, const float*) override {}
+  void ids(std::string_view name, int n, int w, const int32_t* d) override {
+    if (name.rfind("ffn_moe_topk", 0) == 0) topk.emplace_back(d, d + (size_t)n * w);
+  }
+};
+
+TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
+  RL_REQUIRE_GPU();
+  int n_models = 0;
+  for (const char* name : kModels) {
+    const std::string path = test::fixture(name);
+    if (!std::filesystem::exists(path)) {
+      std::printf("fixture not found: %s (set REDLITE_FIXTURES); model skipped\n", path.c_str());
+      continue;
+    }
+    n_models++;
+    auto model = Model::open(path);
+    const int n_vocab = model->config().n_vocab;
+    auto cpu = cpu::make_cpu_backend(model, 0);
+    for (double fraction : {1.0, 0.5, 0.1}) {
+      SCOPED_TRACE(std::string(name) + " budget fraction " + std::to_string(fraction));
+      cuda::CudaOptions o;
+      o.cache_mib = fraction == 1.0 ? 0 : budget_mib(*model, fraction);
+      auto gpu = cuda::make_cuda_backend(model, o);
+      EXPECT_EQ(gpu->stats().fully_resident, fraction == 1.0);
+      auto a = cpu->new_session(256), b = gpu->new_session(256);
+      TopkRecorder ra, rb;
+      a->set_trace(&ra);
+      b->set_trace(&rb);
+      const auto toks = prompt(37, n_vocab, 1);
+      std::vector<float> la_all, lb_all;
+      auto la = a->prefill(toks, &la_all);
+      auto lb = b->prefill(toks, &lb_all);
+      EXPECT_LE(relative_rms(lb_all, la_all), 1e-3);
+      for (size_t p = 0; p < toks.size(); p++)
+        EXPECT_EQ(argmax_token(std::span(lb_all).subspan(p * n_vocab, n_vocab)),
+                  argmax_token(std::span(la_all).subspan(p * n_vocab, n_vocab))) << "position " << p;
+      // Greedy decode, token by token.
+      for (int step = 0; step < 12; step++) {
+        const int32_t next = argmax_token(la);
+        ASSERT_EQ(argmax_token(lb), next) << "greedy step " << step;
+        la = a->decode(next);
+        lb = b->decode(next);
+        EXPECT_LE(relative_rms(lb, la), 1e-3) << "step " << step;
+      }
+      EXPECT_EQ(ra.topk, rb.topk) << "router selections differ";
+      const auto st = gpu->stats();
+      if (fraction < 1.0) {
+        EXPECT_GT(st.cache.misses, 0u);
+      }
+      EXPECT_GT(st.decode_bytes_per_token, 0u);
+    }
+  }
+  if (n_models == 0) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
+}
+
+TEST(CudaBackend, SnapshotRestoreAndChunkedPrefill) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  auto gpu = cuda::make_cuda_backend(model, {});
+  auto s = gpu->new_session(1200);
+  const auto toks = prompt(600, model->config().n_vocab, 2);  // two chunks: 512 + 88
+  auto whole = s->prefill(toks);
+  s->reset();
+  s->prefill(std::span(toks).subspan(0, 300));
+  auto snap = s->snapshot();
+  auto rest = s->prefill(std::span(toks).subspan(300));
+  EXPECT_LE(relative_rms(rest, whole), 1e-5);
+  s->decode(5);
+  s->restore(*snap);
+  EXPECT_EQ(s->position(), 300);
+  auto again = s->prefill(std::span(toks).subspan(300));
+  EXPECT_EQ(again, rest);
+}
+
+TEST(CudaBackend, RefusesBudgetsThatDoNotFit) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  for (int64_t mib : {(int64_t)(free_b >> 20) + 1024, (int64_t)1}) {  // more than free; < k experts
+    SCOPED_TRACE(mib);
+    cuda::CudaOptions o;
+    o.cache_mib = mib;
+    try {
+      cuda::make_cuda_backend(model, o);
+      FAIL() << "expected rl::Error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--cache-mib"), std::string::npos) << e.what();
+    }
+  }
+  // The process goes on: a fitting budget works after the refusals.
+  auto gpu = cuda::make_cuda_backend(model, {});
+  EXPECT_TRUE(gpu->stats().fully_resident);
+}
+
+TEST(CudaBackend, TruncatedFileEndsTheRequestAndProcessStaysUsable) {
+  RL_REQUIRE_GPU();
+  const std::string src = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(src);
+  const std::string copy = std::filesystem::temp_directory_path() / "redlite-truncate-test.gguf";
+  std::filesystem::copy_file(src, copy, std::filesystem::copy_options::overwrite_existing);
+  {
+    auto model = Model::open(copy);
+    cuda::CudaOptions o;
+    o.cache_mib = budget_mib(*model, 0.1);
+    o.preload = false;
+    auto gpu = cuda::make_cuda_backend(model, o);
+    auto s = gpu->new_session(64);
+    std::filesystem::resize_file(copy, std::filesystem::file_size(copy) / 2);
+    EXPECT_THROW(s->prefill(prompt(5, model->config().n_vocab, 3)), Error);
+  }
+  std::filesystem::remove(copy);
+  // The process goes on: another backend on an intact file works.
+  auto model = Model::open(src);
+  auto gpu = cuda::make_cuda_backend(model, {});
+  auto s = gpu->new_session(64);
+  EXPECT_EQ(s->prefill(prompt(5, model->config().n_vocab, 3)).size(), (size_t)model->config().n_vocab);
+}
+
+}  // namespace
+}  // namespace rl

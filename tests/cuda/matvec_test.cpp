@@ -1,0 +1,178 @@
+// matvec / matmul / get_rows against the CPU reference dot products and dequantisation
+// (quant/quant.h), for every weight type the backend runs, at several shapes.
+#include <cmath>
+
+#include "cuda/kernels.h"
+#include "common/error.h"
+#include "gpu_test_util.h"
+
+namespace rl {
+namespace {
+
+using test::random_floats;
+using test::random_rows;
+using test::to_device;
+using test::to_host;
+
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,    GgmlType::Q8_0,
+                           GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q5_K,    GgmlType::Q6_K,
+                           GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
+
+struct Shape {
+  int rows, cols;
+};
+const Shape kShapes[] = {{1, 256}, {37, 512}, {300, 2048}, {64, 4096}};
+
+// Reference dot and the magnitude sum |w_i x_i| that bounds its rounding.
+std::pair<double, double> reference_dot(GgmlType t, const uint8_t* row, const float* x, int cols) {
+  std::vector<float> w(cols);
+  dequantize_row(t, row, w.data(), cols);
+  double s = 0, mag = 0;
+  for (int i = 0; i < cols; i++) {
+    s += (double)w[i] * x[i];
+    mag += std::fabs((double)w[i] * x[i]);
+  }
+  return {s, mag};
+}
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::device_available())
+      GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped (run it on the GPU host)";
+    cuda::upload_quant_tables();
+  }
+};
+
+TEST_F(CudaKernels, MatvecMatchesCpuForEveryTypeAndShape) {
+  for (GgmlType t : kTypes) {
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(std::string(type_name(t)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols));
+      const size_t rb = row_size(t, s.cols);
+      auto w = random_rows(t, s.rows, s.cols, 1000 + s.rows);
+      auto x = random_floats(s.cols, 7);
+      auto dw = to_device(w);
+      auto dx = to_device(x);
+      cuda::DeviceBuffer dy(s.rows * sizeof(float));
+      cuda::matvec(t, dw.get(), rb, s.rows, s.cols, dx.f(), dy.f(), nullptr);
+      auto y = to_host<float>(dy, s.rows);
+      for (int r = 0; r < s.rows; r++) {
+        auto [ref, mag] = reference_dot(t, w.data() + r * rb, x.data(), s.cols);
+        test::expect_close(y[r], ref, mag, 2e-6, "row", r);
+        // The table's dot_row (the oracle's own kernel) agrees with the same bound.
+        test::expect_close(y[r], dot_row(t, w.data() + r * rb, x.data(), s.cols), mag, 2e-6, "dot_row", r);
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, MatmulMatchesCpuForEveryTypeAndTokenCount) {
+  const int token_counts[] = {2, 17, 64, 130};
+  for (GgmlType t : kTypes) {
+    for (int T : token_counts) {
+      const Shape s = T == 17 ? Shape{300, 2048} : Shape{70, 512};
+      SCOPED_TRACE(std::string(type_name(t)) + " T=" + std::to_string(T));
+      const size_t rb = row_size(t, s.cols);
+      auto w = random_rows(t, s.rows, s.cols, 77 + T);
+      auto x = random_floats((size_t)T * s.cols, 8 + T);
+      auto dw = to_device(w);
+      auto dx = to_device(x);
+      cuda::DeviceBuffer dy((size_t)T * s.rows * sizeof(float));
+      cuda::matmul(t, dw.get(), rb, s.rows, s.cols, dx.f(), T, dy.f(), nullptr);
+      auto y = to_host<float>(dy, (size_t)T * s.rows);
+      for (int tok = 0; tok < T; tok++)
+        for (int r = 0; r < s.rows; r++) {
+          auto [ref, mag] = reference_dot(t, w.data() + r * rb, x.data() + (size_t)tok * s.cols, s.cols);
+          test::expect_close(y[(size_t)tok * s.rows + r], ref, mag, 2e-6, "out", tok * s.rows + r);
+        }
+    }
+  }
+}
+
+// Experts addressed through slot pointers: three experts in shuffled slots, uneven token groups.
+TEST_F(CudaKernels, ExpertProductsReadSlotsThroughPointers) {
+  for (GgmlType t : {GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::Q4_K}) {
+    SCOPED_TRACE(type_name(t));
+    const int rows = 96, cols = 512, n = 3;
+    const size_t rb = row_size(t, cols), mat = rb * rows, offset = 4096;  // matrix at +offset
+    std::vector<std::vector<uint8_t>> ws;
+    std::vector<uint8_t> pool(4 * (mat + offset));
+    const int slot_of[n] = {2, 0, 3};
+    for (int e = 0; e < n; e++) {
+      ws.push_back(random_rows(t, rows, cols, 500 + e));
+      std::memcpy(pool.data() + slot_of[e] * (mat + offset) + offset, ws[e].data(), mat);
+    }
+    auto dpool = to_device(pool);
+    std::vector<const uint8_t*> ptrs(n);
+    for (int e = 0; e < n; e++) ptrs[e] = dpool.get<uint8_t>() + slot_of[e] * (mat + offset);
+    auto dptrs = to_device(ptrs);
+
+    // Decode form: one shared input, then per-expert inputs.
+    auto x = random_floats((size_t)n * cols, 3);
+    auto dx = to_device(x);
+    cuda::DeviceBuffer dy((size_t)n * rows * sizeof(float));
+    for (size_t stride : {(size_t)0, (size_t)cols}) {
+      cuda::matvec_experts(t, dptrs.get<const uint8_t*>(), offset, rb, rows, cols, dx.f(), stride, dy.f(), n, nullptr);
+      auto y = to_host<float>(dy, (size_t)n * rows);
+      for (int e = 0; e < n; e++)
+        for (int r = 0; r < rows; r++) {
+          auto [ref, mag] = reference_dot(t, ws[e].data() + r * rb, x.data() + e * stride, cols);
+          test::expect_close(y[(size_t)e * rows + r], ref, mag, 2e-6, "matvec_experts", e * rows + r);
+        }
+    }
+
+    // Prefill form: groups of 5, 1 and 19 gathered rows.
+    const std::vector<int> cnt = {5, 1, 19}, off = {0, 5, 6};
+    const int total = 25;
+    auto xs = random_floats((size_t)total * cols, 4);
+    auto dxs = to_device(xs);
+    std::vector<int> offcnt = off;
+    offcnt.insert(offcnt.end(), cnt.begin(), cnt.end());
+    auto doc = to_device(offcnt);
+    cuda::DeviceBuffer dys((size_t)total * rows * sizeof(float));
+    cuda::matmul_experts(t, dptrs.get<const uint8_t*>(), offset, rb, rows, cols, dxs.f(), doc.get<int>(),
+                         doc.get<int>() + n, n, 19, dys.f(), nullptr);
+    auto ys = to_host<float>(dys, (size_t)total * rows);
+    for (int e = 0; e < n; e++)
+      for (int i = 0; i < cnt[e]; i++)
+        for (int r = 0; r < rows; r++) {
+          const int row = off[e] + i;
+          auto [ref, mag] = reference_dot(t, ws[e].data() + r * rb, xs.data() + (size_t)row * cols, cols);
+          test::expect_close(ys[(size_t)row * rows + r], ref, mag, 2e-6, "matmul_experts", row * rows + r);
+        }
+  }
+}
+
+TEST_F(CudaKernels, GetRowsMatchesReferenceDequantisation) {
+  for (GgmlType t : kTypes) {
+    for (int cols : {256, 2048}) {
+      SCOPED_TRACE(std::string(type_name(t)) + " cols=" + std::to_string(cols));
+      const int rows = 40;
+      const size_t rb = row_size(t, cols);
+      auto w = random_rows(t, rows, cols, 900 + cols);
+      const std::vector<int32_t> ids = {3, 0, 39, 3, 17};
+      auto dw = to_device(w);
+      auto di = to_device(ids);
+      cuda::DeviceBuffer dout(ids.size() * cols * sizeof(float));
+      cuda::get_rows(t, dw.get(), rb, cols, di.get<int32_t>(), (int)ids.size(), dout.f(), nullptr);
+      auto out = to_host<float>(dout, ids.size() * cols);
+      std::vector<float> ref(cols);
+      for (size_t i = 0; i < ids.size(); i++) {
+        dequantize_row(t, w.data() + ids[i] * rb, ref.data(), cols);
+        for (int c = 0; c < cols; c++)
+          ASSERT_NEAR(out[i * cols + c], ref[c], 1e-6 * std::fabs(ref[c]) + 1e-9) << "row " << i << " col " << c;
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, RejectsUnsupportedTypesAndShapes) {
+  cuda::DeviceBuffer d(1024);
+  EXPECT_THROW(cuda::matvec(GgmlType::Q3_K, d.get(), 110, 1, 256, d.f(), d.f(), nullptr), Error);
+  EXPECT_THROW(cuda::matvec(GgmlType::F32, d.get(), 4 * 20, 1, 20, d.f(), d.f(), nullptr), Error);
+  EXPECT_FALSE(cuda::weight_type_supported(GgmlType::MXFP4));
+  EXPECT_TRUE(cuda::weight_type_supported(GgmlType::IQ1_M));
+}
+
+}  // namespace
+}  // namespace rl
