@@ -1,0 +1,169 @@
+#include "cli/text_generation.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/format.h"
+#include "gguf/gguf.h"
+
+namespace rl::cli {
+
+GenerationConfig TextOptions::config() const {
+  GenerationConfig c = gen;
+  if (greedy) c.sampling.temperature = 0.0f;
+  if (ignore_eos) c.stop_at_eog = false;
+  c.sampling.validate();
+  return c;
+}
+
+void add_sampling_options(CLI::App& app, TextOptions& o, int default_max_tokens) {
+  o.gen.max_tokens = default_max_tokens;
+  SamplingParams& s = o.gen.sampling;
+  app.add_option("-n,--n-predict", o.gen.max_tokens, "tokens to generate at most")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--temp", s.temperature, "temperature (<= 0: greedy)")->capture_default_str();
+  app.add_option("--top-k", s.top_k, "keep the k most probable tokens (<= 0: off)")->capture_default_str();
+  app.add_option("--top-p", s.top_p, "keep the smallest set with this much probability (1: off)")
+      ->capture_default_str();
+  app.add_option("--min-p", s.min_p, "drop tokens below min_p * p(most probable) (0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", s.repeat_penalty, "penalty for recent tokens (1: off)")->capture_default_str();
+  app.add_option("--repeat-last-n", s.repeat_last_n, "window of the penalties (-1: everything)")
+      ->capture_default_str();
+  app.add_option("--presence-penalty", s.presence_penalty, "subtracted once from every recent token")
+      ->capture_default_str();
+  app.add_option("--frequency-penalty", s.frequency_penalty, "subtracted per occurrence of a recent token")
+      ->capture_default_str();
+  app.add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+  app.add_flag("--greedy", o.greedy, "argmax decoding (same as --temp 0)");
+  app.add_option("--stop", o.gen.stop_strings, "stop when the text contains this string (repeatable)");
+  app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past end-of-generation tokens");
+}
+
+void add_chat_options(CLI::App& app, TextOptions& o) {
+  app.add_option("--system", o.system, "system message");
+  app.add_flag("--chatml", o.chatml_fallback,
+               "render as plain ChatML when the model's chat template is not recognised");
+  app.add_flag("--no-think", o.no_think, "Qwen3 hybrid templates: answer without a thinking block");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+uint64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+void draw_bar(uint64_t done, uint64_t total) {
+  constexpr int kWidth = 40;
+  const double frac = total ? (double)done / total : 1.0;
+  const int filled = (int)(frac * kWidth);
+  std::string bar(filled, '=');
+  if (filled < kWidth) bar += '>' + std::string(kWidth - filled - 1, ' ');
+  std::fprintf(stderr, "\rloading model [%s] %3d%% %s / %s ", bar.c_str(), (int)(frac * 100),
+               human_bytes(done).c_str(), human_bytes(total).c_str());
+  std::fflush(stderr);
+}
+
+// Reads the whole file once so its pages are in the page cache before the backend touches them.
+// Skipped when the file would not fit in the memory that is free (it would only evict itself).
+void warm_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;  // Model::open reports the error with the path
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || (uint64_t)st.st_size > available_memory_bytes() / 5 * 4) {
+    ::close(fd);
+    return;
+  }
+  const uint64_t total = (uint64_t)st.st_size;
+  const bool tty = ::isatty(STDERR_FILENO);
+  std::vector<char> buf(16u << 20);
+  uint64_t done = 0;
+  int last_percent = -1;
+  while (done < total) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n <= 0) break;
+    done += (uint64_t)n;
+    int percent = (int)(100 * done / total);
+    if (tty && percent != last_percent) {
+      draw_bar(done, total);
+      last_percent = percent;
+    }
+  }
+  if (tty) std::fprintf(stderr, "\r%*s\r", 90, "");
+  ::close(fd);
+}
+
+}  // namespace
+
+TextModel open_text_model(const CommonOptions& opts) {
+  if (opts.model_path.empty()) fail("-m/--model: no model file given");
+  auto t0 = std::chrono::steady_clock::now();
+  warm_file(opts.model_path);
+  if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "loading model: preparing the backend...\r");
+  TextModel tm;
+  tm.loaded = open_model(opts);
+  tm.tokenizer = Tokenizer::from_gguf(tm.loaded.model->gguf());
+  tm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "%*s\r", 40, "");
+  std::fprintf(stderr, "model loaded in %.2f s (%s, backend %s, ctx %d)\n", tm.load_seconds, opts.model_path.c_str(),
+               tm.loaded.backend->name().c_str(), tm.loaded.n_ctx);
+  return tm;
+}
+
+ChatTemplate chat_template_of(const Tokenizer& tok, const TextOptions& o) {
+  ChatTemplate t = ChatTemplate::detect(tok.chat_template(), o.chatml_fallback);
+  if (t.fell_back()) std::fprintf(stderr, "warning: %s\n", t.warning().c_str());
+  return t;
+}
+
+std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& text, bool add_bos) {
+  std::vector<int32_t> ids;
+  if (add_bos && tok.add_bos() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  std::vector<int32_t> body = tok.encode(text, /*parse_special=*/true);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::atomic<bool>& interrupt_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+namespace {
+void on_sigint(int) { interrupt_flag().store(true); }
+}  // namespace
+
+void install_interrupt_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a read of the terminal returns on Ctrl-C
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+std::string stats_line(const GenerationResult& r) {
+  return fmt::format("prefill: {} tokens, {:.1f} tok/s | generation: {} tokens, {:.1f} tok/s | finish: {}",
+                     r.prefill_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(),
+                     finish_reason_name(r.finish));
+}
+
+}  // namespace rl::cli

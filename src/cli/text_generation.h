@@ -1,0 +1,61 @@
+// What `redlite run`, `redlite chat` and `redlite generate -p` share: sampling flags, opening a
+// model with its tokenizer and chat template (with a progress bar while the file is read), the
+// SIGINT-to-cancel wiring, and the stats line on stderr.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/common_options.h"
+#include "generate/chat_template.h"
+#include "generate/generator.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rl::cli {
+
+struct TextOptions {
+  CommonOptions common;
+  GenerationConfig gen;
+  bool greedy = false;
+  bool ignore_eos = false;
+  bool chatml_fallback = false;  // --chatml: render unrecognised templates as plain ChatML
+  std::string system;            // --system
+  bool no_think = false;         // --no-think: Qwen3 hybrid templates, enable_thinking = false
+
+  // Applies --greedy/--ignore-eos to `gen` and validates the sampling values.
+  GenerationConfig config() const;
+};
+
+// -n, --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
+// --frequency-penalty, --seed, --greedy, --stop, --ignore-eos.
+void add_sampling_options(CLI::App& app, TextOptions& o, int default_max_tokens);
+// --system, --chatml, --no-think.
+void add_chat_options(CLI::App& app, TextOptions& o);
+
+struct TextModel {
+  LoadedModel loaded;
+  std::unique_ptr<Tokenizer> tokenizer;
+  double load_seconds = 0;
+};
+
+// Reads the file through the page cache with a progress bar on stderr (when it fits in memory,
+// so the first tokens do not wait on disk), then opens the model, backend and tokenizer.
+TextModel open_text_model(const CommonOptions& opts);
+
+// The model's chat template; prints the fallback warning on stderr when --chatml was needed.
+ChatTemplate chat_template_of(const Tokenizer& tok, const TextOptions& o);
+
+// Text -> prompt ids: control tokens in the text are parsed; BOS first when the model wants it.
+std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& text, bool add_bos);
+
+// SIGINT sets the flag instead of killing the process (without SA_RESTART, so a blocking read of
+// the terminal returns). The flag is cleared by the caller before each reply.
+std::atomic<bool>& interrupt_flag();
+void install_interrupt_handler();
+
+// "prefill: 12 tokens, 850.3 tok/s | generation: 64 tokens, 41.2 tok/s | finish: stop"
+std::string stats_line(const GenerationResult& r);
+
+}  // namespace rl::cli

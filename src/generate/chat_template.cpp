@@ -1,0 +1,632 @@
+#include "generate/chat_template.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace rl {
+
+using ojson = nlohmann::ordered_json;
+
+const char* chat_format_name(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::ChatML: return "chatml";
+    case ChatFormat::Qwen2: return "qwen2";
+    case ChatFormat::Qwen3Instruct: return "qwen3-instruct";
+    case ChatFormat::Qwen3Thinking: return "qwen3-thinking";
+    case ChatFormat::Qwen3Hybrid: return "qwen3-hybrid";
+    case ChatFormat::Qwen3Coder: return "qwen3-coder";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python-compatible text helpers (the templates call str.strip, lstrip('\n'), str(), json.dumps)
+
+namespace {
+
+bool is_py_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+std::string py_strip(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && is_py_space(s[b])) ++b;
+  while (e > b && is_py_space(s[e - 1])) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+std::string strip_chars(std::string_view s, char c, bool left, bool right) {
+  size_t b = 0, e = s.size();
+  if (left) while (b < e && s[b] == c) ++b;
+  if (right) while (e > b && s[e - 1] == c) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool ends_with(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+}
+
+// float.__repr__: the shortest text that reads back, always with a '.' or an exponent.
+std::string py_float(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+void py_json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+        else out += (char)c;
+    }
+  }
+  out += '"';
+}
+
+void py_json(std::string& out, const ojson& v) {
+  switch (v.type()) {
+    case ojson::value_t::null: out += "null"; break;
+    case ojson::value_t::boolean: out += v.get<bool>() ? "true" : "false"; break;
+    case ojson::value_t::number_integer: out += std::to_string(v.get<int64_t>()); break;
+    case ojson::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
+    case ojson::value_t::number_float: out += py_float(v.get<double>()); break;
+    case ojson::value_t::string: py_json_string(out, v.get_ref<const std::string&>()); break;
+    case ojson::value_t::array: {
+      out += '[';
+      bool first = true;
+      for (auto& e : v) {
+        if (!first) out += ", ";
+        first = false;
+        py_json(out, e);
+      }
+      out += ']';
+      break;
+    }
+    case ojson::value_t::object: {
+      out += '{';
+      bool first = true;
+      for (auto& [k, e] : v.items()) {
+        if (!first) out += ", ";
+        first = false;
+        py_json_string(out, k);
+        out += ": ";
+        py_json(out, e);
+      }
+      out += '}';
+      break;
+    }
+    default: out += "null";
+  }
+}
+
+// Jinja's `| string` on a JSON value, i.e. Python str(): True/False/None, repr of floats, and
+// lists/dicts in Python's repr (single quotes).
+std::string py_str(const ojson& v);
+
+void py_repr(std::string& out, const ojson& v) {
+  if (v.is_string()) {
+    // Python repr picks single quotes unless the text holds one and no double quote.
+    const std::string& s = v.get_ref<const std::string&>();
+    const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
+    const char q = dq ? '"' : '\'';
+    out += q;
+    for (char c : s) {
+      if (c == '\\') out += "\\\\";
+      else if (c == q) { out += '\\'; out += q; }
+      else if (c == '\n') out += "\\n";
+      else if (c == '\t') out += "\\t";
+      else if (c == '\r') out += "\\r";
+      else out += c;
+    }
+    out += q;
+  } else if (v.is_array()) {
+    out += '[';
+    bool first = true;
+    for (auto& e : v) {
+      if (!first) out += ", ";
+      first = false;
+      py_repr(out, e);
+    }
+    out += ']';
+  } else if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (auto& [k, e] : v.items()) {
+      if (!first) out += ", ";
+      first = false;
+      py_repr(out, ojson(k));
+      out += ": ";
+      py_repr(out, e);
+    }
+    out += '}';
+  } else {
+    out += py_str(v);
+  }
+}
+
+std::string py_str(const ojson& v) {
+  switch (v.type()) {
+    case ojson::value_t::null: return "None";
+    case ojson::value_t::boolean: return v.get<bool>() ? "True" : "False";
+    case ojson::value_t::number_integer: return std::to_string(v.get<int64_t>());
+    case ojson::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
+    case ojson::value_t::number_float: {
+      std::string s = py_float(v.get<double>());
+      return s == "NaN" ? "nan" : s == "Infinity" ? "inf" : s == "-Infinity" ? "-inf" : s;
+    }
+    case ojson::value_t::string: return v.get<std::string>();
+    default: {
+      std::string out;
+      py_repr(out, v);
+      return out;
+    }
+  }
+}
+
+ojson parse_arguments(const ToolCall& call, size_t message_index) {
+  ojson args;
+  try {
+    args = call.arguments.empty() ? ojson::object() : ojson::parse(call.arguments);
+  } catch (const std::exception& e) {
+    fail("messages[{}].tool_calls ({}): arguments are not valid JSON: {}", message_index, call.name, e.what());
+  }
+  if (!args.is_object())
+    fail("messages[{}].tool_calls ({}): arguments must be a JSON object", message_index, call.name);
+  return args;
+}
+
+void check_roles(std::span<const ChatMessage> messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& r = messages[i].role;
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+      fail("messages[{}]: role '{}' is not one of system, user, assistant, tool", i, r);
+    if (!messages[i].tool_calls.empty() && r != "assistant")
+      fail("messages[{}]: only assistant messages carry tool_calls", i);
+  }
+}
+
+// The instructions the Qwen3 (JSON) templates put after the tool list.
+constexpr std::string_view kQwen3ToolsHead =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+constexpr std::string_view kQwen3ToolsTail =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+
+// The Qwen3-Coder template's system text and tool-use instructions.
+constexpr std::string_view kCoderDefaultSystem =
+    "You are Qwen, a helpful AI assistant that can interact with a computer to solve tasks.";
+constexpr std::string_view kCoderToolsHead = "\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
+constexpr std::string_view kCoderToolsTail =
+    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO "
+    "suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\n"
+    "value_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second "
+    "parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n"
+    "<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner "
+    "<function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your "
+    "function call in natural language BEFORE the function call, but NOT after\n- If there is no "
+    "function call available, answer the question like normal with your current knowledge and do "
+    "not tell the user about function calls\n</IMPORTANT>";
+
+bool is_tool_response_text(std::string_view s) {
+  return starts_with(s, "<tool_response>") && ends_with(s, "</tool_response>");
+}
+
+// Coder template macro render_extra_keys: every key not yet rendered, as <key>value</key>.
+void coder_extra_keys(std::string& out, const ojson& dict, std::initializer_list<std::string_view> handled) {
+  if (!dict.is_object()) return;
+  for (auto& [key, value] : dict.items()) {
+    bool skip = false;
+    for (auto h : handled) skip = skip || key == h;
+    if (skip) continue;
+    out += "\n<" + key + ">";
+    out += (value.is_object() || value.is_array()) ? python_json_dumps(value) : py_str(value);
+    out += "</" + key + ">";
+  }
+}
+
+void coder_tools(std::string& out, const ojson& tools) {
+  out += kCoderToolsHead;
+  for (const ojson& entry : tools) {
+    const ojson& tool = entry.contains("function") ? entry["function"] : entry;
+    out += "\n<function>\n<name>" + py_str(tool.value("name", ojson(""))) + "</name>";
+    if (tool.contains("description"))
+      out += "\n<description>" + py_strip(py_str(tool["description"])) + "</description>";
+    out += "\n<parameters>";
+    const ojson params = tool.value("parameters", ojson());
+    if (params.is_object() && params.contains("properties") && params["properties"].is_object()) {
+      for (auto& [pname, fields] : params["properties"].items()) {
+        out += "\n<parameter>\n<name>" + pname + "</name>";
+        if (fields.is_object() && fields.contains("type"))
+          out += "\n<type>" + py_str(fields["type"]) + "</type>";
+        if (fields.is_object() && fields.contains("description"))
+          out += "\n<description>" + py_strip(py_str(fields["description"])) + "</description>";
+        coder_extra_keys(out, fields, {"name", "type", "description"});
+        out += "\n</parameter>";
+      }
+    }
+    coder_extra_keys(out, params, {"type", "properties"});
+    out += "\n</parameters>";
+    coder_extra_keys(out, tool, {"type", "name", "description", "parameters"});
+    out += "\n</function>";
+  }
+  out += kCoderToolsTail;
+}
+
+// Qwen3 JSON form of one call; the arguments text goes in verbatim, as the template does with
+// a string.
+std::string qwen3_tool_call(const ToolCall& call) {
+  return "<tool_call>\n{\"name\": \"" + call.name + "\", \"arguments\": " +
+         (call.arguments.empty() ? std::string("{}") : call.arguments) + "}\n</tool_call>";
+}
+
+std::string coder_tool_call(const ToolCall& call, size_t message_index) {
+  std::string out = "\n<tool_call>\n<function=" + call.name + ">\n";
+  const ojson args = parse_arguments(call, message_index);  // items() must not outlive it
+  for (auto& [k, v] : args.items()) {
+    out += "<parameter=" + k + ">\n";
+    out += (v.is_object() || v.is_array()) ? python_json_dumps(v) : py_str(v);
+    out += "\n</parameter>\n";
+  }
+  return out + "</function>\n</tool_call>";
+}
+
+}  // namespace
+
+std::string python_json_dumps(const ojson& value) {
+  std::string out;
+  py_json(out, value);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recognition
+
+ChatTemplate ChatTemplate::of(ChatFormat format, std::string default_system) {
+  return ChatTemplate(format, std::move(default_system), {});
+}
+
+ChatTemplate ChatTemplate::detect(std::string_view jinja, bool allow_chatml_fallback) {
+  // Templates write newlines as the escape "\n" inside Jinja strings, or as raw newlines; compare
+  // against one spelling.
+  std::string t;
+  t.reserve(jinja.size());
+  for (size_t i = 0; i < jinja.size(); ++i) {
+    if (jinja[i] == '\\' && i + 1 < jinja.size() && jinja[i + 1] == 'n') {
+      t += '\n';
+      ++i;
+    } else {
+      t += jinja[i];
+    }
+  }
+  auto has = [&](std::string_view s) { return t.find(s) != std::string::npos; };
+
+  std::string why;
+  if (t.empty()) {
+    why = "the model has no tokenizer.chat_template";
+  } else if (!has("<|im_start|>") || !has("<|im_end|>")) {
+    why = "tokenizer.chat_template is not a ChatML template (no <|im_start|>/<|im_end|>)";
+  } else if (has("<function=") && has("<parameter=")) {
+    if (!has("<think>")) return of(ChatFormat::Qwen3Coder);
+    why = "tokenizer.chat_template combines XML tool calls with <think> blocks (a Qwen3.5-style "
+          "template), which Red Lite does not render";
+  } else if (has("<tool_call>")) {
+    if (!has("<think>")) return of(ChatFormat::Qwen3Instruct);
+    if (has("<|im_start|>assistant\n<think>\n")) return of(ChatFormat::Qwen3Thinking);
+    return of(ChatFormat::Qwen3Hybrid);
+  } else {
+    // Plain ChatML, possibly with the Qwen2 default system turn: a literal system message.
+    const std::string open = "<|im_start|>system\n";
+    size_t p = t.find(open);
+    if (p != std::string::npos) {
+      size_t b = p + open.size();
+      size_t e = t.find("<|im_end|>", b);
+      std::string body = t.substr(b, e == std::string::npos ? 0 : e - b);
+      if (e != std::string::npos && !body.empty() && body.find_first_of("'\"+{}") == std::string::npos)
+        return of(ChatFormat::Qwen2, body);
+    }
+    return of(ChatFormat::ChatML);
+  }
+  std::string head(jinja.substr(0, 80));
+  for (char& c : head) if (c == '\n') c = ' ';
+  if (!allow_chatml_fallback)
+    fail("{} (template starts: \"{}\"); pass --chatml to render prompts as plain ChatML anyway", why, head);
+  return ChatTemplate(ChatFormat::ChatML, {}, why + "; rendering prompts as plain ChatML (--chatml)");
+}
+
+bool ChatTemplate::supports_tools() const {
+  return format_ == ChatFormat::Qwen3Instruct || format_ == ChatFormat::Qwen3Thinking ||
+         format_ == ChatFormat::Qwen3Hybrid || format_ == ChatFormat::Qwen3Coder;
+}
+
+std::string ChatTemplate::generation_prompt(const ChatRenderOptions& opt) const {
+  std::string out = "<|im_start|>assistant\n";
+  if (format_ == ChatFormat::Qwen3Thinking) out += "<think>\n";
+  if (format_ == ChatFormat::Qwen3Hybrid && opt.enable_thinking == false) out += "<think>\n\n</think>\n\n";
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendering
+
+std::string ChatTemplate::render(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const {
+  if (messages.empty()) fail("messages: the conversation is empty");
+  check_roles(messages);
+  const bool tools = opt.tools.is_array() && !opt.tools.empty();
+  if (!opt.tools.is_null() && !opt.tools.is_array()) fail("tools: must be a list");
+  if (tools && !supports_tools())
+    fail("tools: the {} chat template has no tool-calling format", name());
+  switch (format_) {
+    case ChatFormat::ChatML:
+    case ChatFormat::Qwen2: return render_chatml(messages, opt);
+    case ChatFormat::Qwen3Coder: return render_coder(messages, opt);
+    default: return render_qwen3(messages, opt);
+  }
+}
+
+std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const {
+  std::string out;
+  if (format_ == ChatFormat::Qwen2 && messages[0].role != "system")
+    out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!messages[i].tool_calls.empty())
+      fail("messages[{}]: the {} chat template cannot render tool calls", i, name());
+    out += "<|im_start|>" + messages[i].role + "\n" + messages[i].content + "<|im_end|>\n";
+  }
+  if (opt.add_generation_prompt) out += generation_prompt(opt);
+  return out;
+}
+
+std::string ChatTemplate::render_qwen3(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const {
+  const bool thinking = format_ == ChatFormat::Qwen3Thinking || format_ == ChatFormat::Qwen3Hybrid;
+  const bool tools = !opt.tools.empty();
+  std::string out;
+  if (tools) {
+    out += "<|im_start|>system\n";
+    if (messages[0].role == "system") out += messages[0].content + "\n\n";
+    out += kQwen3ToolsHead;
+    for (const ojson& tool : opt.tools) out += "\n" + python_json_dumps(tool);
+    out += kQwen3ToolsTail;
+  } else if (messages[0].role == "system") {
+    out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  }
+
+  // The last real user query: assistant turns after it keep their reasoning (Thinking formats).
+  size_t last_query = messages.size() - 1;
+  for (size_t k = messages.size(); k-- > 0;) {
+    if (messages[k].role == "user" && !is_tool_response_text(messages[k].content)) {
+      last_query = k;
+      break;
+    }
+  }
+
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool last = i + 1 == messages.size();
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      std::string content = m.content;
+      if (!thinking) {
+        out += "<|im_start|>assistant\n" + content;
+      } else {
+        std::string reasoning = m.reasoning_content;
+        if (reasoning.empty()) {
+          if (size_t close = content.find("</think>"); close != std::string::npos) {
+            std::string before = strip_chars(content.substr(0, close), '\n', false, true);
+            if (size_t open = before.rfind("<think>"); open != std::string::npos) before = before.substr(open + 7);
+            reasoning = strip_chars(before, '\n', true, false);
+            size_t last_close = content.rfind("</think>");
+            content = strip_chars(content.substr(last_close + 8), '\n', true, false);
+          }
+        }
+        if (i > last_query && (last || !reasoning.empty()))
+          out += "<|im_start|>assistant\n<think>\n" + strip_chars(reasoning, '\n', true, true) +
+                 "\n</think>\n\n" + strip_chars(content, '\n', true, false);
+        else
+          out += "<|im_start|>assistant\n" + content;
+      }
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        if (c > 0 || !content.empty()) out += "\n";
+        out += qwen3_tool_call(m.tool_calls[c]);
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
+  if (opt.add_generation_prompt) out += generation_prompt(opt);
+  return out;
+}
+
+std::string ChatTemplate::render_coder(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const {
+  const bool tools = !opt.tools.empty();
+  const bool has_system = messages[0].role == "system";
+  std::string out;
+  if (has_system) out += "<|im_start|>system\n" + messages[0].content;
+  else if (tools) out += "<|im_start|>system\n" + std::string(kCoderDefaultSystem);
+  if (tools) coder_tools(out, opt.tools);
+  if (has_system || tools) out += "<|im_end|>\n";
+
+  const size_t first = has_system ? 1 : 0;  // the template loops over messages[1:] after a system
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool last = i + 1 == messages.size();
+    if (m.role == "assistant" && !m.tool_calls.empty()) {
+      out += "<|im_start|>assistant";
+      if (std::string c = py_strip(m.content); !c.empty()) out += "\n" + c + "\n";
+      for (const ToolCall& call : m.tool_calls) out += coder_tool_call(call, i);
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      // As the template: a tool result opens a user turn only after a non-tool message.
+      if (i > first && messages[i - 1].role != "tool") out += "<|im_start|>user\n";
+      out += "<tool_response>\n" + m.content + "\n</tool_response>\n";
+      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    } else {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    }
+  }
+  if (opt.add_generation_prompt) out += generation_prompt(opt);
+  return out;
+}
+
+std::string ChatTemplate::continuation(std::span<const ChatMessage> next, const ChatRenderOptions& opt) const {
+  check_roles(next);
+  std::string out = "<|im_end|>\n";
+  for (size_t i = 0; i < next.size(); ++i) {
+    const ChatMessage& m = next[i];
+    const bool first_of_run = i == 0 || next[i - 1].role != "tool";
+    const bool last_of_run = i + 1 == next.size() || next[i + 1].role != "tool";
+    if (m.role == "assistant") fail("continuation: messages[{}] is an assistant turn; only user, system "
+                                    "and tool messages follow a generated reply", i);
+    if (m.role == "tool" && format_ == ChatFormat::Qwen3Coder) {
+      if (first_of_run) out += "<|im_start|>user\n";
+      out += "<tool_response>\n" + m.content + "\n</tool_response>\n";
+      if (last_of_run) out += "<|im_end|>\n";
+    } else if (m.role == "tool" && supports_tools()) {
+      if (first_of_run) out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (last_of_run) out += "<|im_end|>\n";
+    } else {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    }
+  }
+  if (opt.add_generation_prompt) out += generation_prompt(opt);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parsing the model's reply
+
+namespace {
+
+const ojson* find_tool(const ojson& tools, std::string_view name) {
+  if (!tools.is_array()) return nullptr;
+  for (const ojson& entry : tools) {
+    const ojson& tool = entry.contains("function") ? entry["function"] : entry;
+    if (tool.is_object() && tool.value("name", std::string()) == name) return &tool;
+  }
+  return nullptr;
+}
+
+// {"name": ..., "arguments": {...}}
+std::optional<ToolCall> parse_json_call(std::string_view body) {
+  ojson j = ojson::parse(py_strip(body), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  ToolCall call;
+  call.name = j["name"].get<std::string>();
+  const ojson args = j.contains("arguments") ? j["arguments"] : ojson::object();
+  if (args.is_string()) call.arguments = args.get<std::string>();
+  else if (args.is_object()) call.arguments = args.dump();
+  else return std::nullopt;
+  return call;
+}
+
+// <function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>
+std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools) {
+  std::string b = py_strip(body);
+  std::string_view s = b;
+  if (!starts_with(s, "<function=")) return std::nullopt;
+  size_t name_end = s.find('>');
+  size_t fn_end = s.rfind("</function>");
+  if (name_end == std::string_view::npos || fn_end == std::string_view::npos || fn_end < name_end) return std::nullopt;
+  ToolCall call;
+  call.name = py_strip(s.substr(10, name_end - 10));
+  const ojson* tool = find_tool(tools, call.name);
+  ojson args = ojson::object();
+  std::string_view rest = s.substr(name_end + 1, fn_end - name_end - 1);
+  while (true) {
+    size_t p = rest.find("<parameter=");
+    if (p == std::string_view::npos) break;
+    size_t key_end = rest.find('>', p);
+    size_t close = rest.find("</parameter>", key_end == std::string_view::npos ? p : key_end);
+    if (key_end == std::string_view::npos || close == std::string_view::npos) return std::nullopt;
+    std::string key = py_strip(rest.substr(p + 11, key_end - p - 11));
+    std::string_view value = rest.substr(key_end + 1, close - key_end - 1);
+    // The format puts the value on its own lines: one newline each side belongs to the syntax.
+    if (starts_with(value, "\n")) value.remove_prefix(1);
+    if (ends_with(value, "\n")) value.remove_suffix(1);
+    std::string type;
+    if (tool && tool->contains("parameters")) {
+      const ojson& props = (*tool)["parameters"].value("properties", ojson::object());
+      if (props.contains(key) && props[key].is_object() && props[key].contains("type") && props[key]["type"].is_string())
+        type = props[key]["type"].get<std::string>();
+    }
+    ojson parsed = ojson::parse(value, nullptr, false);
+    if (!type.empty() && type != "string" && !parsed.is_discarded()) args[key] = parsed;
+    else args[key] = std::string(value);
+    rest = rest.substr(close + 12);
+  }
+  call.arguments = args.dump();
+  return call;
+}
+
+}  // namespace
+
+ParsedReply ChatTemplate::parse_reply(std::string_view text, const ojson& tools) const {
+  ParsedReply r;
+  std::string content;
+  if (size_t close = text.find("</think>"); close != std::string_view::npos) {
+    std::string_view before = text.substr(0, close);
+    if (size_t open = before.rfind("<think>"); open != std::string_view::npos) before = before.substr(open + 7);
+    r.reasoning_content = strip_chars(before, '\n', true, true);
+    content = strip_chars(text.substr(close + 8), '\n', true, false);
+  } else if (format_ == ChatFormat::Qwen3Thinking) {
+    r.reasoning_content = strip_chars(text, '\n', true, true);  // still thinking when it stopped
+  } else if (starts_with(py_strip(text), "<think>")) {
+    std::string t = py_strip(text);
+    r.reasoning_content = strip_chars(std::string_view(t).substr(7), '\n', true, true);
+  } else {
+    content = std::string(text);
+  }
+
+  if (supports_tools()) {
+    std::string kept;
+    size_t pos = 0;
+    while (true) {
+      size_t open = content.find("<tool_call>", pos);
+      if (open == std::string::npos) break;
+      size_t close = content.find("</tool_call>", open);
+      if (close == std::string::npos) break;
+      std::string_view body = std::string_view(content).substr(open + 11, close - open - 11);
+      std::optional<ToolCall> call = format_ == ChatFormat::Qwen3Coder || starts_with(py_strip(body), "<function=")
+                                         ? parse_xml_call(body, tools)
+                                         : parse_json_call(body);
+      if (call) {
+        kept += content.substr(pos, open - pos);
+        r.tool_calls.push_back(std::move(*call));
+      } else {
+        kept += content.substr(pos, close + 12 - pos);
+      }
+      pos = close + 12;
+    }
+    kept += content.substr(pos);
+    if (!r.tool_calls.empty()) {
+      size_t e = kept.size();
+      while (e > 0 && is_py_space(kept[e - 1])) --e;
+      kept.resize(e);
+    }
+    content = std::move(kept);
+  }
+  r.content = std::move(content);
+  return r;
+}
+
+}  // namespace rl

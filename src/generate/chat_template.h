@@ -1,0 +1,127 @@
+// Chat templates of the Qwen ChatML family, rendered in C++ (no Jinja engine): the format is
+// chosen by recognising the GGUF's `tokenizer.chat_template`, and each format reproduces, byte
+// for byte, what its Jinja template renders (Hugging Face semantics: trim_blocks, lstrip_blocks,
+// `tojson` = Python json.dumps with ensure_ascii=False and ", " / ": " separators).
+//
+//   ChatML         <|im_start|>ROLE\nCONTENT<|im_end|>\n per message, no tools, no default system.
+//   Qwen2          ChatML plus the template's default system prompt when the conversation has
+//                  none (the Qwen2 / Qwen2.5 family; the test fixtures carry this one).
+//   Qwen3Instruct  Qwen3-Next-80B-A3B-Instruct: tools listed as JSON in the system turn, calls as
+//                  <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, tool results
+//                  grouped into one user turn of <tool_response> blocks.
+//   Qwen3Thinking  Qwen3-Next-80B-A3B-Thinking: as Instruct, and the generation prompt opens a
+//                  <think>\n block; an assistant turn after the last user query carries its
+//                  reasoning as <think>\nREASONING\n</think>\n\n, earlier turns drop it.
+//   Qwen3Hybrid    Qwen3 (2504) with enable_thinking: as Thinking for the history, the generation
+//                  prompt is plain and enable_thinking=false appends an empty think block.
+//   Qwen3Coder     Qwen3-Coder / Qwen3-Coder-Next: tools as <function><name>.. XML, calls as
+//                  <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>
+//                  \n</tool_call>, tool results as <tool_response> blocks in a user turn.
+//
+// Used by `redlite run --chat`, `redlite chat` and the HTTP server (OpenAI messages with roles
+// system/user/assistant/tool, a tools list, tool_calls in assistant messages); parse_reply()
+// turns the model's text back into content, reasoning and tool calls.
+#pragma once
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace rl {
+
+enum class ChatFormat { ChatML, Qwen2, Qwen3Instruct, Qwen3Thinking, Qwen3Hybrid, Qwen3Coder };
+
+const char* chat_format_name(ChatFormat f);  // "chatml", "qwen2", "qwen3-instruct", ...
+
+// One call in an assistant message. `arguments` is JSON text of an object, as OpenAI clients send
+// it ("{\"city\": \"Paris\"}"); keys keep their order.
+struct ToolCall {
+  std::string id;         // the client's / server's call id; not rendered into the prompt
+  std::string name;
+  std::string arguments;  // JSON object text
+};
+
+// One OpenAI chat message. role: "system", "user", "assistant" or "tool".
+struct ChatMessage {
+  std::string role;
+  std::string content;
+  std::string reasoning_content;     // assistant: thinking text (Thinking formats render it)
+  std::vector<ToolCall> tool_calls;  // assistant
+  std::string tool_call_id;          // tool: the call it answers (not rendered by Qwen formats)
+};
+
+struct ChatRenderOptions {
+  bool add_generation_prompt = true;
+  // OpenAI tools list: [{"type": "function", "function": {"name", "description", "parameters"}}].
+  // ordered_json keeps the client's key order, which `tojson` reproduces.
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  // Qwen3Hybrid only: false appends an empty think block to the generation prompt.
+  std::optional<bool> enable_thinking;
+};
+
+// What the model wrote in one assistant turn, split apart.
+struct ParsedReply {
+  std::string content;             // visible text, tool-call blocks removed
+  std::string reasoning_content;   // text of the <think> block (empty when none)
+  std::vector<ToolCall> tool_calls;  // id left empty: the caller numbers them
+};
+
+class ChatTemplate {
+ public:
+  // Recognises `jinja` (tokenizer.chat_template). An empty or unrecognised template throws
+  // rl::Error that says so and names the fallback flag, unless allow_chatml_fallback: then the
+  // result is plain ChatML with fell_back() true and warning() saying why.
+  static ChatTemplate detect(std::string_view jinja, bool allow_chatml_fallback);
+  static ChatTemplate of(ChatFormat format, std::string default_system = {});
+
+  ChatFormat format() const { return format_; }
+  const char* name() const { return chat_format_name(format_); }
+  bool fell_back() const { return !warning_.empty(); }
+  const std::string& warning() const { return warning_; }
+  const std::string& default_system() const { return default_system_; }
+  bool supports_tools() const;
+
+  // The whole prompt for `messages` (throws rl::Error naming the message at fault: unknown role,
+  // tools given to a format without tools, malformed tool-call arguments).
+  std::string render(std::span<const ChatMessage> messages, const ChatRenderOptions& opt = {}) const;
+
+  // The text that continues a conversation whose last turn is an assistant reply the session
+  // has just generated (its text is already in the session, the closing <|im_end|> is not):
+  // closes that turn, renders `next` (user or tool messages) and the generation prompt. A chat
+  // that keeps its session prefills only this. Unlike render(), earlier assistant turns keep
+  // their reasoning (it is already in the session).
+  std::string continuation(std::span<const ChatMessage> next, const ChatRenderOptions& opt = {}) const;
+
+  // What the generation prompt ends with for this format ("<|im_start|>assistant\n", plus
+  // "<think>\n" for Thinking): the model's reply starts right after it.
+  std::string generation_prompt(const ChatRenderOptions& opt = {}) const;
+
+  // Splits a finished reply. Thinking formats: the generation prompt opened <think>, so text up to
+  // </think> is reasoning (all of it when </think> never came). Tool calls are read in this
+  // format's syntax (JSON or XML); `tools` (the request's list) gives parameter types, so an XML
+  // value declared "string" stays a string and others are parsed as JSON when they parse.
+  // A malformed call is left in the content, never dropped.
+  ParsedReply parse_reply(std::string_view text,
+                          const nlohmann::ordered_json& tools = nlohmann::ordered_json::array()) const;
+
+ private:
+  ChatTemplate(ChatFormat f, std::string default_system, std::string warning)
+      : format_(f), default_system_(std::move(default_system)), warning_(std::move(warning)) {}
+
+  std::string render_qwen3(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const;
+  std::string render_coder(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const;
+  std::string render_chatml(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const;
+
+  ChatFormat format_;
+  std::string default_system_;
+  std::string warning_;
+};
+
+// Python json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in stored order,
+// non-ASCII kept as UTF-8. What Jinja's `tojson` writes in the Hugging Face templates.
+std::string python_json_dumps(const nlohmann::ordered_json& value);
+
+}  // namespace rl

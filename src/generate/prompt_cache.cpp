@@ -1,0 +1,53 @@
+#include "generate/prompt_cache.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "model/session.h"
+
+namespace rl {
+
+void PromptCache::evict_to(size_t budget) {
+  while (bytes_ > budget && !entries_.empty()) {
+    bytes_ -= entries_.back().bytes;
+    entries_.pop_back();
+  }
+}
+
+void PromptCache::put(std::span<const int32_t> tokens, std::unique_ptr<SessionSnapshot> snapshot) {
+  if (!snapshot) return;
+  if ((size_t)snapshot->position() != tokens.size())
+    fail("prompt cache: snapshot at position {} stored under {} tokens", snapshot->position(), tokens.size());
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (std::ranges::equal(it->tokens, tokens)) {
+      bytes_ -= it->bytes;
+      entries_.erase(it);
+      break;
+    }
+  }
+  const size_t size = snapshot->bytes();
+  if (size > max_bytes_) return;
+  evict_to(max_bytes_ - size);
+  entries_.push_front(Entry{std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(snapshot), size});
+  bytes_ += size;
+}
+
+int PromptCache::restore_longest_prefix(std::span<const int32_t> prompt, size_t max_len, Session& session) {
+  auto best = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    const size_t n = it->tokens.size();
+    if (n == 0 || n > max_len || n > prompt.size()) continue;
+    if (best != entries_.end() && n <= best->tokens.size()) continue;
+    if (std::equal(it->tokens.begin(), it->tokens.end(), prompt.begin())) best = it;
+  }
+  if (best == entries_.end()) {
+    ++misses_;
+    return 0;
+  }
+  session.restore(*best->snapshot);
+  entries_.splice(entries_.begin(), entries_, best);  // now the most recently used
+  ++hits_;
+  return (int)entries_.front().tokens.size();
+}
+
+}  // namespace rl

@@ -1,0 +1,116 @@
+// `redlite run` and `redlite generate -p` on the tiny fixture model, against llama.cpp's reference
+// (tiny-qwen3next-q4km.ref-f32.json: prompt token ids and the greedy continuation of each prompt,
+// computed on the F32 weights, which is what the CPU oracle computes).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "generate/chat_template.h"
+#include "gguf/gguf.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rl {
+namespace {
+
+struct Output {
+  int rc = -1;
+  std::string out, err;
+};
+
+Output run_redlite(const std::string& args) {
+  const std::string err_path = ::testing::TempDir() + "redlite_cli_text_stderr.txt";
+  Output o;
+  FILE* p = ::popen((test::redlite_bin() + " " + args + " 2> " + err_path).c_str(), "r");
+  if (!p) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.out.append(buf, n);
+  o.rc = ::pclose(p);
+  std::ifstream f(err_path);
+  std::stringstream s;
+  s << f.rdbuf();
+  o.err = s.str();
+  return o;
+}
+
+nlohmann::json reference_prompt(const std::string& name) {
+  std::ifstream f(test::fixture("tiny-qwen3next-q4km.ref-f32.json"));
+  nlohmann::json ref = nlohmann::json::parse(f);
+  for (auto& p : ref["prompts"])
+    if (p["name"] == name) return p;
+  return {};
+}
+
+const char* kModel = "tiny-qwen3next-q4km.gguf";
+
+TEST(CliText, GenerateFromTextMatchesLlamaCppGreedy) {
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  nlohmann::json ref = reference_prompt("short_en");
+  ASSERT_FALSE(ref.is_null());
+  Output o = run_redlite("generate -m " + model + " --backend cpu --threads 2 --greedy -n 32 --json -p '" +
+                         ref["text"].get<std::string>() + "'");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  nlohmann::json j = nlohmann::json::parse(o.out);
+  EXPECT_EQ(j["prompt_tokens"], ref["token_ids"]);
+  EXPECT_EQ(j["tokens"], ref["greedy"]["tokens"]);
+}
+
+TEST(CliText, RunStreamsTheGreedyTextAndReportsSpeeds) {
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  nlohmann::json ref = reference_prompt("short_en");
+  ASSERT_FALSE(ref.is_null());
+  Output o = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy --ignore-eos --repeat-penalty 1 -n 32 -p '" +
+                         ref["text"].get<std::string>() + "'");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  auto file = GgufFile::open(model);
+  auto tok = Tokenizer::from_gguf(*file);
+  std::vector<int32_t> greedy = ref["greedy"]["tokens"].get<std::vector<int32_t>>();
+  EXPECT_EQ(o.out, tok->decode(greedy, /*render_special=*/false) + "\n");
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(load: [0-9.]+ s)"))) << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(prefill: 19 tokens, [0-9.]+ tok/s)"))) << o.err;
+  EXPECT_TRUE(std::regex_search(o.err, std::regex(R"(generation: 32 tokens, [0-9.]+ tok/s \| finish: length)"))) << o.err;
+}
+
+TEST(CliText, RunChatRendersTheTemplateAndStopStringsCut) {
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  auto file = GgufFile::open(model);
+  auto tok = Tokenizer::from_gguf(*file);
+  ChatTemplate tmpl = ChatTemplate::detect(tok->chat_template(), false);
+  std::vector<ChatMessage> m = {ChatMessage{"system", "Be brief.", {}, {}, {}}, ChatMessage{"user", "Hi", {}, {}, {}}};
+  const size_t expected = tok->encode(tmpl.render(m), true).size();
+  Output o = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy --ignore-eos -n 16 --chat "
+                         "--system 'Be brief.' -p Hi");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.err.find("prefill: " + std::to_string(expected) + " tokens"), std::string::npos) << o.err;
+  // Stop at a string taken from the middle of the greedy reply: the output ends right before it.
+  std::string reply = o.out.substr(0, o.out.size() - 1);
+  ASSERT_GT(reply.size(), 6u);
+  size_t at = reply.size() / 2;
+  while (at + 3 < reply.size() && reply.substr(at, 3).find_first_of("'\n") != std::string::npos) ++at;
+  std::string stop = reply.substr(at, 3);
+  Output cut = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy --ignore-eos -n 16 --chat "
+                           "--system 'Be brief.' -p Hi --stop '" + stop + "'");
+  ASSERT_EQ(cut.rc, 0) << cut.err;
+  EXPECT_EQ(cut.out, reply.substr(0, reply.find(stop)) + "\n");
+  EXPECT_NE(cut.err.find("finish: stop"), std::string::npos) << cut.err;
+}
+
+TEST(CliText, UnknownTemplateFlagIsExplicit) {
+  // The fixture's template is recognised, so --chatml changes nothing and no warning is printed.
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  Output o = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy -n 2 --chat --chatml -p Hi");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.err.find("warning"), std::string::npos) << o.err;
+}
+
+}  // namespace
+}  // namespace rl
