@@ -14,6 +14,9 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr int kMaxArrayDepth = 8;
 constexpr uint32_t kMaxDims = 4;
+// Counts read from the file only bound what can fit in it; reserving that much up front would let
+// one corrupt count in a multi-GB model ask for tens of GB before any item is read.
+constexpr uint64_t kMaxUpfrontReserve = 1 << 16;
 
 size_t scalar_size(GgufValueType t) {
   switch (t) {
@@ -70,7 +73,7 @@ class GgufParser {
     if (n_kv > remaining() / 13) error("metadata count {} cannot fit in the file", n_kv);
     if (n_tensors > remaining() / 32) error("tensor count {} cannot fit in the file", n_tensors);
 
-    f_.kv_.reserve(n_kv);
+    f_.kv_.reserve(std::min(n_kv, kMaxUpfrontReserve));
     for (uint64_t i = 0; i < n_kv; i++) {
       const size_t key_pos = pos_;
       std::string_view key = str("metadata key");
@@ -87,13 +90,15 @@ class GgufParser {
       if (a->type() != GgufValueType::UINT32 && a->type() != GgufValueType::UINT64 &&
           a->type() != GgufValueType::INT32)
         fail("{}: general.alignment has type {}, expected u32", f_.path_, gguf_value_type_name(a->type()));
+      if (a->type() == GgufValueType::UINT64 && a->as_uint() > (1u << 30))
+        fail("{}: general.alignment = {} is not a power of two up to 2^30", f_.path_, a->as_uint());
       int64_t al = a->as_int();
       if (al <= 0 || (al & (al - 1)) != 0 || al > (1 << 30))
         fail("{}: general.alignment = {} is not a power of two", f_.path_, al);
       f_.alignment_ = (uint64_t)al;
     }
 
-    f_.tensors_.reserve(n_tensors);
+    f_.tensors_.reserve(std::min(n_tensors, kMaxUpfrontReserve));
     for (uint64_t i = 0; i < n_tensors; i++) tensor_info(i);
 
     uint64_t data = pos_;
@@ -185,12 +190,12 @@ class GgufParser {
     const uint64_t count = u64();
     if (v.elem_type_ == GgufValueType::STRING) {
       if (count > remaining() / 8) error("key '{}': string array of {} items cannot fit", key, count);
-      v.strings_.reserve(count);
+      v.strings_.reserve(std::min(count, kMaxUpfrontReserve));
       for (uint64_t i = 0; i < count; i++) v.strings_.push_back(str("string array item"));
     } else if (v.elem_type_ == GgufValueType::ARRAY) {
       if (count > remaining() / 12) error("key '{}': nested array of {} items cannot fit", key, count);
-      v.items_.resize(count);
-      for (uint64_t i = 0; i < count; i++) value(v.items_[i], GgufValueType::ARRAY, key, depth + 1);
+      v.items_.reserve(std::min(count, kMaxUpfrontReserve));
+      for (uint64_t i = 0; i < count; i++) value(v.items_.emplace_back(), GgufValueType::ARRAY, key, depth + 1);
     } else {
       const size_t es = scalar_size(v.elem_type_);
       if (count > remaining() / es)
@@ -219,6 +224,8 @@ class GgufParser {
       const uint64_t n = u64();
       if (n > (uint64_t)std::numeric_limits<int64_t>::max())
         error("tensor '{}': dimension {} = {} is negative", t.name, d, (int64_t)n);
+      // An empty tensor has no rows: row_bytes() would divide by zero in every consumer.
+      if (n == 0) error("tensor '{}': dimension {} is 0", t.name, d);
       t.ne[d] = (int64_t)n;
       if (__builtin_mul_overflow(total, t.ne[d], &total))
         error("tensor '{}': element count overflows", t.name);

@@ -1,0 +1,136 @@
+// redlite inspect: what a GGUF model holds: metadata, hyperparameters, tokenizer summary, tensor
+// table, bytes per type and the routed-expert slot size; --json prints the same as one object;
+// --dump writes one tensor dequantised to little-endian f32.
+//   redlite inspect MODEL [--json]
+//   redlite inspect MODEL --dump TENSOR --out FILE
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/command.h"
+#include "common/error.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_summary.h"
+
+namespace rl::cli {
+namespace {
+
+struct InspectArgs {
+  std::string model_path;
+  bool json = false;
+  std::string dump_tensor;
+  std::string out_path;
+};
+
+nlohmann::json value_json(const GgufValue& v) {
+  switch (v.type()) {
+    case GgufValueType::STRING: return std::string(v.as_string());
+    case GgufValueType::BOOL: return v.as_bool();
+    case GgufValueType::FLOAT32: case GgufValueType::FLOAT64: return v.as_float();
+    case GgufValueType::UINT8: case GgufValueType::UINT16: case GgufValueType::UINT32: case GgufValueType::UINT64:
+      return v.as_uint();
+    case GgufValueType::ARRAY: {
+      nlohmann::json a = nlohmann::json::array();
+      for (size_t i = 0; i < v.size(); i++) {
+        switch (v.elem_type()) {
+          case GgufValueType::STRING: a.push_back(std::string(v.str_at(i))); break;
+          case GgufValueType::ARRAY: a.push_back(value_json(v.array_at(i))); break;
+          case GgufValueType::BOOL: a.push_back(v.int_at(i) != 0); break;
+          case GgufValueType::FLOAT32: case GgufValueType::FLOAT64: a.push_back(v.float_at(i)); break;
+          case GgufValueType::UINT64: a.push_back((uint64_t)v.int_at(i)); break;
+          default: a.push_back(v.int_at(i)); break;
+        }
+      }
+      return a;
+    }
+    default: return v.as_int();
+  }
+}
+
+nlohmann::json summary_json(const ModelSummary& s, const GgufFile& f) {
+  nlohmann::json j;
+  j["path"] = s.path;
+  j["architecture"] = s.architecture;
+  j["name"] = s.name;
+  j["version"] = s.version;
+  j["alignment"] = s.alignment;
+  j["file_size"] = s.file_size;
+  j["data_offset"] = s.data_offset;
+  j["n_tensors"] = f.tensors().size();
+  j["tensor_bytes"] = s.tensor_bytes;
+
+  nlohmann::json hp = nlohmann::json::object();
+  for (const GgufKV* kv : s.hyperparameters) hp[kv->key] = value_json(kv->value);
+  j["hyperparameters"] = hp;
+
+  const TokenizerSummary& t = s.tokenizer;
+  nlohmann::json tok = {{"model", t.model}, {"pre", t.pre}, {"vocab_size", t.vocab_size}, {"merges", t.merges},
+                        {"has_chat_template", t.has_chat_template}};
+  nlohmann::json ids = nlohmann::json::object();
+  for (const auto& [name, id] : t.special_ids) ids[name] = id;
+  tok["special_ids"] = ids;
+  tok["add_bos_token"] = t.add_bos ? nlohmann::json(*t.add_bos) : nlohmann::json(nullptr);
+  tok["add_eos_token"] = t.add_eos ? nlohmann::json(*t.add_eos) : nlohmann::json(nullptr);
+  j["tokenizer"] = tok;
+
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& ti : f.tensors()) {
+    nlohmann::json shape = nlohmann::json::array();
+    for (uint32_t d = 0; d < ti.n_dims; d++) shape.push_back(ti.ne[d]);
+    tensors.push_back({{"name", ti.name}, {"type", type_name(ti.type)}, {"shape", shape}, {"bytes", ti.nbytes},
+                       {"offset", ti.offset}});
+  }
+  j["tensors"] = tensors;
+
+  nlohmann::json types = nlohmann::json::object();
+  for (const auto& tb : s.types)
+    types[type_name(tb.type)] = {{"count", tb.count}, {"bytes", tb.bytes},
+                                 {"percent", s.tensor_bytes ? 100.0 * (double)tb.bytes / (double)s.tensor_bytes : 0.0}};
+  j["bytes_by_type"] = types;
+
+  const ExpertSummary& e = s.experts;
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : e.layers)
+    layers.push_back({{"layer", l.layer}, {"mtp", l.mtp}, {"n_experts", l.n_experts}, {"slot_bytes", l.slot_bytes},
+                      {"routed_bytes", l.routed_bytes}});
+  j["experts"] = {{"expert_count", e.expert_count}, {"expert_used_count", e.expert_used_count},
+                  {"max_slot_bytes", e.max_slot_bytes}, {"total_routed_bytes", e.total_routed_bytes},
+                  {"mtp_routed_bytes", e.mtp_routed_bytes}, {"layers", layers}};
+  return j;
+}
+
+int run_inspect(const InspectArgs& a) {
+  const auto file = GgufFile::open(a.model_path);
+  if (!a.dump_tensor.empty()) {
+    dump_tensor_f32(*file, a.dump_tensor, a.out_path);
+    const GgufTensorInfo& t = file->tensor(a.dump_tensor);
+    std::fprintf(stderr, "%s: %s %s (%s) -> %s, %lld f32 values\n", a.model_path.c_str(), t.name.c_str(),
+                 type_name(t.type), t.shape_string().c_str(), a.out_path.c_str(), (long long)t.n_elements());
+    return 0;
+  }
+  const ModelSummary s = summarize(*file);
+  if (a.json) {
+    // GGUF strings are not guaranteed to be UTF-8; invalid bytes print as U+FFFD.
+    std::printf("%s\n", summary_json(s, *file).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::fputs(format_summary(s, *file).c_str(), stdout);
+  }
+  return 0;
+}
+
+const Registrar registrar(
+    "inspect", "Show a GGUF model: metadata, hyperparameters, tensors, bytes by type, expert slot size",
+    [](CLI::App& sub) -> std::function<int()> {
+      auto args = std::make_shared<InspectArgs>();
+      sub.add_option("model,-m,--model", args->model_path, "GGUF model file")->required();
+      sub.add_flag("--json", args->json, "Print the summary as one JSON object");
+      auto* dump = sub.add_option("--dump", args->dump_tensor, "Write this tensor dequantised to little-endian f32");
+      auto* out = sub.add_option("--out", args->out_path, "Output file for --dump");
+      dump->needs(out);
+      out->needs(dump);
+      return [args] { return run_inspect(*args); };
+    });
+
+}  // namespace
+}  // namespace rl::cli
