@@ -57,7 +57,7 @@ Registrar reg("synth", "Write a synthetic qwen3next GGUF with random weights (be
                 sub.add_option("--vocab-from", a->options.vocab_from,
                                "copy the tokenizer of this GGUF (default: a placeholder byte-level vocabulary)");
                 sub.add_option("--router-skew", a->options.router_skew,
-                               "Zipf exponent of expert popularity (0 = uniform routers; docs/synth.md)");
+                               "Zipf exponent of expert popularity; > 0 also adds slow DeltaNet topic heads so consecutive tokens reuse experts (0 = plain random model; docs/synth.md)");
                 sub.add_option("--layout", a->layout, "DeltaNet projections: legacy (ssm_in) or split (attn_qkv + attn_gate)");
                 sub.add_option("--threads", a->options.threads, "fill threads (default: all cores)");
                 sub.add_flag("--table-only", a->table_only, "print the tensor table and metadata as JSON, write nothing");

@@ -188,8 +188,8 @@ uint32_t recipe_file_type(const std::string& recipe) {
   return 0;                             // ALL_F32
 }
 
-WeightInit normal(double std) { return WeightInit{WeightInit::Kind::Normal, (float)std, 0, 0, {}}; }
-WeightInit one_plus_normal(float std) { return WeightInit{WeightInit::Kind::OnePlusNormal, std, 0, 0, {}}; }
+WeightInit normal(double std) { return WeightInit{WeightInit::Kind::Normal, (float)std, 0, 0, {}, {}}; }
+WeightInit one_plus_normal(float std) { return WeightInit{WeightInit::Kind::OnePlusNormal, std, 0, 0, {}, {}}; }
 
 // Builds the table in the file order of llama.cpp's converter for qwen3next.
 class TableBuilder {
@@ -232,9 +232,50 @@ void validate_dims(const Dims& d) {
     fail("--rope-dim {}: must be even and at most --head-dim {}", d.rope_dim, d.head_dim);
 }
 
+// The topic heads' changes to the DeltaNet tensors of one layer (see TopicHeads, docs/synth.md).
+// Rows are those of the tensors as stored: ssm_in grouped per key head [q k v z], attn_gate = z of
+// all value heads, conv channels = [q of all key heads | k of all key heads | v of all value heads].
+struct TopicEdits {
+  std::vector<float> ssm_in_gains, attn_gate_gains;
+  std::function<void(int64_t, float*, int64_t)> conv, dt_bias, ssm_a;
+};
+
+TopicEdits topic_edits(const Dims& d, const TopicHeads& topic) {
+  TopicEdits e;
+  if (topic.n_key_heads == 0) return e;
+  const int64_t hd = d.ssm_head_dim, vpk = d.ssm_v_heads / d.ssm_k_heads, kd = d.key_dim();
+  const int64_t group = 2 * hd + 2 * vpk * hd;
+  const int64_t topic_k_channels = topic.n_key_heads * hd, topic_v_heads = topic.n_key_heads * vpk;
+  // Output gate rows: z_gain times the usual spread, so SiLU(z) is mostly its positive part and
+  // the topic heads dominate the layer's output.
+  e.ssm_in_gains.assign((size_t)(2 * kd + 2 * d.value_dim()), 1.0f);
+  for (int g = 0; g < topic.n_key_heads; g++)
+    for (int64_t r = 2 * hd + vpk * hd; r < group; r++) e.ssm_in_gains[(size_t)(g * group + r)] = topic.z_gain;
+  e.attn_gate_gains.assign((size_t)d.value_dim(), 1.0f);
+  for (int64_t r = 0; r < topic_v_heads * hd; r++) e.attn_gate_gains[(size_t)r] = topic.z_gain;
+  // q and k channels: only the current token, amplified, so SiLU acts as a rectifier and the
+  // L2-normalised q and k share a large positive common component (cos^2 ~ 1/pi between tokens).
+  const float tap = topic.qk_tap;
+  e.conv = [=](int64_t ch, float* taps, int64_t n) {
+    const bool is_q = ch < topic_k_channels, is_k = ch >= kd && ch < kd + topic_k_channels;
+    if (!is_q && !is_k) return;
+    for (int64_t i = 0; i < n; i++) taps[i] = 0;
+    taps[n - 1] = tap;
+  };
+  const float dt = topic.dt_bias, a = topic.ssm_a;
+  e.dt_bias = [=](int64_t, float* v, int64_t n) {
+    for (int64_t j = 0; j < std::min<int64_t>(n, topic_v_heads); j++) v[j] = dt;
+  };
+  e.ssm_a = [=](int64_t, float* v, int64_t n) {
+    for (int64_t j = 0; j < std::min<int64_t>(n, topic_v_heads); j++) v[j] = a;
+  };
+  return e;
+}
+
 std::vector<TensorPlan> build_table(const Options& o, const Dims& d, const std::vector<float>& gains_by_rank,
                                     const std::vector<std::vector<int>>& ranks) {
   TableBuilder b(o, d);
+  const TopicEdits topic = topic_edits(d, topic_heads(d, o.router_skew));
   const int64_t E = d.n_embd;
   auto inv = [](int64_t fan_in) { return 1.0 / std::sqrt((double)fan_in); };
   b.add("token_embd.weight", Role::TokenEmbd, -1, {E, d.n_vocab}, normal(1.0), "--n-embd");
@@ -246,17 +287,24 @@ std::vector<TensorPlan> build_table(const Options& o, const Dims& d, const std::
       const int64_t kd = d.key_dim(), vd = d.value_dim();
       const int64_t conv_dim = 2 * kd + vd;
       if (o.layout == ProjectionLayout::LegacyFused) {
-        b.add(p + "ssm_in.weight", Role::SsmIn, L, {E, 2 * kd + 2 * vd}, normal(inv(E)), "--n-embd");
+        WeightInit in = normal(inv(E));
+        in.row_gains = topic.ssm_in_gains;
+        b.add(p + "ssm_in.weight", Role::SsmIn, L, {E, 2 * kd + 2 * vd}, std::move(in), "--n-embd");
       } else {
         b.add(p + "attn_qkv.weight", Role::AttnQkv, L, {E, conv_dim}, normal(inv(E)), "--n-embd");
-        b.add(p + "attn_gate.weight", Role::AttnGate, L, {E, vd}, normal(inv(E)), "--n-embd");
+        WeightInit gate = normal(inv(E));
+        gate.row_gains = topic.attn_gate_gains;
+        b.add(p + "attn_gate.weight", Role::AttnGate, L, {E, vd}, std::move(gate), "--n-embd");
       }
-      b.add(p + "ssm_conv1d.weight", Role::SsmConv, L, {d.conv_kernel, conv_dim},
-            WeightInit{WeightInit::Kind::ConvTaps, 0.25f, 0.6f, 0, {}}, "--conv-kernel");
-      b.add(p + "ssm_dt.bias", Role::SsmDtBias, L, {d.ssm_v_heads},
-            WeightInit{WeightInit::Kind::Uniform, -2.0f, 1.0f, 0, {}}, "--ssm-v-heads");
-      b.add(p + "ssm_a", Role::SsmA, L, {d.ssm_v_heads},
-            WeightInit{WeightInit::Kind::NegLogUniform, 0.05f, 4.0f, 0, {}}, "--ssm-v-heads");
+      WeightInit conv{WeightInit::Kind::ConvTaps, 0.25f, 0.6f, 0, {}, {}};
+      conv.adjust_row = topic.conv;
+      b.add(p + "ssm_conv1d.weight", Role::SsmConv, L, {d.conv_kernel, conv_dim}, std::move(conv), "--conv-kernel");
+      WeightInit dt{WeightInit::Kind::Uniform, -2.0f, 1.0f, 0, {}, {}};
+      dt.adjust_row = topic.dt_bias;
+      b.add(p + "ssm_dt.bias", Role::SsmDtBias, L, {d.ssm_v_heads}, std::move(dt), "--ssm-v-heads");
+      WeightInit a{WeightInit::Kind::NegLogUniform, 0.05f, 4.0f, 0, {}, {}};
+      a.adjust_row = topic.ssm_a;
+      b.add(p + "ssm_a", Role::SsmA, L, {d.ssm_v_heads}, std::move(a), "--ssm-v-heads");
       b.add(p + "ssm_ba.weight", Role::SsmBa, L, {E, 2 * d.ssm_v_heads}, normal(inv(E)), "--n-embd");
       b.add(p + "ssm_norm.weight", Role::Norm, L, {d.ssm_head_dim}, one_plus_normal(0.1f), "--ssm-head-dim");
       b.add(p + "ssm_out.weight", Role::SsmOut, L, {vd, E}, normal(1.5 * inv(vd)), "--ssm-v-heads x --ssm-head-dim");
@@ -338,6 +386,18 @@ int vocab_size_of(const GgufFile& f) {
 }
 
 }  // namespace
+
+TopicHeads topic_heads(const Dims& d, double router_skew) {
+  TopicHeads t;
+  if (!(router_skew > 0)) return t;
+  // One topic key head per 8 (at least one): 2 of 32 value heads at 80B, 2 of 4 in the tiny preset.
+  t.n_key_heads = std::max(1, d.ssm_k_heads / 8);
+  t.qk_tap = 4.0f;    // q, k pre-activations ~N(0, 4^2): SiLU acts as a rectifier
+  t.z_gain = 8.0f;    // the topic heads' output outweighs the token embedding in the residual
+  t.ssm_a = -0.1f;    // log-decay -0.1 softplus(a) per token: memory of ~10 tokens
+  t.dt_bias = 0.0f;
+  return t;
+}
 
 int64_t TensorPlan::n_rows() const {
   int64_t r = 1;
@@ -459,6 +519,7 @@ void fill_row(const TensorPlan& t, uint64_t seed, size_t index, int64_t row, uin
       case WeightInit::Kind::Normal: break;
     }
   }
+  if (w.adjust_row) w.adjust_row(row, v.data(), n);
   store_float_row(t.type, v.data(), n, dst);
 }
 

@@ -7,6 +7,7 @@
 // docs/synth.md describes the distributions and the router skew.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <variant>
@@ -61,7 +62,7 @@ struct Options {
   std::string recipe = "seed-mix";  // seed-mix | q4km | f32
   ProjectionLayout layout = ProjectionLayout::LegacyFused;
   uint64_t seed = 1;
-  double router_skew = 0;           // Zipf exponent of expert popularity; 0 = uniform routers
+  double router_skew = 0;           // Zipf exponent of expert popularity; > 0 also adds topic heads (locality)
   std::string vocab_from;           // GGUF whose tokenizer.* keys are copied; empty = placeholder
   std::map<std::string, int> dim_overrides;  // dim_names() -> value
   int threads = 0;                  // 0 = all hardware threads
@@ -83,8 +84,23 @@ struct WeightInit {
   Kind kind = Kind::Normal;
   float a = 0, b = 0;
   float row_log_std = 0;         // each row scaled by exp(N(0, row_log_std^2)) (the LM head)
-  std::vector<float> row_gains;  // per-row gains (router skew); empty = 1
+  std::vector<float> row_gains;  // per-row gains (router skew, topic heads); empty = 1
+  // Float-valued kinds only: called with (row, values, n) after the row is drawn, to pin some
+  // values (the topic heads' conv taps, decays); the draw itself is unchanged.
+  std::function<void(int64_t row, float* values, int64_t n)> adjust_row;
 };
+
+// Temporal locality, part of --router-skew S > 0 (docs/synth.md, "Temporal locality"): in every
+// DeltaNet layer the first `n_key_heads` key heads (and the value heads they serve) become slow
+// "topic" heads whose output is a slowly varying vector that the routers of later layers see.
+struct TopicHeads {
+  int n_key_heads = 0;   // topic key heads per DeltaNet layer (0: no locality, the S = 0 model)
+  float qk_tap = 0;      // conv taps of their q and k channels: this on the current token, 0 before
+  float z_gain = 0;      // row gain of their z (output gate) projection rows
+  float ssm_a = 0;       // ssm_a of their value heads (-A; small: decay close to 1)
+  float dt_bias = 0;     // ssm_dt.bias of their value heads
+};
+TopicHeads topic_heads(const Dims& d, double router_skew);
 
 struct TensorPlan {
   std::string name;

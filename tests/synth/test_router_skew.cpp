@@ -51,8 +51,58 @@ TEST(RouterSkew, ZeroSkewLeavesRoutersUntouched) {
   Options o;
   o.preset = "tiny";
   const Plan p = make_plan(o);
-  for (const auto& t : p.tensors) EXPECT_TRUE(t.init.row_gains.empty()) << t.name;
+  for (const auto& t : p.tensors) {
+    EXPECT_TRUE(t.init.row_gains.empty()) << t.name;
+    EXPECT_FALSE(t.init.adjust_row) << t.name;  // no topic heads either: S = 0 files are unchanged
+  }
   EXPECT_TRUE(p.expert_rank.empty());
+  EXPECT_EQ(topic_heads(p.dims, 0.0).n_key_heads, 0);
+}
+
+// The topic heads of a skewed plan, read back from the generated values: the first key head's q
+// and k channels have taps (0, 0, 0, qk_tap), its value heads the pinned decay, and the other
+// heads keep the plain draws of the S = 0 plan.
+TEST(RouterSkew, TopicHeadsPinTheirConvTapsAndDecay) {
+  Options plain;
+  plain.preset = "tiny";
+  Options skewed = plain;
+  skewed.router_skew = 1.0;
+  const Plan p0 = make_plan(plain), p1 = make_plan(skewed);
+  const TopicHeads th = topic_heads(p1.dims, 1.0);
+  ASSERT_EQ(th.n_key_heads, 1);
+  auto values = [](const Plan& p, const std::string& name) {
+    for (size_t i = 0; i < p.tensors.size(); i++)
+      if (p.tensors[i].name == name) {
+        const TensorPlan& t = p.tensors[i];
+        EXPECT_EQ(t.type, GgmlType::F32) << name;
+        std::vector<float> v((size_t)(t.ne[0] * t.n_rows()));
+        fill_tensor_rows(p, i, reinterpret_cast<uint8_t*>(v.data()), 0, t.n_rows());
+        return v;
+      }
+    ADD_FAILURE() << "no tensor " << name;
+    return std::vector<float>{};
+  };
+  const int K = p1.dims.conv_kernel, hd = p1.dims.ssm_head_dim, kd = p1.dims.key_dim();
+  const auto c0 = values(p0, "blk.0.ssm_conv1d.weight"), c1 = values(p1, "blk.0.ssm_conv1d.weight");
+  for (int ch : {0, hd - 1, kd, kd + hd - 1})
+    for (int j = 0; j < K; j++) EXPECT_EQ(c1[(size_t)ch * K + j], j == K - 1 ? th.qk_tap : 0.0f) << ch << " " << j;
+  for (int ch : {hd, kd - 1, kd + hd, 2 * kd})  // other key heads and the values keep their draws
+    for (int j = 0; j < K; j++) EXPECT_EQ(c1[(size_t)ch * K + j], c0[(size_t)ch * K + j]);
+  const auto a0 = values(p0, "blk.0.ssm_a"), a1 = values(p1, "blk.0.ssm_a");
+  const int vpk = p1.dims.ssm_v_heads / p1.dims.ssm_k_heads;
+  for (int j = 0; j < p1.dims.ssm_v_heads; j++) EXPECT_EQ(a1[j], j < vpk ? th.ssm_a : a0[j]) << j;
+  // Full-attention layers (3) are untouched (raw bytes: attn_q is quantised).
+  auto bytes = [](const Plan& p, const std::string& name) {
+    for (size_t i = 0; i < p.tensors.size(); i++)
+      if (p.tensors[i].name == name) {
+        std::vector<uint8_t> b(p.tensors[i].n_bytes());
+        fill_tensor_rows(p, i, b.data(), 0, p.tensors[i].n_rows());
+        return b;
+      }
+    ADD_FAILURE() << "no tensor " << name;
+    return std::vector<uint8_t>{};
+  };
+  EXPECT_EQ(bytes(p0, "blk.3.attn_q.weight"), bytes(p1, "blk.3.attn_q.weight"));
 }
 
 TEST(LruSimulation, HandComputedHitRate) {
