@@ -10,6 +10,11 @@
 #               bench --cache-mib 8192 uniform and with --router-skew
 #     bench     build + the 80B benches only (no tests, no parity)
 #
+#   ONLY_MAIN_BENCH=1 runs only the all-resident bench (no profile, sync or 8 GiB runs).
+#   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
+#   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
+#   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
+#
 # What the GPU host lacks travels in git-ignored folders named in the call's `carry`:
 #   .deps/debs   Debian packages of PCRE2, cpp-httplib, brotli/ssl/zlib headers (DEVICE.md)
 #   .deps/fix    fixture models (*.gguf) to check; each call carries what fits in 64 MiB
@@ -78,11 +83,22 @@ done
 M80=$SHM/80b-seed-mix.gguf
 [ -e $M80 ] || step synth-80b "$BIN" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
 [ "$STAGE" = full ] && step parity-80b "$BIN" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
-RL_ENGINE_PROFILE=1 step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json
-cp "$OUT/bench-80b-profile.log" "$OUT/bench-80b-profile.json" 2>/dev/null
+[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_PROFILE=1 step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json
 step bench-80b "$BIN" bench -m $M80 --backend cuda --reps 3 --json
-step bench-80b-8g "$BIN" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json
+[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_SPECULATIVE=0 step bench-80b-sync "$BIN" bench -m $M80 --backend cuda --reps 1 --json
+[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || step bench-80b-8g "$BIN" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json
+# Per-kernel GPU times of the decode (GPU-routed graph nodes), when Nsight Systems is installed.
+NSYS_BIN=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+if [ "${NSYS:-0}" = 1 ] && [ -n "$NSYS_BIN" ]; then
+  step nsys-80b "$NSYS_BIN" profile -t cuda --cuda-graph-trace=node -f true -o /tmp/rl-decode "$BIN" bench -m $M80 --backend cuda --reps 1 --prefill-tokens 64 --json
+  "$NSYS_BIN" stats -q --report cuda_gpu_kern_sum --format csv -o /tmp/rl-decode /tmp/rl-decode.nsys-rep > /dev/null 2>&1
+  cut -d, -f1-9 /tmp/rl-decode_cuda_gpu_kern_sum.csv | head -40 > "$OUT/nsys-kernels.csv"
+  cat "$OUT/nsys-kernels.csv"
+elif [ "${NSYS:-0}" = 1 ]; then
+  log "nsys: not installed"
+fi
 rm -f $M80
+[ "${SKIP_SKEW:-0}" = 1 ] && exit $status
 M80S=$SHM/80b-seed-mix-skew.gguf
 [ -e $M80S ] || step synth-80b-skew "$BIN" synth --preset 80b --recipe seed-mix --seed 1 --router-skew 1.0 --out $M80S
 step bench-80b-8g-skew "$BIN" bench -m $M80S --backend cuda --cache-mib 8192 --reps 1 --json

@@ -146,6 +146,7 @@ void ExpertCache::touch(int layer, std::span<const int> experts) {
   for (int ex : experts) {
     const int slot = lookup(layer, ex);
     if (slot < 0) continue;
+    stats_.hits++;
     unlink(slot);
     push_front(slot);
   }

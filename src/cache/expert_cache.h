@@ -79,7 +79,8 @@ class ExpertCache {
   void abort();
   bool reservation_open() const { return open_; }
 
-  // Refreshes the LRU stamps of experts used without a reservation (GPU-routed tokens).
+  // Refreshes the LRU stamps of experts used without a reservation (GPU-routed tokens); each
+  // resident one counts as a hit. Experts not resident are skipped.
   void touch(int layer, std::span<const int> experts);
 
   void record_copy(size_t bytes, double seconds);

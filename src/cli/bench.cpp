@@ -78,6 +78,9 @@ int run_bench(const BenchOptions& o) {
   std::string profile;
 #endif
   std::vector<double> decode_rates, prefill_rates;
+  uint64_t gpu_routed_tokens = 0, gpu_routed_fallbacks = 0;  // over the timed decode passes
+  (void)gpu_routed_tokens;
+  (void)gpu_routed_fallbacks;
   for (int rep = 0; rep < o.reps; rep++) {
     // Decode: prompt, then decode_tokens greedy tokens; the first comes from the prompt's logits,
     // so decode_tokens - 1 decode passes are timed.
@@ -96,6 +99,8 @@ int run_bench(const BenchOptions& o) {
       decode_cache.misses += s.misses;
       decode_cache.bytes_copied += s.bytes_copied;
       decode_cache.copy_seconds += s.copy_seconds;
+      gpu_routed_tokens += cuda_backend->stats().gpu_routed_tokens;
+      gpu_routed_fallbacks += cuda_backend->stats().gpu_routed_fallbacks;
       profile = cuda_backend->profile_report();  // the last decode run
     }
 #endif
@@ -146,6 +151,8 @@ int run_bench(const BenchOptions& o) {
     j["bytes_copied"] = s.cache.bytes_copied;
     j["bytes_copied_per_token"] = s.cache.bytes_copied / std::max(tokens, 1.0);
     j["copy_gb_s"] = s.cache.copy_seconds > 0 ? s.cache.bytes_copied / s.cache.copy_seconds / 1e9 : 0.0;
+    j["gpu_routed_tokens"] = gpu_routed_tokens;
+    j["gpu_routed_fallbacks"] = gpu_routed_fallbacks;
     if (!profile.empty()) j["profile_decode"] = profile;
   }
 #endif

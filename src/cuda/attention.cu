@@ -16,7 +16,8 @@ constexpr int kThreads = 32 * kWarps;  // >= head dim: thread d owns output dim 
 constexpr int kMaxHeadDim = 256;
 
 __global__ void store_kv_kernel(const float* k, const float* v, float* kc, float* vc, int width,
-                                int pos0) {
+                                int pos0, const int32_t* pos_dev) {
+  if (pos_dev) pos0 = pos_dev[0];
   const int t = blockIdx.y;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
     kc[(size_t)(pos0 + t) * width + i] = k[(size_t)t * width + i];
@@ -26,7 +27,8 @@ __global__ void store_kv_kernel(const float* k, const float* v, float* kc, float
 
 __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
     const float* q, const float* gate, const float* kc, const float* vc, float* out, int n_head,
-    int n_kv, int hd, int pos0, double scale) {
+    int n_kv, int hd, int pos0, const int32_t* pos_dev, double scale) {
+  if (pos_dev) pos0 = pos_dev[0];
   const int h = blockIdx.x, t = blockIdx.y;
   const int kvh = h / (n_head / n_kv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -51,16 +53,29 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
     __syncthreads();
     const int n = min(kWarps, n_keys - j0);
     double tile_max = -INFINITY;
-    for (int w = 0; w < n; w++) tile_max = fmax(tile_max, scores[w]);
+#pragma unroll
+    for (int w = 0; w < kWarps; w++)
+      if (w < n) tile_max = fmax(tile_max, scores[w]);
     const double m_new = fmax(m, tile_max);
     const double correction = exp(m - m_new);
     l *= correction;
     acc *= correction;
     const int d = threadIdx.x;
-    for (int w = 0; w < n; w++) {
-      const double p = exp(scores[w] - m_new);
-      l += p;
-      if (d < hd) acc = fma(p, (double)vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d], acc);
+    // The tile's exponentials and value loads first (independent, so they overlap), then the
+    // sums in key order as before.
+    double p[kWarps];
+    float vv[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) {
+      p[w] = w < n ? exp(scores[w] - m_new) : 0.0;
+      vv[w] = w < n && d < hd ? vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d] : 0.0f;
+    }
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) {
+      if (w < n) {
+        l += p[w];
+        if (d < hd) acc = fma(p[w], (double)vv[w], acc);
+      }
     }
     m = m_new;
     __syncthreads();
@@ -75,23 +90,25 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
 }  // namespace
 
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
-              int hd, int pos0, cudaStream_t stream) {
+              int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev) {
   if (T == 0) return;
   const int width = n_kv * hd;
-  store_kv_kernel<<<dim3((width + 255) / 256, T), 256, 0, stream>>>(k, v, k_cache, v_cache, width, pos0);
+  store_kv_kernel<<<dim3((width + 255) / 256, T), 256, 0, stream>>>(k, v, k_cache, v_cache, width, pos0,
+                                                                    pos_dev);
   RL_CUDA_LAUNCH_CHECK();
 }
 
 void gated_attention(const float* q, const float* gate, const float* k_cache, const float* v_cache,
                      float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, const int32_t* pos_dev) {
   if (hd > kMaxHeadDim) throw_error("attention: head dim " + std::to_string(hd) + " > 256");
   if (n_kv <= 0 || n_head % n_kv != 0)
     throw_error("attention: " + std::to_string(n_head) + " heads do not group over " +
                 std::to_string(n_kv) + " KV heads");
   if (T == 0) return;
   gated_attention_kernel<<<dim3(n_head, T), kThreads, 0, stream>>>(q, gate, k_cache, v_cache, out,
-                                                                  n_head, n_kv, hd, pos0, (double)scale);
+                                                                  n_head, n_kv, hd, pos0, pos_dev,
+                                                                  (double)scale);
   RL_CUDA_LAUNCH_CHECK();
 }
 

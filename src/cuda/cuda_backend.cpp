@@ -25,6 +25,14 @@ CudaOptions CudaOptions::from_env(int64_t cache_mib) {
   o.cache_mib = cache_mib;
   if (const char* e = std::getenv("RL_ENGINE_PRELOAD")) o.preload = std::string(e) != "0";
   if (const char* e = std::getenv("RL_ENGINE_PROFILE")) o.profile = std::string(e) == "1";
+  if (const char* e = std::getenv("RL_ENGINE_SPECULATIVE")) {
+    const std::string v = e;
+    if (v == "0") o.speculation = Speculation::kOff;
+    else if (v == "1") o.speculation = Speculation::kFullyResident;
+    else if (v == "2") o.speculation = Speculation::kWarmCache;
+    else if (v == "3") o.speculation = Speculation::kAlways;
+    else fail("RL_ENGINE_SPECULATIVE={}: expected 0 (off), 1 (fully resident), 2 (warm cache) or 3 (always)", v);
+  }
   return o;
 }
 
@@ -93,9 +101,11 @@ class Arena {
 
 // ---- per-stage GPU timing (RL_ENGINE_PROFILE=1) ------------------------------------------------
 
-enum Stage { kNorms, kProjections, kDeltaNet, kAttention, kRouter, kExperts, kLmHead, kCopies, kOther, kStageCount };
-const char* const kStageNames[kStageCount] = {"norms", "projections", "deltanet", "attention",
-                                              "router", "experts", "lm_head", "copies", "other"};
+enum Stage { kNorms, kProjections, kDeltaNet, kAttention, kRouter, kSharedExpert, kExperts, kLmHead, kCopies, kOther,
+             kStageCount };
+const char* const kStageNames[kStageCount] = {"norms",      "projections", "deltanet", "attention",
+                                              "router",     "shared_exp",  "experts",  "lm_head",
+                                              "copies",     "other"};
 
 class Profiler {
  public:
@@ -180,14 +190,20 @@ class CudaBackendImpl final : public CudaBackend {
   void reset_stats() override {
     cache_->reset_stats();
     stats_.tokens_decoded = 0;
+    stats_.gpu_routed_tokens = 0;
+    stats_.gpu_routed_fallbacks = 0;
     profiler_.reset();
   }
   std::string profile_report() const override;
 
-  // One forward pass of T <= kMaxChunk tokens for a session (the state buffers it owns).
+  // One forward pass of T <= kMaxChunk tokens for a session (the state buffers it owns), on the
+  // synchronous path.
   struct SessionState;
   void forward(SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
                TraceSink* trace);
+  // One decode token on the GPU-routed path. False (state unchanged) when the token must be
+  // recomputed by forward(): the path is off, or a layer selected a non-resident expert.
+  bool decode_gpu_routed(SessionState& st, int32_t token, float* logits_out, TraceSink* trace);
 
   const Config& config() const { return model_->config(); }
   std::shared_ptr<const Model> model_;
@@ -207,6 +223,15 @@ class CudaBackendImpl final : public CudaBackend {
   void copy_misses(int L, const ExpertCache::Reservation& r);
   void sync_residency_rows();
   void project(const DMat& w, const float* x, int T, float* y);
+  // Enqueues a forward pass of T tokens whose ids and positions are already in device memory, up
+  // to the LM head's logits in `logits` ([T or 1][n_vocab]). gpu_routed (T == 1): the routing runs
+  // on the GPU and the pass never waits for the host, so it can be captured into a graph.
+  void encode_pass(SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
+                   float* logits, TraceSink* trace, bool gpu_routed);
+  // Routed and shared experts of layer L for one token, routed on the GPU (route_topk); adds into x.
+  void moe_layer_gpu_routed(int L, const float* h2, float* x);
+  void capture_token_graph(SessionState& st);
+  void allocate_gpu_routed_buffers();
 
   // Pinned staging area (host) mirrored by a device area at the same offsets, for the small
   // per-layer tables (slot pointers, assignments, weights). Reset once per layer, when the host
@@ -244,6 +269,23 @@ class CudaBackendImpl final : public CudaBackend {
   size_t pinned_logits_floats_ = 0;
   float* pinned_router_ = nullptr;  // [kMaxChunk][n_expert]
 
+  // GPU-routed decode: [0] token id, [1] position, read by the captured graph.
+  DeviceBuffer tokpos_;
+  int32_t* tokpos_host_ = nullptr;
+  // Per layer, written by route_topk: selections [n_layer][K] then miss counts [n_layer] (one
+  // buffer, so one copy brings both back); weights [n_layer][K]; slot addresses [n_layer][K];
+  // router logits [n_layer][E] (kept per layer for the trace).
+  // The graph's logits have a buffer of their own: logits_ is reallocated when a prefill asks
+  // for all positions, and a captured graph must never see an address change.
+  DeviceBuffer gr_io_, gr_weights_, gr_slot_ptrs_, gr_router_, assign_identity_, gr_logits_;
+  int32_t* gr_io_host_ = nullptr;
+  float* gr_router_host_ = nullptr;
+  // Expert loads of the pass in progress / of the last pass: the GPU-routed path is tried only
+  // after a pass that loaded nothing (with a bounded cache a token almost always misses somewhere).
+  bool loads_this_pass_ = false;
+  bool last_pass_loaded_ = false;
+  bool gpu_routed_broken_ = false;  // capture failed once: stay on the synchronous path
+
   Profiler profiler_;
   EngineStats stats_;
   std::vector<cudaEvent_t> pending_copy_events_;  // (start, stop) pairs awaiting collection
@@ -255,6 +297,16 @@ struct CudaBackendImpl::SessionState {
   int n_ctx = 0;
   std::vector<DeviceBuffer> k_cache, v_cache;  // [n_layer]: [n_ctx][kv_dim] (attention layers)
   std::vector<DeviceBuffer> conv, ssm;         // [n_layer]: [K-1][conv_dim], [nv][dv][dk]
+  // GPU-routed decode: the state backups the graph writes first, and the graph (captured on the
+  // first GPU-routed token; it holds this session's buffer addresses).
+  std::vector<DeviceBuffer> conv_backup, ssm_backup;
+  cudaGraphExec_t token_graph = nullptr;
+  SessionState() = default;
+  SessionState(const SessionState&) = delete;
+  SessionState& operator=(const SessionState&) = delete;
+  ~SessionState() {
+    if (token_graph) cudaGraphExecDestroy(token_graph);
+  }
 };
 
 template <class T>
@@ -286,6 +338,7 @@ CudaBackendImpl::CudaBackendImpl(std::shared_ptr<const Model> model, const CudaO
   profiler_.on = opts_.profile;
   upload_weights();
   allocate_working_set();
+  allocate_gpu_routed_buffers();
   init_cache();
   register_mapping();
   if (cache_->holds_all() && opts_.preload) preload_all();
@@ -299,6 +352,8 @@ CudaBackendImpl::~CudaBackendImpl() {
   if (staging_host_) cudaFreeHost(staging_host_);
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
   if (pinned_router_) cudaFreeHost(pinned_router_);
+  for (void* p : {(void*)tokpos_host_, (void*)gr_io_host_, (void*)gr_router_host_})
+    if (p) cudaFreeHost(p);
   for (cudaEvent_t e : {slots_free_, copies_done_, router_ready_})
     if (e) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);
@@ -584,6 +639,7 @@ void CudaBackendImpl::sync_residency_rows() {
 // last read those slots, and makes the compute stream wait for them.
 void CudaBackendImpl::copy_misses(int L, const ExpertCache::Reservation& r) {
   if (r.n_misses() == 0) return;
+  loads_this_pass_ = true;
   // A file truncated after open would make the mapping's tail unreadable: refuse before copying.
   struct stat sb{};
   if (::stat(model_->path().c_str(), &sb) != 0 || (uint64_t)sb.st_size < expected_file_size_)
@@ -713,7 +769,7 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   RL_CUDA_CHECK(cudaMemcpyAsync(pinned_router_, router_logits_.f(), (size_t)T * E * sizeof(float),
                                 cudaMemcpyDeviceToHost, stream_));
   RL_CUDA_CHECK(cudaEventRecord(router_ready_, stream_));
-  profiler_.mark(kExperts, stream_);
+  profiler_.mark(kSharedExpert, stream_);
   project(d.moe.gate_sh, h2, T, sh_gate_.f());
   project(d.moe.up_sh, h2, T, sh_up_.f());
   swiglu(sh_gate_.f(), sh_up_.f(), sh_gate_.f(), (size_t)T * c.n_ff_shexp, stream_);
@@ -721,6 +777,7 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   project(d.moe.shared_gate_inp, h2, T, sh_scalar_.f());
   RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
   stage_reset();
+  profiler_.mark(kExperts, stream_);
 
   auto [ids_h, ids_d] = stage<int32_t>((size_t)T * K);
   auto [w_h, w_d] = stage<float>((size_t)T * K);
@@ -790,33 +847,74 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   moe_combine(x, y_buf_.f(), assign_d, w_d, K, sh_out_.f(), sh_scalar_.f(), T, n_embd, stream_);
 }
 
-void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens, bool all_logits,
-                              float* logits_out, TraceSink* trace) {
+void CudaBackendImpl::allocate_gpu_routed_buffers() {
   const Config& c = config();
-  const int T = (int)tokens.size(), n_embd = c.n_embd, pos0 = st.position;
-  stage_reset();
+  const size_t LK = (size_t)c.n_layer * c.n_expert_used;
+  tokpos_.allocate(2 * sizeof(int32_t));
+  gr_io_.allocate((LK + c.n_layer) * sizeof(int32_t));
+  gr_weights_.allocate(LK * sizeof(float));
+  gr_slot_ptrs_.allocate(LK * sizeof(void*));
+  gr_router_.allocate((size_t)c.n_layer * c.n_expert * sizeof(float));
+  assign_identity_.allocate((size_t)c.n_expert_used * sizeof(int32_t));
+  gr_logits_.allocate((size_t)c.n_vocab * sizeof(float));
+  std::vector<int32_t> identity(c.n_expert_used);
+  std::iota(identity.begin(), identity.end(), 0);
+  RL_CUDA_CHECK(cudaMemcpy(assign_identity_.get(), identity.data(), identity.size() * sizeof(int32_t),
+                           cudaMemcpyHostToDevice));
+  RL_CUDA_CHECK(cudaMallocHost(&tokpos_host_, 2 * sizeof(int32_t)));
+  RL_CUDA_CHECK(cudaMallocHost(&gr_io_host_, (LK + c.n_layer) * sizeof(int32_t)));
+  RL_CUDA_CHECK(cudaMallocHost(&gr_router_host_, (size_t)c.n_layer * c.n_expert * sizeof(float)));
+  // The GPU-routed path copies the logits here without a prefill having sized it.
+  RL_CUDA_CHECK(cudaMallocHost(&pinned_logits_, (size_t)c.n_vocab * sizeof(float)));
+  pinned_logits_floats_ = c.n_vocab;
+  stats_.working_bytes += tokpos_.bytes() + gr_io_.bytes() + gr_weights_.bytes() + gr_slot_ptrs_.bytes() +
+                          gr_router_.bytes() + assign_identity_.bytes() + gr_logits_.bytes();
+}
+
+// The decode MoE of the synchronous path with the host taken out: route_topk selects on the GPU
+// and reads the slots from the residency table; the expert kernels read the slot addresses it
+// wrote. Same kernels and the same arithmetic as moe_layer + run_expert_batch for T == 1.
+void CudaBackendImpl::moe_layer_gpu_routed(int L, const float* h2, float* x) {
+  const Config& c = config();
+  const MoeDev& moe = layers_[L].moe;
+  const int E = c.n_expert, K = c.n_expert_used, n_embd = c.n_embd, ff = c.n_ff_exp;
+  float* router = gr_router_.f() + (size_t)L * E;
+  int32_t* ids = gr_io_.get<int32_t>() + (size_t)L * K;
+  int32_t* misses = gr_io_.get<int32_t>() + (size_t)c.n_layer * K + L;
+  float* weights = gr_weights_.f() + (size_t)L * K;
+  const uint8_t** ptrs = gr_slot_ptrs_.get<const uint8_t*>() + (size_t)L * K;
+  profiler_.mark(kRouter, stream_);
+  project(moe.router, h2, 1, router);
+  route_topk(router, E, K, c.expert_weights_scale, residency_table_.get<uint64_t>() + (size_t)L * E,
+             slots_.get<uint8_t>(), ids, weights, ptrs, misses, stream_);
+  profiler_.mark(kSharedExpert, stream_);
+  project(moe.gate_sh, h2, 1, sh_gate_.f());
+  project(moe.up_sh, h2, 1, sh_up_.f());
+  swiglu(sh_gate_.f(), sh_up_.f(), sh_gate_.f(), (size_t)c.n_ff_shexp, stream_);
+  project(moe.down_sh, sh_gate_.f(), 1, sh_out_.f());
+  project(moe.shared_gate_inp, h2, 1, sh_scalar_.f());
+  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
+  profiler_.mark(kExperts, stream_);
+  matvec_experts_gate_up(gv.type, uv.type, ptrs, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, h2,
+                         g_buf_.f(), u_buf_.f(), K, stream_);
+  swiglu(g_buf_.f(), u_buf_.f(), g_buf_.f(), (size_t)K * ff, stream_);
+  matvec_experts(dv.type, ptrs, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f(), ff, y_buf_.f(), K,
+                 stream_);
+  moe_combine(x, y_buf_.f(), assign_identity_.get<int32_t>(), weights, K, sh_out_.f(), sh_scalar_.f(), 1,
+              n_embd, stream_);
+}
+
+void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T,
+                                  bool all_logits, float* logits, TraceSink* trace, bool gpu_routed) {
+  const Config& c = config();
+  const int n_embd = c.n_embd;
   auto trace_tensor = [&](const std::string& name, const float* d, int width) {
-    if (!trace) return;
+    if (!trace || gpu_routed) return;
     std::vector<float> h((size_t)T * width);
     RL_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     RL_CUDA_CHECK(cudaStreamSynchronize(stream_));
     trace->tensor(name, T, width, h.data());
   };
-
-  profiler_.mark(kOther, stream_);
-  auto [ids_h, ids_staged] = stage<int32_t>(T);
-  auto [pos_h, pos_staged] = stage<int32_t>(T);
-  (void)ids_staged;
-  (void)pos_staged;
-  for (int t = 0; t < T; t++) {
-    ids_h[t] = tokens[t];
-    pos_h[t] = pos0 + t;
-  }
-  // Into buffers of their own: the staging area is reused from the first layer on.
-  int32_t* ids_d = ids_.get<int32_t>();
-  int32_t* pos_d = pos_.get<int32_t>();
-  RL_CUDA_CHECK(cudaMemcpyAsync(ids_d, ids_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  RL_CUDA_CHECK(cudaMemcpyAsync(pos_d, pos_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   float* x = x_.f();
   float* h = h_.f();
   float* mix = mix_.f();
@@ -825,13 +923,14 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
   const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
   for (int L = 0; L < c.n_layer; L++) {
     const LayerDev& d = layers_[L];
+    // The residual add of the previous layer's MoE is already in x; this layer's input norm.
     profiler_.mark(kNorms, stream_);
     rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream_);
     if (d.recurrent) {
       // Gated DeltaNet.
       const SsmDev& w = d.ssm;
       const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, dk = c.ssm_head_dim, dv = c.ssm_head_dim;
-      const int key_dim = c.ssm_key_dim(), value_dim = c.ssm_value_dim(), conv_dim = c.ssm_conv_dim();
+      const int key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
       float* qkv = proj_a_.f();   // [T][conv_dim]
       float* conv = proj_b_.f();  // [T][conv_dim]
       float* z = small_a_.f();    // [T][value_dim]
@@ -853,9 +952,8 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
       gated_rms_norm(o, z, w.norm, o, T * nv, dv, c.rms_eps, stream_);
       profiler_.mark(kProjections, stream_);
       project(w.out, o, T, mix);
-      (void)value_dim;
     } else {
-      // Gated attention.
+      // Gated attention. Positions come from pos_d, so a captured graph replays at any position.
       const AttnDev& w = d.attn;
       const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
       float* qg = proj_a_.f();        // [T][nh][2][hd]
@@ -874,18 +972,26 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
       rms_norm(k, w.k_norm, k, T * nkv, hd, c.rms_eps, stream_);
       rope_neox(q, T, nh, hd, (size_t)nh * hd, c.rope_dim, theta_scale, pos_d, stream_);
       rope_neox(k, T, nkv, hd, (size_t)nkv * hd, c.rope_dim, theta_scale, pos_d, stream_);
-      store_kv(k, v, st.k_cache[L].f(), st.v_cache[L].f(), T, nkv, hd, pos0, stream_);
-      gated_attention(q, gate, st.k_cache[L].f(), st.v_cache[L].f(), att, T, nh, nkv, hd, pos0,
-                      (float)(1.0 / std::sqrt((double)hd)), stream_);
+      store_kv(k, v, st.k_cache[L].f(), st.v_cache[L].f(), T, nkv, hd, 0, stream_, pos_d);
+      gated_attention(q, gate, st.k_cache[L].f(), st.v_cache[L].f(), att, T, nh, nkv, hd, 0,
+                      (float)(1.0 / std::sqrt((double)hd)), stream_, pos_d);
       profiler_.mark(kProjections, stream_);
       project(w.o, att, T, mix);
     }
-    add_inplace(x, mix, (size_t)T * n_embd, stream_);
-    trace_tensor(fmt::format("attn_residual-{}", L), x, n_embd);
-
+    // Residual add and the post-attention norm in one kernel (x += mix; h = RMSNorm(x)).
     profiler_.mark(kNorms, stream_);
-    rms_norm(x, d.post_norm, h, T, n_embd, c.rms_eps, stream_);
-    moe_layer(L, h, T, x, trace);
+    if (trace && !gpu_routed) {
+      add_inplace(x, mix, (size_t)T * n_embd, stream_);
+      trace_tensor(fmt::format("attn_residual-{}", L), x, n_embd);
+      rms_norm(x, d.post_norm, h, T, n_embd, c.rms_eps, stream_);
+    } else {
+      add_rms_norm(x, mix, d.post_norm, h, T, n_embd, c.rms_eps, stream_);
+    }
+    if (gpu_routed) {
+      moe_layer_gpu_routed(L, h, x);
+    } else {
+      moe_layer(L, h, T, x, trace);
+    }
     trace_tensor(fmt::format("l_out-{}", L), x, n_embd);
   }
 
@@ -894,11 +1000,36 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
   trace_tensor("result_norm", h, n_embd);
   profiler_.mark(kLmHead, stream_);
   const int rows = all_logits ? T : 1;
+  project(output_, all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits);
+}
+
+void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens, bool all_logits,
+                              float* logits_out, TraceSink* trace) {
+  const Config& c = config();
+  const int T = (int)tokens.size(), pos0 = st.position;
+  stage_reset();
+  loads_this_pass_ = false;
+
+  profiler_.mark(kOther, stream_);
+  auto [ids_h, ids_staged] = stage<int32_t>(T);
+  auto [pos_h, pos_staged] = stage<int32_t>(T);
+  (void)ids_staged;
+  (void)pos_staged;
+  for (int t = 0; t < T; t++) {
+    ids_h[t] = tokens[t];
+    pos_h[t] = pos0 + t;
+  }
+  // Into buffers of their own: the staging area is reused from the first layer on.
+  int32_t* ids_d = ids_.get<int32_t>();
+  int32_t* pos_d = pos_.get<int32_t>();
+  RL_CUDA_CHECK(cudaMemcpyAsync(ids_d, ids_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  RL_CUDA_CHECK(cudaMemcpyAsync(pos_d, pos_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  const int rows = all_logits ? T : 1;
   if ((size_t)rows > logits_rows_) {
     logits_.allocate((size_t)rows * c.n_vocab * sizeof(float));
     logits_rows_ = rows;
   }
-  project(output_, all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits_.f());
+  encode_pass(st, ids_d, pos_d, T, all_logits, logits_.f(), trace, false);
   const size_t n_out = (size_t)rows * c.n_vocab;
   if (n_out > pinned_logits_floats_) {
     if (pinned_logits_) cudaFreeHost(pinned_logits_);
@@ -912,6 +1043,7 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
   RL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::memcpy(logits_out, pinned_logits_, n_out * sizeof(float));
   st.position = pos0 + T;
+  last_pass_loaded_ = loads_this_pass_;
 
   // Statistics that need the GPU's clock.
   RL_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
@@ -925,6 +1057,145 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
   pending_copy_events_.clear();
   pending_copy_bytes_.clear();
   profiler_.collect();
+}
+
+// Captures the GPU-routed token once per session: the state backups, then the pass. Nothing in it
+// depends on the host between replays except tokpos_ (token, position) and the residency table,
+// both read from device memory at replay time.
+void CudaBackendImpl::capture_token_graph(SessionState& st) {
+  const Config& c = config();
+  if (st.conv_backup.empty()) {
+    st.conv_backup.resize(c.n_layer);
+    st.ssm_backup.resize(c.n_layer);
+    for (int L = 0; L < c.n_layer; L++) {
+      if (st.conv[L].bytes()) st.conv_backup[L].allocate(st.conv[L].bytes());
+      if (st.ssm[L].bytes()) st.ssm_backup[L].allocate(st.ssm[L].bytes());
+    }
+  }
+  RL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (int L = 0; L < c.n_layer; L++) {
+      if (st.conv[L].bytes())
+        RL_CUDA_CHECK(cudaMemcpyAsync(st.conv_backup[L].get(), st.conv[L].get(), st.conv[L].bytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+      if (st.ssm[L].bytes())
+        RL_CUDA_CHECK(cudaMemcpyAsync(st.ssm_backup[L].get(), st.ssm[L].get(), st.ssm[L].bytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+    }
+    const int32_t* tp = tokpos_.get<int32_t>();
+    encode_pass(st, tp, tp + 1, 1, false, gr_logits_.f(), nullptr, true);
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream_, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  RL_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  const cudaError_t e = cudaGraphInstantiate(&st.token_graph, graph, 0);
+  cudaGraphDestroy(graph);
+  RL_CUDA_CHECK(e);
+}
+
+bool CudaBackendImpl::decode_gpu_routed(SessionState& st, int32_t token, float* logits_out, TraceSink* trace) {
+  using S = CudaOptions::Speculation;
+  switch (opts_.speculation) {
+    case S::kOff: return false;
+    case S::kFullyResident: if (!cache_->holds_all()) return false; break;
+    case S::kWarmCache: if (last_pass_loaded_) return false; break;
+    case S::kAlways: break;
+  }
+  if (gpu_routed_broken_) return false;
+  const Config& c = config();
+  const int K = c.n_expert_used, E = c.n_expert, n_layer = c.n_layer;
+  if (profiler_.on) {
+    // RL_ENGINE_PROFILE=1: the same work launched one by one with stage marks, no graph. A spin
+    // kernel holds the GPU while the host enqueues the whole token, so the GPU then runs it back
+    // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
+    tokpos_host_[0] = token;
+    tokpos_host_[1] = st.position;
+    RL_CUDA_CHECK(cudaMemcpyAsync(tokpos_.get(), tokpos_host_, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream_));
+    if (st.conv_backup.empty()) {
+      st.conv_backup.resize(n_layer);
+      st.ssm_backup.resize(n_layer);
+      for (int L = 0; L < n_layer; L++) {
+        if (st.conv[L].bytes()) st.conv_backup[L].allocate(st.conv[L].bytes());
+        if (st.ssm[L].bytes()) st.ssm_backup[L].allocate(st.ssm[L].bytes());
+      }
+    }
+    gpu_spin(20'000'000, stream_);
+    profiler_.mark(kCopies, stream_);
+    for (int L = 0; L < n_layer; L++) {
+      if (st.conv[L].bytes())
+        RL_CUDA_CHECK(cudaMemcpyAsync(st.conv_backup[L].get(), st.conv[L].get(), st.conv[L].bytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+      if (st.ssm[L].bytes())
+        RL_CUDA_CHECK(cudaMemcpyAsync(st.ssm_backup[L].get(), st.ssm[L].get(), st.ssm[L].bytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+    }
+    profiler_.mark(kOther, stream_);
+    const int32_t* tp = tokpos_.get<int32_t>();
+    encode_pass(st, tp, tp + 1, 1, false, gr_logits_.f(), nullptr, true);
+    profiler_.mark(kOther, stream_);
+  } else if (!st.token_graph) {
+    try {
+      capture_token_graph(st);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "cuda: the GPU-routed decode graph could not be captured (%s); decoding on the "
+                   "synchronous path\n", ex.what());
+      gpu_routed_broken_ = true;
+      return false;
+    }
+  }
+  if (!profiler_.on) {
+    tokpos_host_[0] = token;
+    tokpos_host_[1] = st.position;
+    RL_CUDA_CHECK(cudaMemcpyAsync(tokpos_.get(), tokpos_host_, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream_));
+    RL_CUDA_CHECK(cudaGraphLaunch(st.token_graph, stream_));
+  }
+  const size_t io_count = (size_t)n_layer * K + n_layer;
+  RL_CUDA_CHECK(cudaMemcpyAsync(pinned_logits_, gr_logits_.f(), (size_t)c.n_vocab * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream_));
+  RL_CUDA_CHECK(cudaMemcpyAsync(gr_io_host_, gr_io_.get(), io_count * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                stream_));
+  if (trace)
+    RL_CUDA_CHECK(cudaMemcpyAsync(gr_router_host_, gr_router_.get(), (size_t)n_layer * E * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_));
+  RL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  profiler_.collect();
+
+  int misses = 0;
+  for (int L = 0; L < n_layer; L++) misses += gr_io_host_[(size_t)n_layer * K + L];
+  if (misses > 0) {
+    // Undo the token: the recurrent states come back from the backups; the KV rows written at this
+    // position are overwritten by the recomputation.
+    for (int L = 0; L < n_layer; L++) {
+      if (st.conv[L].bytes())
+        RL_CUDA_CHECK(cudaMemcpyAsync(st.conv[L].get(), st.conv_backup[L].get(), st.conv[L].bytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+      if (st.ssm[L].bytes())
+        RL_CUDA_CHECK(cudaMemcpyAsync(st.ssm[L].get(), st.ssm_backup[L].get(), st.ssm[L].bytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+    }
+    stats_.gpu_routed_fallbacks++;
+    return false;
+  }
+  std::memcpy(logits_out, pinned_logits_, (size_t)c.n_vocab * sizeof(float));
+  st.position += 1;
+  for (int L = 0; L < n_layer; L++) {
+    const int32_t* ids = gr_io_host_ + (size_t)L * K;
+    const std::vector<int> used(ids, ids + K);
+    cache_->touch(L, used);
+    if (trace) {
+      trace->tensor(fmt::format("ffn_moe_logits-{}", L), 1, E, gr_router_host_ + (size_t)L * E);
+      trace->ids(fmt::format("ffn_moe_topk-{}", L), 1, K, ids);
+    }
+  }
+  stats_.gpu_routed_tokens++;
+  return true;
 }
 
 std::string CudaBackendImpl::profile_report() const {
@@ -989,7 +1260,10 @@ class CudaSessionImpl final : public Session {
   }
 
   std::vector<float> decode(int32_t token) override {
+    check_tokens(std::span(&token, 1));
     b_->stats_.tokens_decoded++;
+    std::vector<float> logits((size_t)b_->config().n_vocab);
+    if (b_->decode_gpu_routed(st_, token, logits.data(), trace_)) return logits;
     return prefill(std::span(&token, 1), nullptr);
   }
 

@@ -1,13 +1,25 @@
 // The CUDA backend (DESIGN.md §3-5): dense weights resident on the GPU, routed experts in an
 // ExpertCache of device slots filled from the memory-mapped GGUF, activations in fp32.
 //
-// Decode and prefill run the synchronous path: per layer the GPU computes the router logits, the
-// host selects the top-k (the oracle's rule, on the same fp32 logits), reserves slots, copies the
-// misses on a copy stream, and the expert kernels read the slots. One device→host round trip per
-// layer; correct for any cache budget.
+// Prefill (and any token the GPU-routed path cannot take) runs the synchronous path: per layer the
+// GPU computes the router logits, the host selects the top-k (the oracle's rule, on the same fp32
+// logits), reserves slots, copies the misses on a copy stream, and the expert kernels read the
+// slots. One device→host round trip per layer; correct for any cache budget.
+//
+// Decode first tries the GPU-routed path (DESIGN.md §5): the whole token — every layer, the
+// routing (route_topk: the same rule on the GPU, slots from the device residency table), the
+// experts and the LM head — is one CUDA graph, captured once per session and replayed with one
+// synchronisation. The graph starts by backing up the DeltaNet conv/SSM states; if any layer
+// selected a non-resident expert, the host restores them and recomputes the token on the
+// synchronous path. By default it is tried only when every expert is resident; on a bounded cache
+// (RL_ENGINE_SPECULATIVE=2) only after a pass that loaded nothing; RL_ENGINE_SPECULATIVE=0 turns it
+// off (CudaOptions::Speculation). Under RL_ENGINE_PROFILE=1 the same token is launched kernel by kernel with stage
+// marks instead of the graph (see decode_gpu_routed). Under a trace a GPU-routed token reports only the router
+// logits and selections of each layer (what parity compares); prefill traces everything.
 //
 // Device memory = dense weights + expert slots (--cache-mib) + a working set: per session the KV
-// caches (2 × n_ctx × kv_dim floats per attention layer) and the DeltaNet states, and per backend
+// caches (2 × n_ctx × kv_dim floats per attention layer) and the DeltaNet states (twice, once a
+// token has been GPU-routed: the graph's backups; 72 MiB at the 80B shape), and per backend
 // the activation buffers of one 512-token chunk and a 64 MiB staging area (239 MiB together at the
 // 80B shape, EngineStats::working_bytes), plus n_tokens × n_vocab floats when all positions'
 // logits are asked for. The cache budget is refused when it exceeds free memory minus 1 GiB.
@@ -28,9 +40,19 @@ struct CudaOptions {
   int64_t cache_mib = 0;
   // Load every expert at open when the budget holds them all (RL_ENGINE_PRELOAD=0 disables).
   bool preload = true;
-  // Per-stage GPU timing (RL_ENGINE_PROFILE=1).
+  // Per-stage GPU timing (RL_ENGINE_PROFILE=1); the GPU-routed decode then runs without its graph.
   bool profile = false;
-  // Reads RL_ENGINE_PRELOAD and RL_ENGINE_PROFILE.
+  // When decode tries the GPU-routed graph (RL_ENGINE_SPECULATIVE=0|1|2|3).
+  enum class Speculation {
+    kOff,            // 0: always the synchronous path
+    kFullyResident,  // 1 (default): when the cache holds every expert, so no token can miss
+    kWarmCache,      // 2: also on a bounded cache, after a pass that loaded nothing (DESIGN.md §5)
+    kAlways,         // 3: every decode token (tests: exercises the discard-and-recompute path)
+  };
+  // Bounded caches (2, 3) are off by default: their discard-and-recompute path has not run on a
+  // GPU yet (docs/perf/cuda.md).
+  Speculation speculation = Speculation::kFullyResident;
+  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE and RL_ENGINE_SPECULATIVE.
   static CudaOptions from_env(int64_t cache_mib);
 };
 
@@ -50,6 +72,8 @@ struct EngineStats {
   // n_expert_used experts per layer.
   size_t decode_bytes_per_token = 0;
   uint64_t tokens_decoded = 0;       // decode() calls since reset_stats()
+  uint64_t gpu_routed_tokens = 0;    // of those, completed by the GPU-routed graph
+  uint64_t gpu_routed_fallbacks = 0; // graph replays discarded (a non-resident expert was selected)
 };
 
 class CudaBackend : public Backend {

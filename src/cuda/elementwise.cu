@@ -1,4 +1,5 @@
-// Small elementwise kernels: residual add and the split of attn_q's interleaved output.
+// Small elementwise kernels: residual add, the split of attn_q's interleaved output, and a spin
+// kernel for the profiler.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 
@@ -21,7 +22,18 @@ __global__ void split_q_gate_kernel(const float* qg, float* q, float* gate, int 
   gate[(size_t)t * n_head * hd + i] = src[hd + d];
 }
 
+__global__ void spin_kernel(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 }  // namespace
+
+void gpu_spin(long long cycles, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(cycles);
+  RL_CUDA_LAUNCH_CHECK();
+}
 
 void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream) {
   if (n == 0) return;

@@ -43,6 +43,10 @@ void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32
               float* out, cudaStream_t stream);
 
 // ---- norm.cu -------------------------------------------------------------------------------------
+// Residual add then RMSNorm, one kernel: x += y (fp32 adds, in place), out = RMSNorm(x) * w.
+// The same arithmetic as add_inplace followed by rms_norm.
+void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_rows, int width,
+                  float eps, cudaStream_t stream);
 // Per row of `width` values (n_rows = T * heads): out = x / sqrt(mean(x²) + eps) * w (w [width];
 // nullptr: no weight). In place allowed.
 void rms_norm(const float* x, const float* w, float* out, int n_rows, int width, float eps,
@@ -63,14 +67,16 @@ void rope_neox(float* x, int T, int n_heads, int head_dim, size_t row_stride, in
 
 // ---- attention.cu: gated attention with GQA over a KV cache --------------------------------------
 // Appends k, v [T][n_kv][hd] at positions pos0.. to the caches [n_ctx][n_kv][hd].
+// pos_dev (device, optional): when given, pos0 is read from pos_dev[0] at run time, so a captured
+// CUDA graph replays at any position.
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
-              int hd, int pos0, cudaStream_t stream);
+              int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev = nullptr);
 // For each query token t (position pos0 + t), attends causally over cache positions
 // [0, pos0 + t]: out[t][h] = softmax(q·k * scale) · v with KV head h / (n_head / n_kv), times
-// sigmoid(gate[t][h]). q, gate, out [T][n_head][hd]; hd <= 256.
+// sigmoid(gate[t][h]). q, gate, out [T][n_head][hd]; hd <= 256. pos_dev: as for store_kv.
 void gated_attention(const float* q, const float* gate, const float* k_cache, const float* v_cache,
                      float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
-                     cudaStream_t stream);
+                     cudaStream_t stream, const int32_t* pos_dev = nullptr);
 
 // ---- deltanet.cu: Gated DeltaNet ---------------------------------------------------------------------
 // Causal depthwise conv (kernel K) + SiLU over channels [T][C] with state [K-1][C] (the previous
@@ -99,11 +105,29 @@ void swiglu(const float* gate, const float* up, float* act, size_t n, cudaStream
 void moe_combine(float* x, const float* y, const int32_t* assign, const float* weights, int k,
                  const float* shared, const float* shared_gate, int T, int width,
                  cudaStream_t stream);
+// GPU routing of one token (the GPU-routed decode path): the oracle's rule of route_token in
+// cuda_backend.cpp — softmax over n_expert logits in double, top-k by fp32 probability with ties
+// to the lower expert index, weights renormalised over the selection (times scale when non-zero).
+// Each selected expert's slot address comes from residency_row [n_expert] (0: not resident); a
+// missing one gets `fallback` (any readable slot, so the kernels that follow stay in bounds) and
+// is counted in *miss_count, which the host reads to discard the token. ids/weights/slot_ptrs [k].
+void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
+                const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
+                int32_t* miss_count, cudaStream_t stream);
+// Decode experts, gate and up in one launch: g_e = W_gate(e) · x, u_e = W_up(e) · x for n experts
+// whose slots are slot_ptrs[e] (gate at offset 0, up at up_offset); x shared, g/u [n][rows].
+void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs,
+                            size_t up_offset, size_t row_bytes_gate, size_t row_bytes_up, int rows,
+                            int cols, const float* x, float* g, float* u, int n, cudaStream_t stream);
+
 // dst[i][:] = src[idx[i]][:] for i < n (rows of width floats).
 void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width,
                  cudaStream_t stream);
 
 // ---- elementwise.cu -----------------------------------------------------------------------------------
+// Keeps one SM busy for `cycles` clock cycles: the profiler holds the stream with it while the
+// host enqueues a whole token, so the stage times it then measures exclude launch gaps.
+void gpu_spin(long long cycles, cudaStream_t stream);
 // x += y (n floats).
 void add_inplace(float* x, const float* y, size_t n, cudaStream_t stream);
 // attn_q's output holds, per head, hd query values then hd gate values: qg [T][n_head][2][hd] →

@@ -18,10 +18,36 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float* out, int 
   if (row >= n_rows) return;
   const float* xr = x + (size_t)row * width;
   double ss = 0.0;
+  // Unrolled so a lane's loads overlap (a decode row of 2048 values is one warp's work); the sum
+  // order is unchanged.
+#pragma unroll 8
   for (int i = lane; i < width; i += 32) ss += (double)xr[i] * xr[i];
   ss = warp_sum_d(ss);
   const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
   float* o = out + (size_t)row * width;
+#pragma unroll 8
+  for (int i = lane; i < width; i += 32) o[i] = w ? (float)(xr[i] * scale * w[i]) : (float)(xr[i] * scale);
+}
+
+// add_inplace + rms_norm_kernel in one pass: each lane adds, stores and squares its own columns,
+// then scales the values it stored (the same lane reads back what it wrote).
+__global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, float* out, int n_rows,
+                                    int width, float eps) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= n_rows) return;
+  float* xr = x + (size_t)row * width;
+  const float* yr = y + (size_t)row * width;
+  double ss = 0.0;
+#pragma unroll 8
+  for (int i = lane; i < width; i += 32) {
+    const float v = __fadd_rn(xr[i], yr[i]);
+    xr[i] = v;
+    ss += (double)v * v;
+  }
+  ss = warp_sum_d(ss);
+  const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
+  float* o = out + (size_t)row * width;
+#pragma unroll 8
   for (int i = lane; i < width; i += 32) o[i] = w ? (float)(xr[i] * scale * w[i]) : (float)(xr[i] * scale);
 }
 
@@ -63,6 +89,14 @@ void rms_norm(const float* x, const float* w, float* out, int n_rows, int width,
               cudaStream_t stream) {
   if (n_rows == 0) return;
   rms_norm_kernel<<<blocks_for(n_rows), 32 * kRowsPerBlock, 0, stream>>>(x, w, out, n_rows, width, eps);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_rows, int width,
+                  float eps, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  add_rms_norm_kernel<<<blocks_for(n_rows), 32 * kRowsPerBlock, 0, stream>>>(x, y, w, out, n_rows, width,
+                                                                             eps);
   RL_CUDA_LAUNCH_CHECK();
 }
 

@@ -28,6 +28,28 @@ TEST(ExpertCache, SlotCountFromBudgetAndCap) {
   EXPECT_TRUE(b.holds_all());
 }
 
+// touch() (GPU-routed tokens): resident experts become most recently used and count as hits;
+// absent ones are skipped and count nothing.
+TEST(ExpertCache, TouchRefreshesLruAndCountsHits) {
+  ExpertCache c(1, 8, kSlot, 3 * kSlot, 1);
+  for (int e : {0, 1, 2}) {
+    auto one = ids({e});
+    c.reserve(0, one);
+    c.commit();
+  }
+  c.reset_stats();
+  auto used = ids({0, 7});  // 0 resident (least recent), 7 absent
+  c.touch(0, used);
+  EXPECT_EQ(c.stats().hits, 1u);
+  EXPECT_EQ(c.stats().misses, 0u);
+  auto next = ids({3});  // must evict the least recent, now expert 1
+  const auto& r = c.reserve(0, next);
+  ASSERT_EQ(r.entries.size(), 1u);
+  EXPECT_EQ(r.entries[0].evicted, c.key(0, 1));
+  c.commit();
+  EXPECT_GE(c.lookup(0, 0), 0);
+}
+
 TEST(ExpertCache, BudgetTooSmallNamesTheFlag) {
   try {
     ExpertCache c(4, 8, 1 << 20, 3 << 20, 4);

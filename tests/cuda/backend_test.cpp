@@ -93,6 +93,60 @@ TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
   if (n_models == 0) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
 }
 
+// The GPU-routed decode (one CUDA graph per token) runs the synchronous path's kernels with the
+// routing moved to the GPU, so its logits must be bit-identical to the synchronous path's: fully
+// resident (every token GPU-routed) and at half the experts (tokens that select a non-resident
+// expert are discarded, their states restored and recomputed), over two passes so the second
+// runs on a warm cache.
+TEST(CudaBackend, GpuRoutedDecodeEqualsSynchronousPath) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  const int n_vocab = model->config().n_vocab;
+  for (double fraction : {1.0, 0.5}) {
+    SCOPED_TRACE("budget fraction " + std::to_string(fraction));
+    cuda::CudaOptions on, off;
+    on.cache_mib = off.cache_mib = fraction == 1.0 ? 0 : budget_mib(*model, fraction);
+    off.speculation = cuda::CudaOptions::Speculation::kOff;
+    // Half the experts: every decode token tries the graph, so tokens that select a non-resident
+    // expert go through the discard / restore / recompute path.
+    if (fraction < 1.0) on.speculation = cuda::CudaOptions::Speculation::kAlways;
+    auto routed = cuda::make_cuda_backend(model, on), sync = cuda::make_cuda_backend(model, off);
+    auto a = routed->new_session(128), b = sync->new_session(128);
+    const auto toks = prompt(9, n_vocab, 3);
+    for (int pass = 0; pass < 2; pass++) {
+      a->reset();
+      b->reset();
+      // The second pass asks for every position's logits (the prefill's logits buffer grows after
+      // the graph was captured; the graph must not write there).
+      std::vector<float> all_a, all_b;
+      auto la = a->prefill(toks, pass ? &all_a : nullptr), lb = b->prefill(toks, pass ? &all_b : nullptr);
+      ASSERT_EQ(la, lb);
+      ASSERT_EQ(all_a, all_b);
+      for (int step = 0; step < 16; step++) {
+        const int32_t next = argmax_token(lb);
+        la = a->decode(next);
+        lb = b->decode(next);
+        ASSERT_EQ(la, lb) << "pass " << pass << " step " << step;
+        ASSERT_EQ(a->position(), b->position());
+      }
+    }
+    const auto st = routed->stats();
+    std::printf("budget %.1f: %llu GPU-routed tokens, %llu discarded\n", fraction,
+                (unsigned long long)st.gpu_routed_tokens, (unsigned long long)st.gpu_routed_fallbacks);
+    if (fraction == 1.0) {
+      EXPECT_EQ(st.gpu_routed_tokens, 32u);
+      EXPECT_EQ(st.gpu_routed_fallbacks, 0u);
+      EXPECT_DOUBLE_EQ(st.cache.hit_rate(), 1.0);
+    } else {
+      EXPECT_GT(st.gpu_routed_fallbacks, 0u) << "the discard path was not exercised";
+      EXPECT_EQ(st.gpu_routed_tokens + st.gpu_routed_fallbacks, 32u);
+    }
+    EXPECT_EQ(sync->stats().gpu_routed_tokens, 0u);
+  }
+}
+
 TEST(CudaBackend, SnapshotRestoreAndChunkedPrefill) {
   RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");

@@ -1,0 +1,129 @@
+// The GPU-routed decode's kernels against independent references: route_topk against a host
+// top-k written from the rule (softmax in double, probabilities rounded to fp32, ties to the lower
+// index, renormalised weights), with near-ties and exact ties; the fused add + RMSNorm against
+// add_inplace followed by rms_norm (bit for bit); the fused gate/up expert product against two
+// matvec_experts launches (bit for bit).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cuda/kernels.h"
+#include "gpu_test_util.h"
+
+namespace rl {
+namespace {
+
+using test::random_floats;
+using test::to_device;
+using test::to_host;
+
+class CudaGpuRouting : public ::testing::Test {
+ protected:
+  void SetUp() override { RL_REQUIRE_GPU(); }
+};
+
+// The selection rule, written out plainly: sort all experts by (probability desc, index asc).
+void reference_route(const std::vector<float>& l, int K, float scale, std::vector<int>& ids,
+                     std::vector<float>& w) {
+  const int E = (int)l.size();
+  const double m = *std::max_element(l.begin(), l.end());
+  double sum = 0.0;
+  for (float v : l) sum += std::exp((double)v - m);
+  std::vector<float> p(E);
+  for (int e = 0; e < E; e++) p[e] = (float)(std::exp((double)l[e] - m) / sum);
+  std::vector<int> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+  double sel = 0.0;
+  for (int k = 0; k < K; k++) sel += p[order[k]];
+  ids.assign(order.begin(), order.begin() + K);
+  w.resize(K);
+  for (int k = 0; k < K; k++) {
+    double wk = p[order[k]] / sel;
+    if (scale != 0.0f) wk *= scale;
+    w[k] = (float)wk;
+  }
+}
+
+TEST_F(CudaGpuRouting, TopKMatchesTheRuleWithTiesAndResidency) {
+  struct Case { int E, K; float scale; uint32_t seed; bool ties; };
+  for (const Case& cs : {Case{512, 10, 0.0f, 1, false}, Case{512, 10, 2.5f, 2, true}, Case{16, 4, 0.0f, 3, true},
+                         Case{8, 2, 1.0f, 4, false}, Case{300, 7, 0.0f, 5, true}}) {
+    auto logits = random_floats(cs.E, cs.seed, 0.5f);
+    if (cs.ties) {
+      // Exact ties (equal logits) and near-ties one ulp apart, among the largest values.
+      const int top = (int)(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      for (int e = 0; e < cs.E; e += 3) logits[e] = logits[top];
+      logits[1] = std::nextafter(logits[top], -INFINITY);
+    }
+    // Every other expert resident at a fake address; the rest missing.
+    std::vector<uint64_t> residency(cs.E);
+    for (int e = 0; e < cs.E; e++) residency[e] = e % 2 ? 0 : 0x1000u * (uint64_t)(e + 1);
+    const uint64_t fallback = 0xABC000;
+    auto dl = to_device(logits), dr = to_device(residency);
+    cuda::DeviceBuffer dids(cs.K * 4), dw(cs.K * 4), dptr(cs.K * 8), dmiss(4);
+    cuda::route_topk(dl.f(), cs.E, cs.K, cs.scale, dr.get<uint64_t>(), reinterpret_cast<const uint8_t*>(fallback),
+                     dids.get<int32_t>(), dw.f(), dptr.get<const uint8_t*>(), dmiss.get<int32_t>(), nullptr);
+    const auto ids = to_host<int32_t>(dids, cs.K);
+    const auto w = to_host<float>(dw, cs.K);
+    const auto ptr = to_host<uint64_t>(dptr, cs.K);
+    const auto miss = to_host<int32_t>(dmiss, 1);
+    std::vector<int> want_ids;
+    std::vector<float> want_w;
+    reference_route(logits, cs.K, cs.scale, want_ids, want_w);
+    int want_miss = 0;
+    for (int k = 0; k < cs.K; k++) {
+      EXPECT_EQ(ids[k], want_ids[k]) << "E=" << cs.E << " k=" << k;
+      EXPECT_EQ(w[k], want_w[k]) << "E=" << cs.E << " k=" << k;
+      const uint64_t want_ptr = residency[want_ids[k]] ? residency[want_ids[k]] : fallback;
+      want_miss += residency[want_ids[k]] == 0;
+      EXPECT_EQ(ptr[k], want_ptr) << "E=" << cs.E << " k=" << k;
+    }
+    EXPECT_EQ(miss[0], want_miss) << "E=" << cs.E;
+  }
+}
+
+TEST_F(CudaGpuRouting, FusedAddRmsNormEqualsTheTwoKernels) {
+  for (int width : {64, 2048}) {
+    const int rows = 5;
+    auto x = random_floats((size_t)rows * width, 11, 3.0f), y = random_floats((size_t)rows * width, 12);
+    auto w = random_floats(width, 13);
+    auto dx1 = to_device(x), dx2 = to_device(x), dy = to_device(y), dw = to_device(w);
+    cuda::DeviceBuffer o1(x.size() * 4), o2(x.size() * 4);
+    cuda::add_inplace(dx1.f(), dy.f(), x.size(), nullptr);
+    cuda::rms_norm(dx1.f(), dw.f(), o1.f(), rows, width, 1e-6f, nullptr);
+    cuda::add_rms_norm(dx2.f(), dy.f(), dw.f(), o2.f(), rows, width, 1e-6f, nullptr);
+    EXPECT_EQ(to_host<float>(dx1, x.size()), to_host<float>(dx2, x.size())) << "width " << width;
+    EXPECT_EQ(to_host<float>(o1, x.size()), to_host<float>(o2, x.size())) << "width " << width;
+  }
+}
+
+TEST_F(CudaGpuRouting, FusedGateUpEqualsTwoExpertLaunches) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::IQ2_XXS, GgmlType::Q6_K}) {
+    const int rows = 96, cols = 512, n = 3;
+    const size_t rb = row_size(t, cols);
+    const size_t up_offset = (size_t)rows * rb + 256;  // a gap, as slots align each matrix
+    std::vector<uint64_t> ptrs;
+    cuda::DeviceBuffer dslots((size_t)n * 2 * up_offset);
+    for (int e = 0; e < n; e++) {
+      auto g = test::random_rows(t, rows, cols, 100 + e), u = test::random_rows(t, rows, cols, 200 + e);
+      uint8_t* base = dslots.get<uint8_t>() + (size_t)e * 2 * up_offset;
+      RL_CUDA_CHECK(cudaMemcpy(base, g.data(), g.size(), cudaMemcpyHostToDevice));
+      RL_CUDA_CHECK(cudaMemcpy(base + up_offset, u.data(), u.size(), cudaMemcpyHostToDevice));
+      ptrs.push_back((uint64_t)base);
+    }
+    auto dptrs = to_device(ptrs);
+    auto x = random_floats(cols, 7);
+    auto dx = to_device(x);
+    cuda::DeviceBuffer g1(n * rows * 4), u1(n * rows * 4), g2(n * rows * 4), u2(n * rows * 4);
+    const auto* pp = dptrs.get<const uint8_t*>();
+    cuda::matvec_experts(t, pp, 0, rb, rows, cols, dx.f(), 0, g1.f(), n, nullptr);
+    cuda::matvec_experts(t, pp, up_offset, rb, rows, cols, dx.f(), 0, u1.f(), n, nullptr);
+    cuda::matvec_experts_gate_up(t, t, pp, up_offset, rb, rb, rows, cols, dx.f(), g2.f(), u2.f(), n, nullptr);
+    EXPECT_EQ(to_host<float>(g1, n * rows), to_host<float>(g2, n * rows)) << type_name(t);
+    EXPECT_EQ(to_host<float>(u1, n * rows), to_host<float>(u2, n * rows)) << type_name(t);
+  }
+}
+
+}  // namespace
+}  // namespace rl
