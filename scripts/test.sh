@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export REDLITE_FIXTURES="$(realpath -m "${REDLITE_FIXTURES:-../shared/fixtures}")"
 jobs="${JOBS:-$(nproc)}"
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DREDLITE_TESTS=ON -DREDLITE_BENCH=ON >/dev/null
 cmake --build build -j"$jobs"
 
 # Node client for the server tests (the official openai package), installed once.

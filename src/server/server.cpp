@@ -1,6 +1,8 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -134,6 +136,25 @@ struct Job {
   std::optional<GenerationResult> result;
   std::optional<ApiError> error;
 };
+
+// Debian's cpp-httplib (0.11, a compiled library) listens with a backlog of 5: a burst of clients
+// overflows the accept queue and their connections are reset. Listening again on the bound socket
+// raises the backlog (Linux updates it in place); the socket is found by its local port since the
+// library does not expose it.
+void raise_listen_backlog(int port) {
+  for (int fd = 0; fd < 4096; fd++) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (::getsockname(fd, (sockaddr*)&addr, &alen) != 0) continue;
+    int p = addr.ss_family == AF_INET    ? ntohs(((sockaddr_in*)&addr)->sin_port)
+            : addr.ss_family == AF_INET6 ? ntohs(((sockaddr_in6*)&addr)->sin6_port)
+                                         : -1;
+    if (p == port) ::listen(fd, SOMAXCONN);
+  }
+}
 
 }  // namespace
 
@@ -914,6 +935,7 @@ void Server::start() {
     fail("cannot bind to {}:{} (in use, or not an address of this machine?)", s.cfg.host, port);
   }
   s.cfg.port = port;
+  raise_listen_backlog(port);
   s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
   s.load_thread = std::thread([&s] { s.load(); });
 }

@@ -267,6 +267,13 @@ TEST_F(ServerTest, ThirtyTwoConcurrentClients) {
   }
   const size_t rss_before = rss_kib();
   std::atomic<int> ok{0}, busy{0}, bad{0};
+  std::mutex why_m;
+  std::vector<std::string> why;  // what went wrong, for the failure message
+  auto note = [&](std::string w) {
+    bad++;
+    std::lock_guard<std::mutex> l(why_m);
+    why.push_back(std::move(w));
+  };
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; i++) {
     threads.emplace_back([&, i] {
@@ -277,26 +284,26 @@ TEST_F(ServerTest, ThirtyTwoConcurrentClients) {
                   {"max_tokens", kTokens}, {"temperature", 0}, {"stream", stream}};
         auto r = c.Post("/v1/completions", b.dump(), "application/json");
         if (!r) {
-          bad++;
+          note("client " + std::to_string(i) + ": no response: " + httplib::to_string(r.error()));
           continue;
         }
         if (r->status == 503) {
-          if (r->get_header_value("Retry-After").empty()) bad++;
+          if (r->get_header_value("Retry-After").empty()) note("503 without Retry-After");
           else busy++;
           continue;
         }
         if (r->status != 200) {
-          bad++;
+          note("client " + std::to_string(i) + ": status " + std::to_string(r->status) + " " + r->body);
           continue;
         }
         std::string text = stream ? stream_text(parse_sse(r->body)) : json::parse(r->body)["choices"][0]["text"].get<std::string>();
         if (text == expected[i]) ok++;
-        else bad++;
+        else note("client " + std::to_string(i) + (stream ? " (stream)" : "") + ": got '" + text + "', expected '" + expected[i] + "'");
       }
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(bad.load(), 0) << ::testing::PrintToString(why);
   EXPECT_EQ(ok + busy, kClients * kPerClient);
   EXPECT_GT(ok.load(), 0);
   // Bounded memory: the queue and the prompt cache are bounded; 64 requests must not grow the
