@@ -90,7 +90,7 @@ def main():
     for _ in range(a.reps):
         r = subprocess.run([a.bin, "run", "-m", a.model, "-p", a.prompt, "-n", str(a.n), "--temp", "0",
                             "--backend", a.backend, "--threads", a.threads],
-                           capture_output=True, text=True, check=True)
+                           capture_output=True, text=True, errors="replace", check=True)
         m = re.search(r"generation: \d+ tokens, ([0-9.]+) tok/s", r.stderr)
         run_tok_s.append(float(m.group(1)))
 

@@ -411,6 +411,58 @@ struct Server::Impl {
     return *job->result;
   }
 
+  static bool send_event(httplib::DataSink& sink, const json& j) {
+    const std::string s = "data: " + api::dump(j) + "\n\n";
+    return sink.write(s.data(), s.size());
+  }
+
+  // Streams a job as server-sent events: on_output(text, logprobs) for each batch of new text
+  // (false: the client is gone, the job is cancelled and false returned), then on_finish(result)
+  // when it ends well, or an error event for a failure or a timeout; always closes with [DONE].
+  bool stream_job(const std::shared_ptr<Job>& job, httplib::DataSink& sink,
+                  const std::function<bool(const std::string&, const std::vector<TokenLogprob>&)>& on_output,
+                  const std::function<void(const GenerationResult&)>& on_finish) {
+    std::unique_lock<std::mutex> l(job->m);
+    bool expired = false;
+    for (;;) {
+      std::string text;
+      text.swap(job->text);
+      std::vector<TokenLogprob> lps;
+      lps.swap(job->logprobs);
+      const bool done = job->done;
+      l.unlock();
+      if (!text.empty() && !on_output(text, lps)) {
+        abandon(job);
+        return false;
+      }
+      if (done) break;
+      l.lock();
+      if (!job->done && job->text.empty() && !wait_for_output(*job, l)) {
+        expired = true;
+        l.unlock();
+        break;
+      }
+    }
+    std::optional<ApiError> error;
+    std::optional<GenerationResult> result;
+    if (expired) {
+      abandon(job);
+      std::lock_guard<std::mutex> m(metrics_m);
+      timed_out++;
+      error = ApiError(504, fmt::format("the request ran past its {} s timeout", cfg.request_timeout_s),
+                       "timeout_error");
+    } else {
+      std::lock_guard<std::mutex> m(job->m);
+      if (job->error) error = job->error;
+      else result = job->result;
+    }
+    if (error) send_event(sink, api::error_body(*error));
+    else on_finish(*result);
+    sink.write("data: [DONE]\n\n", 14);
+    sink.done();
+    return true;
+  }
+
   json usage_json(const GenerationResult& r) const {
     const int completion = (int)r.tokens.size() - (r.stop_token ? 1 : 0);
     return json{{"prompt_tokens", r.prompt_tokens},
@@ -549,83 +601,40 @@ struct Server::Impl {
         "text/event-stream",
         [this, job, chunk, include_usage, has_tools, split_reasoning, tools, tool_calls_json, finish_name, id,
          created](size_t, httplib::DataSink& sink) {
-          auto send = [&](const json& j) {
-            const std::string s = "data: " + api::dump(j) + "\n\n";
-            return sink.write(s.data(), s.size());
-          };
           ReasoningSplitter split(split_reasoning);
           std::string buffered;  // with tools, content waits for the end to be parsed
-          bool ok = send(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
-          std::unique_lock<std::mutex> l(job->m);
-          bool expired = false;
-          for (;;) {
-            std::string text;
-            text.swap(job->text);
-            std::vector<TokenLogprob> lps;
-            lps.swap(job->logprobs);
-            const bool done = job->done;
-            l.unlock();
-            if (ok && !text.empty()) {
-              auto [reasoning, content] = split.push(text);
-              if (!reasoning.empty()) ok = ok && send(chunk({{"reasoning_content", reasoning}}, nullptr, nullptr));
-              if (has_tools) {
-                buffered += content;
-              } else if (!content.empty()) {
-                json lp = job->top_logprobs >= 0 ? chat_logprobs_json(lps) : json(nullptr);
-                ok = ok && send(chunk({{"content", content}}, nullptr, lp));
-              }
-            }
-            if (!ok) {  // the client went away: stop generating at the next token
-              abandon(job);
-              return false;
-            }
-            if (done) break;
-            l.lock();
-            if (!job->done && job->text.empty() && !wait_for_output(*job, l)) {
-              expired = true;
-              l.unlock();
-              break;
-            }
-          }
-          if (expired) {
+          if (!send_event(sink, chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) {
             abandon(job);
-            std::lock_guard<std::mutex> m(metrics_m);
-            timed_out++;
-            ApiError e(504, "the request ran past its timeout", "timeout_error");
-            send(api::error_body(e));
-            sink.write("data: [DONE]\n\n", 14);
-            sink.done();
-            return true;
+            return false;
           }
-          std::unique_lock<std::mutex> l2(job->m);
-          if (job->error) {
-            ApiError e = *job->error;
-            l2.unlock();
-            send(api::error_body(e));
-            sink.write("data: [DONE]\n\n", 14);
-            sink.done();
-            return true;
-          }
-          GenerationResult r = *job->result;
-          l2.unlock();
-          if (std::string rest = split.flush_reasoning(); !rest.empty())
-            send(chunk({{"reasoning_content", rest}}, nullptr, nullptr));
-          ParsedReply parsed;
-          if (has_tools) {
-            parsed = chat_template->parse_reply(buffered, tools);
-            if (!parsed.content.empty()) send(chunk({{"content", parsed.content}}, nullptr, nullptr));
-            if (!parsed.tool_calls.empty()) send(chunk({{"tool_calls", tool_calls_json(parsed)}}, nullptr, nullptr));
-          }
-          send(chunk(json::object(), finish_name(r, parsed), nullptr));
-          if (include_usage) {
-            json u = {{"id", id},          {"object", "chat.completion.chunk"}, {"created", created},
-                      {"model", model.id}, {"choices", json::array()},          {"usage", usage_json(r)},
-                      {"timings", timings_json(r)}};
-            send(u);
-          }
-          sink.write("data: [DONE]\n\n", 14);
-          sink.done();
-          return true;
+          auto on_output = [&](const std::string& text, const std::vector<TokenLogprob>& lps) {
+            auto [reasoning, content] = split.push(text);
+            bool ok = reasoning.empty() || send_event(sink, chunk({{"reasoning_content", reasoning}}, nullptr, nullptr));
+            if (has_tools) {
+              buffered += content;
+            } else if (!content.empty()) {
+              json lp = job->top_logprobs >= 0 ? chat_logprobs_json(lps) : json(nullptr);
+              ok = ok && send_event(sink, chunk({{"content", content}}, nullptr, lp));
+            }
+            return ok;
+          };
+          auto on_finish = [&](const GenerationResult& r) {
+            if (std::string rest = split.flush_reasoning(); !rest.empty())
+              send_event(sink, chunk({{"reasoning_content", rest}}, nullptr, nullptr));
+            ParsedReply parsed;
+            if (has_tools) {
+              parsed = chat_template->parse_reply(buffered, tools);
+              if (!parsed.content.empty()) send_event(sink, chunk({{"content", parsed.content}}, nullptr, nullptr));
+              if (!parsed.tool_calls.empty())
+                send_event(sink, chunk({{"tool_calls", tool_calls_json(parsed)}}, nullptr, nullptr));
+            }
+            send_event(sink, chunk(json::object(), finish_name(r, parsed), nullptr));
+            if (include_usage)
+              send_event(sink, json{{"id", id},          {"object", "chat.completion.chunk"}, {"created", created},
+                                    {"model", model.id}, {"choices", json::array()},          {"usage", usage_json(r)},
+                                    {"timings", timings_json(r)}});
+          };
+          return stream_job(job, sink, on_output, on_finish);
         });
   }
 
@@ -672,51 +681,17 @@ struct Server::Impl {
             if (!usage.is_null()) c["usage"] = std::move(usage);
             return c;
           };
-          auto send = [&](const json& j) {
-            const std::string s = "data: " + api::dump(j) + "\n\n";
-            return sink.write(s.data(), s.size());
-          };
           size_t offset = 0;
-          std::unique_lock<std::mutex> l(job->m);
-          bool expired = false;
-          for (;;) {
-            std::string text;
-            text.swap(job->text);
-            std::vector<TokenLogprob> lps;
-            lps.swap(job->logprobs);
-            const bool done = job->done;
-            l.unlock();
-            if (!text.empty()) {
-              json lp = job->top_logprobs >= 0 ? completion_logprobs_json(lps, offset) : json(nullptr);
-              offset += text.size();
-              if (!send(frame(json::array({make_choice(text, nullptr, lp)}), nullptr))) {
-                abandon(job);
-                return false;
-              }
-            }
-            if (done) break;
-            l.lock();
-            if (!job->done && job->text.empty() && !wait_for_output(*job, l)) {
-              expired = true;
-              l.unlock();
-              break;
-            }
-          }
-          std::unique_lock<std::mutex> l2(job->m);
-          if (expired || job->error) {
-            ApiError e = expired ? ApiError(504, "the request ran past its timeout", "timeout_error") : *job->error;
-            l2.unlock();
-            if (expired) abandon(job);
-            send(api::error_body(e));
-          } else {
-            GenerationResult r = *job->result;
-            l2.unlock();
-            send(frame(json::array({make_choice("", finish_name(r), nullptr)}), nullptr));
-            if (include_usage) send(frame(json::array(), usage_json(r)));
-          }
-          sink.write("data: [DONE]\n\n", 14);
-          sink.done();
-          return true;
+          auto on_output = [&](const std::string& text, const std::vector<TokenLogprob>& lps) {
+            json lp = job->top_logprobs >= 0 ? completion_logprobs_json(lps, offset) : json(nullptr);
+            offset += text.size();
+            return send_event(sink, frame(json::array({make_choice(text, nullptr, lp)}), nullptr));
+          };
+          auto on_finish = [&](const GenerationResult& r) {
+            send_event(sink, frame(json::array({make_choice("", finish_name(r), nullptr)}), nullptr));
+            if (include_usage) send_event(sink, frame(json::array(), usage_json(r)));
+          };
+          return stream_job(job, sink, on_output, on_finish);
         });
   }
 
