@@ -141,8 +141,11 @@ TEST(ServerOpenAIClient, StreamGreedy) {
   auto owned = fixture_loader(server_model())([](float) {});
   const Tokenizer& tok = *owned.tokenizer;
   ChatTemplate t = ChatTemplate::detect(tok.chat_template(), false);
-  std::vector<ChatMessage> msgs = {{"system", "You are a helpful assistant."},
-                                   {"user", "What is the capital of France? Answer briefly."}};
+  std::vector<ChatMessage> msgs(2);
+  msgs[0].role = "system";
+  msgs[0].content = "You are a helpful assistant.";
+  msgs[1].role = "user";
+  msgs[1].content = "What is the capital of France? Answer briefly.";
   const auto chat_ids = tok.encode(t.render(msgs), true);
   EXPECT_EQ(r["chat"]["text"].get<std::string>(), cli_greedy_text(chat_ids, 24, tok));
   const auto text_ids = tok.encode("The quick brown fox jumps over the lazy dog.", true);

@@ -58,7 +58,11 @@ std::string direct_greedy(const std::vector<int32_t>& prompt, int max_tokens) {
 std::vector<int32_t> chat_prompt_tokens(const std::string& user) {
   auto owned = fixture_loader(server_model())([](float) {});
   ChatTemplate t = ChatTemplate::detect(owned.tokenizer->chat_template(), false);
-  std::vector<ChatMessage> msgs = {{"system", "You are terse."}, {"user", user}};
+  std::vector<ChatMessage> msgs(2);
+  msgs[0].role = "system";
+  msgs[0].content = "You are terse.";
+  msgs[1].role = "user";
+  msgs[1].content = user;
   return owned.tokenizer->encode(t.render(msgs), true);
 }
 
