@@ -21,6 +21,7 @@
 #include "generate/prompt_cache.h"
 #include "model/session.h"
 #include "server/api.h"
+#include "server/reasoning_split.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rl {
@@ -66,57 +67,6 @@ TokenLogprob token_logprob(int32_t token, std::span<const float> logits, int top
   }
   return t;
 }
-
-// Splits a Thinking model's reply into reasoning (before </think>) and content, incrementally,
-// so the streamed deltas and the non-streamed message are cut at the same place.
-class ReasoningSplitter {
- public:
-  explicit ReasoningSplitter(bool active) : in_reasoning_(active) {}
-  // Appends text; returns (reasoning, content) that became final.
-  std::pair<std::string, std::string> push(std::string_view text) {
-    std::string reasoning, content;
-    if (!in_reasoning_) {
-      content = strip_leading(std::string(text));
-      return {reasoning, content};
-    }
-    held_ += text;
-    static constexpr std::string_view kEnd = "</think>";
-    if (size_t p = held_.find(kEnd); p != std::string::npos) {
-      reasoning = held_.substr(0, p);
-      content = strip_leading(held_.substr(p + kEnd.size()));
-      held_.clear();
-      in_reasoning_ = false;
-      return {reasoning, content};
-    }
-    size_t keep = 0;  // a tail that may be the start of </think>
-    for (size_t k = std::min(kEnd.size() - 1, held_.size()); k > 0; k--)
-      if (held_.compare(held_.size() - k, k, kEnd.substr(0, k)) == 0) {
-        keep = k;
-        break;
-      }
-    reasoning = held_.substr(0, held_.size() - keep);
-    held_.erase(0, held_.size() - keep);
-    return {reasoning, content};
-  }
-  std::string flush_reasoning() {
-    std::string r;
-    r.swap(held_);
-    return r;
-  }
-
- private:
-  // The template separates </think> from the answer with blank lines: drop them once.
-  std::string strip_leading(std::string s) {
-    if (!strip_pending_) return s;
-    size_t i = s.find_first_not_of('\n');
-    if (i == std::string::npos) return {};
-    strip_pending_ = false;
-    return s.substr(i);
-  }
-  bool in_reasoning_;
-  bool strip_pending_ = true;
-  std::string held_;
-};
 
 // One generation request, shared between its HTTP thread and the model worker.
 struct Job {
