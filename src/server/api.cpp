@@ -17,6 +17,7 @@ namespace {
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopLength = 256;
 constexpr int kMaxTopLogprobs = 20;
+constexpr int kMaxJsonDepth = 64;
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
   throw ApiError(400, message, "invalid_request_error", param);
@@ -231,7 +232,12 @@ json parse_body(const std::string& body) {
   if (body.empty()) throw ApiError(400, "the request body is empty; a JSON object is expected");
   json j;
   try {
-    j = json::parse(body);
+    // Nesting is bounded: serialising a deeply nested value again (tools are re-rendered) recurses.
+    j = json::parse(body, [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth)
+        throw ApiError(400, fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
+      return true;
+    });
   } catch (const json::exception& e) {  // parse errors, and numbers too large for a double
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
   }
@@ -294,6 +300,9 @@ ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults)
         bad(param, fmt::format("'{}.type' must be 'function'", param));
       if (!t["function"].contains("name") || !t["function"]["name"].is_string())
         bad(param, fmt::format("'{}.function.name' must be a string", param));
+      if (t["function"].contains("parameters") && !t["function"]["parameters"].is_object() &&
+          !t["function"]["parameters"].is_null())
+        bad(param, fmt::format("'{}.function.parameters' must be a JSON schema object", param));
     }
     if (use_tools) r.tools = std::move(ordered);
   }

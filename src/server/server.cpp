@@ -36,6 +36,10 @@ namespace {
 constexpr auto kPollInterval = std::chrono::milliseconds(100);
 // Alternatives reported per token at most (OpenAI's limit for top_logprobs).
 constexpr int kMaxTopLogprobs = 20;
+// Limits that keep a configuration from overflowing the clock or spawning thousands of threads.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
+constexpr int kMaxQueue = 4096;
+constexpr int kMaxHttpThreads = 512;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -144,6 +148,7 @@ struct Server::Impl {
   uint64_t prompt_tokens = 0, prefill_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   double last_decode_tok_s = 0, last_prefill_tok_s = 0;
+  uint64_t cache_hits = 0, cache_misses = 0, cache_bytes = 0;  // copied from prompt_cache by the worker
   std::atomic<uint64_t> next_id{1};
 
   std::mutex stop_m;
@@ -238,6 +243,9 @@ struct Server::Impl {
         if (r.prefill_tokens > 0) last_prefill_tok_s = r.prefill_tok_s();
         if (r.decode_passes > 0) last_decode_tok_s = r.decode_tok_s();
         if (r.finish == FinishReason::Cancelled) cancelled++;
+        cache_hits = prompt_cache->hits();
+        cache_misses = prompt_cache->misses();
+        cache_bytes = prompt_cache->bytes();
       }
       std::lock_guard<std::mutex> l(job.m);
       job.result = std::move(r);
@@ -259,7 +267,8 @@ struct Server::Impl {
   void enqueue(const std::shared_ptr<Job>& job) {
     std::lock_guard<std::mutex> l(qm);
     if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
-    if ((int)queue.size() >= cfg.max_queue) {
+    const bool idle = queue.empty() && !running_job;
+    if ((int)queue.size() >= cfg.max_queue && !idle) {
       std::lock_guard<std::mutex> m(metrics_m);
       rejected_busy++;
       throw ApiError(503, fmt::format("the server is busy: {} requests are waiting; retry later", queue.size()),
@@ -377,11 +386,23 @@ struct Server::Impl {
     for (;;) {
       std::string text;
       text.swap(job->text);
+      // Logprobs travel with the text they produced: tokens whose text is held back (an
+      // incomplete character, a possible stop string) keep theirs until that text is released.
       std::vector<TokenLogprob> lps;
-      lps.swap(job->logprobs);
+      if (!text.empty()) lps.swap(job->logprobs);
       const bool done = job->done;
       l.unlock();
-      if (!text.empty() && !on_output(text, lps)) {
+      bool client_ok = true;
+      try {
+        client_ok = text.empty() || on_output(text, lps);
+      } catch (const std::exception& e) {  // an exception must not escape into httplib's thread
+        abandon(job);
+        send_event(sink, api::error_body(ApiError(500, e.what(), "server_error")));
+        sink.write("data: [DONE]\n\n", 14);
+        sink.done();
+        return true;
+      }
+      if (!client_ok) {
         abandon(job);
         return false;
       }
@@ -406,8 +427,12 @@ struct Server::Impl {
       if (job->error) error = job->error;
       else result = job->result;
     }
-    if (error) send_event(sink, api::error_body(*error));
-    else on_finish(*result);
+    try {
+      if (error) send_event(sink, api::error_body(*error));
+      else on_finish(*result);
+    } catch (const std::exception& e) {
+      send_event(sink, api::error_body(ApiError(500, e.what(), "server_error")));
+    }
     sink.write("data: [DONE]\n\n", 14);
     sink.done();
     return true;
@@ -499,7 +524,7 @@ struct Server::Impl {
       if (!parsed.tool_calls.empty()) return "tool_calls";
       return r.finish == FinishReason::Length ? "length" : "stop";
     };
-    auto tool_calls_json = [&](const ParsedReply& parsed) {
+    auto tool_calls_json = [id](const ParsedReply& parsed) {
       json calls = json::array();
       for (size_t i = 0; i < parsed.tool_calls.size(); i++) {
         const ToolCall& c = parsed.tool_calls[i];
@@ -754,13 +779,11 @@ struct Server::Impl {
     out += fmt::format("redlite_queue_depth {}\n", depth);
     metric("redlite_requests_running", "gauge", "generations running now");
     out += fmt::format("redlite_requests_running {}\n", busy ? 1 : 0);
-    if (prompt_cache) {
-      const uint64_t h = prompt_cache->hits(), m = prompt_cache->misses();
-      metric("redlite_prompt_cache_hit_rate", "gauge", "share of lookups that found a reusable session state");
-      out += fmt::format("redlite_prompt_cache_hit_rate {:.4f}\n", h + m ? (double)h / (double)(h + m) : 0.0);
-      metric("redlite_prompt_cache_bytes", "gauge", "bytes held by kept session states");
-      out += fmt::format("redlite_prompt_cache_bytes {}\n", prompt_cache->bytes());
-    }
+    metric("redlite_prompt_cache_hit_rate", "gauge", "share of lookups that found a reusable session state");
+    out += fmt::format("redlite_prompt_cache_hit_rate {:.4f}\n",
+                       cache_hits + cache_misses ? (double)cache_hits / (double)(cache_hits + cache_misses) : 0.0);
+    metric("redlite_prompt_cache_bytes", "gauge", "bytes held by kept session states");
+    out += fmt::format("redlite_prompt_cache_bytes {}\n", cache_bytes);
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
@@ -805,7 +828,11 @@ struct Server::Impl {
       std::string msg;
       switch (res.status) {
         case 404: msg = fmt::format("no endpoint {} {}", req.method, req.path); break;
-        case 413: msg = fmt::format("the request body is larger than the limit of {} bytes", cfg.max_body_bytes); break;
+        case 413:
+          msg = req.get_header_value("Content-Type").find("application/x-www-form-urlencoded") == 0
+                    ? "a form-encoded body is limited to 8 KiB; send JSON with Content-Type: application/json"
+                    : fmt::format("the request body is larger than the limit of {} bytes", cfg.max_body_bytes);
+          break;
         case 405: msg = fmt::format("method {} is not allowed on {}", req.method, req.path); break;
         default: msg = fmt::format("the request could not be processed (HTTP {})", res.status); break;
       }
@@ -832,7 +859,9 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
   impl_->default_sampling = d;
   if (impl_->cfg.max_queue < 0) fail("--max-queue: must be >= 0, got {}", impl_->cfg.max_queue);
   if (impl_->cfg.n_ctx < 2) fail("--ctx: must be at least 2, got {}", impl_->cfg.n_ctx);
-  if (!(impl_->cfg.request_timeout_s > 0)) fail("--timeout: must be > 0 seconds");
+  if (!(impl_->cfg.request_timeout_s > 0) || impl_->cfg.request_timeout_s > kMaxTimeoutSeconds)
+    fail("--timeout: must be between 0 and {} seconds, got {}", kMaxTimeoutSeconds, impl_->cfg.request_timeout_s);
+  if (impl_->cfg.max_queue > kMaxQueue) fail("--max-queue: at most {}, got {}", kMaxQueue, impl_->cfg.max_queue);
 }
 
 Server::~Server() {
@@ -844,7 +873,7 @@ Server::~Server() {
 
 void Server::start() {
   Impl& s = *impl_;
-  const int threads = s.cfg.http_threads > 0 ? s.cfg.http_threads : std::max(16, s.cfg.max_queue + 8);
+  const int threads = s.cfg.http_threads > 0 ? s.cfg.http_threads : std::min(kMaxHttpThreads, std::max(16, s.cfg.max_queue + 8));
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.http.set_payload_max_length(s.cfg.max_body_bytes);
   // A client that sends its request slowly is dropped after this, not waited for forever.

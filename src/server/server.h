@@ -39,13 +39,15 @@ struct ServerConfig {
   int port = 8080;                 // 0: any free port (see Server::port())
   std::string api_key;             // empty: no authentication
   int n_ctx = 4096;                // context of the served session (prompt + generation)
-  int max_queue = 16;              // requests waiting for the model beyond the one running
-  double request_timeout_s = 600;  // a generation that runs longer ends with an error
+  int max_queue = 16;              // requests waiting for the model beyond the one running (<= 4096)
+  double request_timeout_s = 600;  // a generation that runs longer ends with an error (<= 7 days)
   size_t max_body_bytes = 8u << 20;
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
   bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
   int http_threads = 0;            // 0: max(16, max_queue + 8)
-  int read_timeout_s = 10;         // a client that sends its request slower than this is dropped
+  // Seconds one read from a client may wait. It bounds each read, not the whole request: a client
+  // that trickles bytes holds an HTTP thread (the default bind is loopback for that reason).
+  int read_timeout_s = 10;
   bool verbose = false;            // one log line per request on stderr
 };
 

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include "common/error.h"
 #include "generate/chat_template.h"
 #include "generate/generator.h"
 #include "server_test_util.h"
@@ -345,4 +346,48 @@ TEST_F(ServerTest, DisconnectCancelsGeneration) {
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("redlite_requests_cancelled_total 1"), std::string::npos) << m->body;
+}
+
+// Streamed logprobs: one entry per generated token, as in the whole answer, even when text is
+// held back for a possible stop string.
+TEST_F(ServerTest, StreamedLogprobsCoverEveryToken) {
+  TestServer s(ServerConfig{});
+  auto c = s.client();
+  json body = {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}, {"logprobs", 0}};
+  auto plain = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const std::string text = json::parse(plain->body)["choices"][0]["text"];
+  ASSERT_GT(text.size(), 20u);
+  // A stop string that matches the first 20 bytes and then fails: those bytes are held back.
+  body["stop"] = text.substr(0, 20) + "\x01QQ";
+  auto whole = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  json wj = json::parse(whole->body);
+  const size_t n_whole = wj["choices"][0]["logprobs"]["token_logprobs"].size();
+  EXPECT_EQ(n_whole, (size_t)wj["usage"]["completion_tokens"].get<int>());
+  body["stream"] = true;
+  auto streamed = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  size_t n_stream = 0;
+  for (const json& e : parse_sse(streamed->body).events)
+    for (const json& ch : e["choices"])
+      if (ch.contains("logprobs") && ch["logprobs"].is_object()) n_stream += ch["logprobs"]["token_logprobs"].size();
+  EXPECT_EQ(n_stream, n_whole);
+}
+
+// With --max-queue 0 an idle server still serves one request at a time; absurd limits are refused.
+TEST_F(ServerTest, QueueOfZeroAndConfigurationLimits) {
+  ServerConfig cfg;
+  cfg.max_queue = 0;
+  TestServer s(cfg);
+  auto r = s.client().Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  ServerConfig bad_timeout;
+  bad_timeout.request_timeout_s = 1e10;
+  EXPECT_THROW(Server(bad_timeout, fixture_loader(server_model())), rl::Error);
+  ServerConfig bad_queue;
+  bad_queue.max_queue = 1 << 16;
+  EXPECT_THROW(Server(bad_queue, fixture_loader(server_model())), rl::Error);
 }

@@ -39,8 +39,19 @@ std::vector<Case> corpus() {
     cases.push_back({"/v1/chat/completions", b, std::string("broken body: ") + b});
     cases.push_back({"/v1/completions", b, std::string("broken body: ") + b});
   }
-  // Deep nesting.
+  // Deep nesting, at the top and inside fields that are serialised again (tools, arguments).
   cases.push_back({"/v1/chat/completions", std::string(20000, '[') + std::string(20000, ']'), "deep array"});
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  cases.push_back({"/v1/chat/completions",
+                   R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"tools":)" + deep + "}",
+                   "deeply nested tools"});
+  cases.push_back({"/v1/chat/completions",
+                   R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":)" + deep +
+                       "}}]}]}",
+                   "deeply nested tool-call arguments"});
+  cases.push_back({"/v1/chat/completions",
+                   R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":5}}]})",
+                   "tool parameters not an object"});
   // Wrong types and out-of-range values for every field.
   const json wrong_values[] = {"text", json::object(), json::array({1}), true, -1, 1e308, -1e308, 3.5};
   const char* numeric_fields[] = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
