@@ -1,6 +1,7 @@
 // `redlite run` and `redlite generate -p` on the tiny fixture model, against llama.cpp's reference
 // (tiny-qwen3next-q4km.ref-f32.json: prompt token ids and the greedy continuation of each prompt,
 // computed on the F32 weights, which is what the CPU oracle computes).
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -23,7 +24,10 @@ struct Output {
 };
 
 Output run_redlite(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "redlite_cli_text_stderr.txt";
+  // One file per process and call: CTest runs these tests as parallel processes.
+  static int calls = 0;
+  const std::string err_path = ::testing::TempDir() + "redlite_cli_text_stderr." + std::to_string(::getpid()) +
+                               "." + std::to_string(calls++) + ".txt";
   Output o;
   FILE* p = ::popen((test::redlite_bin() + " " + args + " 2> " + err_path).c_str(), "r");
   if (!p) return o;
@@ -35,6 +39,7 @@ Output run_redlite(const std::string& args) {
   std::stringstream s;
   s << f.rdbuf();
   o.err = s.str();
+  std::remove(err_path.c_str());
   return o;
 }
 
