@@ -2,6 +2,10 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -20,6 +24,24 @@ inline std::string fixture(const std::string& name) { return fixtures_dir() + "/
 inline std::string redlite_bin() {
   if (const char* e = std::getenv("REDLITE_BIN"); e && *e) return e;
   return std::string(REDLITE_BINARY_DIR) + "/redlite";
+}
+
+struct ShellRun {
+  int exit_code = -1;  // -1: not run, or ended by a signal
+  std::string out;     // what the command wrote to stdout
+};
+
+// Runs a shell command line and captures its stdout (redirect stderr in `cmd` as needed).
+inline ShellRun run_shell(const std::string& cmd) {
+  ShellRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace rl::test

@@ -18,15 +18,6 @@ constexpr uint32_t kMaxDims = 4;
 // one corrupt count in a multi-GB model ask for tens of GB before any item is read.
 constexpr uint64_t kMaxUpfrontReserve = 1 << 16;
 
-size_t scalar_size(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
-    case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
-    case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
-    case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
-    default: return 0;
-  }
-}
 
 bool known_value_type(uint32_t t) { return t <= (uint32_t)GgufValueType::FLOAT64; }
 
@@ -38,6 +29,16 @@ T load(const uint8_t* p) {
 }
 
 }  // namespace
+
+size_t gguf_value_size(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
+    case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
+    case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
+    case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
+    default: return 0;
+  }
+}
 
 const char* gguf_value_type_name(GgufValueType t) {
   static const char* names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool",
@@ -147,7 +148,7 @@ class GgufParser {
   }
 
   void scalar(GgufValue& v, GgufValueType t) {
-    const size_t n = scalar_size(t);
+    const size_t n = gguf_value_size(t);
     need(n, gguf_value_type_name(t));
     const uint8_t* q = p_ + pos_;
     switch (t) {
@@ -197,7 +198,7 @@ class GgufParser {
       v.items_.reserve(std::min(count, kMaxUpfrontReserve));
       for (uint64_t i = 0; i < count; i++) value(v.items_.emplace_back(), GgufValueType::ARRAY, key, depth + 1);
     } else {
-      const size_t es = scalar_size(v.elem_type_);
+      const size_t es = gguf_value_size(v.elem_type_);
       if (count > remaining() / es)
         error("key '{}': array of {} x {} cannot fit in the {} bytes left", key, count,
               gguf_value_type_name(v.elem_type_), remaining());

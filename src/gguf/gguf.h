@@ -20,6 +20,8 @@ enum class GgufValueType : uint32_t {
   STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
 const char* gguf_value_type_name(GgufValueType t);
+// Encoded bytes of one value of a scalar type; 0 for STRING, ARRAY and unknown types.
+size_t gguf_value_size(GgufValueType t);
 
 // One metadata value. Scalars are stored widened; arrays of scalars keep a pointer to their raw
 // little-endian elements in the mapping; arrays of strings and nested arrays hold items.

@@ -46,18 +46,6 @@ void put_string(std::vector<uint8_t>& out, std::string_view s) {
   put_bytes(out, s.data(), s.size());
 }
 
-// Encoded size of one element of a scalar GGUF type; 0 for STRING and ARRAY.
-size_t scalar_size(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
-    case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
-    case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
-    case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
-    case GgufValueType::STRING: case GgufValueType::ARRAY: return 0;
-  }
-  return 0;
-}
-
 template <class T>
 std::vector<uint8_t> encode_scalar(GgufValueType type, T v) {
   std::vector<uint8_t> out;
@@ -99,7 +87,7 @@ void encode_array_payload(std::vector<uint8_t>& out, const GgufValue& v) {
     for (size_t i = 0; i < v.size(); i++) encode_array_payload(out, v.array_at(i));
   } else if (v.raw_data() != nullptr || v.size() == 0) {
     // Scalar elements are copied as stored: no conversion can change a value.
-    put_bytes(out, v.raw_data(), v.size() * scalar_size(elem));
+    put_bytes(out, v.raw_data(), v.size() * gguf_value_size(elem));
   } else {
     fail("array of {} has no element bytes", gguf_value_type_name(elem));
   }

@@ -103,17 +103,29 @@ inline void scale_min_k4(int s, const uint8_t* packed, int* scale, int* min) {
   }
 }
 
+// Scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K/Q5_K block, as ggml forms them.
+struct ChunkScales {
+  float d1, m1, d2, m2;
+};
+inline ChunkScales chunk_scales_k4(int chunk, const uint8_t* packed, float d, float dmin) {
+  int sc, m;
+  ChunkScales c;
+  scale_min_k4(2 * chunk, packed, &sc, &m);
+  c.d1 = d * (float)sc;
+  c.m1 = dmin * (float)m;
+  scale_min_k4(2 * chunk + 1, packed, &sc, &m);
+  c.d2 = d * (float)sc;
+  c.m2 = dmin * (float)m;
+  return c;
+}
+
 // qs: 4 chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles sub-block 2c + 1.
 inline void dequantize_block_q4_K(const BlockQ4_K& b, float* y) {
   const float d = half_to_f32(b.d);
   const float dmin = half_to_f32(b.dmin);
   const uint8_t* q = b.qs;
   for (int chunk = 0; chunk < 4; chunk++) {
-    int sc, m;
-    scale_min_k4(2 * chunk, b.scales, &sc, &m);
-    const float d1 = d * (float)sc, m1 = dmin * (float)m;
-    scale_min_k4(2 * chunk + 1, b.scales, &sc, &m);
-    const float d2 = d * (float)sc, m2 = dmin * (float)m;
+    const auto [d1, m1, d2, m2] = chunk_scales_k4(chunk, b.scales, d, dmin);
     RL_VECTORIZE_LOOP
     for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0x0F) - m1;
     RL_VECTORIZE_LOOP
@@ -130,11 +142,7 @@ inline void dequantize_block_q5_K(const BlockQ5_K& b, float* y) {
   const float dmin = half_to_f32(b.dmin);
   const uint8_t* ql = b.qs;
   for (int chunk = 0; chunk < 4; chunk++) {
-    int sc, m;
-    scale_min_k4(2 * chunk, b.scales, &sc, &m);
-    const float d1 = d * (float)sc, m1 = dmin * (float)m;
-    scale_min_k4(2 * chunk + 1, b.scales, &sc, &m);
-    const float d2 = d * (float)sc, m2 = dmin * (float)m;
+    const auto [d1, m1, d2, m2] = chunk_scales_k4(chunk, b.scales, d, dmin);
     const uint8_t bit_lo = (uint8_t)(1u << (2 * chunk));
     const uint8_t bit_hi = (uint8_t)(2u << (2 * chunk));
     RL_VECTORIZE_LOOP

@@ -15,23 +15,12 @@
 namespace rl {
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-};
+using CliRun = test::ShellRun;
 
 // stderr goes with stdout unless stdout_only (for output that is parsed).
 CliRun run_redlite(const std::string& args, bool stdout_only = false) {
   const std::string cmd = test::redlite_bin() + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_shell(cmd);
 }
 
 const std::string kStem = "tiny-qwen3next-q4km";

@@ -39,16 +39,7 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
+std::string run_capture(const std::string& cmd) { return run_shell(cmd).out; }
 
 // A `redlite serve` child process, stopped with SIGTERM.
 class ServeProcess {

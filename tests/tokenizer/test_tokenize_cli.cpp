@@ -11,23 +11,11 @@
 namespace rl {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
+using RunResult = test::ShellRun;  // out: stdout and stderr together
 
 // Runs redlite with `args` (already shell-quoted) and captures its output.
 RunResult run_redlite(const std::string& args) {
-  RunResult r;
-  const std::string cmd = "'" + test::redlite_bin() + "' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return test::run_shell("'" + test::redlite_bin() + "' " + args + " 2>&1");
 }
 
 #define RL_REQUIRE_REDLITE()                                                                  \
