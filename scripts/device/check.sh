@@ -84,7 +84,7 @@ M80=$SHM/80b-seed-mix.gguf
 [ -e $M80 ] || step synth-80b "$BIN" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
 [ "$STAGE" = full ] && step parity-80b "$BIN" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
 [ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_PROFILE=1 step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json
-step bench-80b "$BIN" bench -m $M80 --backend cuda --reps 3 --json
+step bench-80b "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
 [ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_SPECULATIVE=0 step bench-80b-sync "$BIN" bench -m $M80 --backend cuda --reps 1 --json
 [ "${ONLY_MAIN_BENCH:-0}" = 1 ] || step bench-80b-8g "$BIN" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json
 # Per-kernel GPU times of the decode (GPU-routed graph nodes), when Nsight Systems is installed.
@@ -96,6 +96,17 @@ if [ "${NSYS:-0}" = 1 ] && [ -n "$NSYS_BIN" ]; then
   cat "$OUT/nsys-kernels.csv"
 elif [ "${NSYS:-0}" = 1 ]; then
   log "nsys: not installed"
+fi
+# Per-kernel GPU times with Nsight Compute (one metric, no cache flush, clocks left alone): a short
+# bench (prefill chunk of NCU_PREFILL tokens, 3 decode tokens); $OUT/ncu-kernels.csv.
+if [ "${NCU:-0}" = 1 ]; then
+  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  step ncu-80b timeout 300 "$NCU_BIN" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --csv --print-units base --launch-count ${NCU_COUNT:-6000} -o /tmp/rl-ncu -f \
+    "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 3 --prefill-tokens ${NCU_PREFILL:-512} --json
+  "$NCU_BIN" --import /tmp/rl-ncu.ncu-rep --csv --print-units base --page raw \
+    --metrics gpu__time_duration.sum > "$OUT/ncu-kernels.csv" 2> "$OUT/ncu-import.err"
+  gzip -f "$OUT/ncu-kernels.csv"
 fi
 rm -f $M80
 [ "${SKIP_SKEW:-0}" = 1 ] && exit $status

@@ -148,29 +148,6 @@ class Profiler {
   std::vector<std::pair<Stage, cudaEvent_t>> marks_;
 };
 
-// ---- router: the oracle's selection rule on the host ---------------------------------------------
-// Softmax over all experts (double), top-k by probability with ties to the lower index, weights
-// renormalised over the selection (cpu/forward.cpp route()).
-void route_token(const Config& c, const float* l, int32_t* ids, float* weights,
-                 std::vector<float>& prob, std::vector<int>& order) {
-  const int E = c.n_expert, K = c.n_expert_used;
-  const double max_l = *std::max_element(l, l + E);
-  double sum = 0.0;
-  for (int e = 0; e < E; e++) sum += std::exp((double)l[e] - max_l);
-  for (int e = 0; e < E; e++) prob[e] = (float)(std::exp((double)l[e] - max_l) / sum);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                    [&](int a, int b) { return prob[a] != prob[b] ? prob[a] > prob[b] : a < b; });
-  double selected = 0.0;
-  for (int k = 0; k < K; k++) selected += prob[order[k]];
-  for (int k = 0; k < K; k++) {
-    ids[k] = order[k];
-    double wk = prob[order[k]] / selected;
-    if (c.expert_weights_scale != 0.0f) wk *= c.expert_weights_scale;
-    weights[k] = (float)wk;
-  }
-}
-
 class CudaSessionImpl;
 
 // ---- the backend: weights, expert cache, shared buffers -----------------------------------------
@@ -217,19 +194,28 @@ class CudaBackendImpl final : public CudaBackend {
   void preload_all();
   void allocate_working_set();
   // Routed experts of layer L for the T tokens whose h2 rows are in `h2`; adds into x.
-  void moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace);
+  // The MoE block of layer L: x += experts(h2); then h_out = RMSNorm(x) * next_norm (the next
+  // layer's input norm or the output norm, fused into the combine).
+  void moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace, const float* next_norm, float* h_out);
   void run_expert_batch(int L, std::span<const int> experts, std::span<const int> group_rows,
                         std::span<const int> group_offset, int T);
   void copy_misses(int L, const ExpertCache::Reservation& r);
   void sync_residency_rows();
   void project(const DMat& w, const float* x, int T, float* y);
+  struct Projection {
+    const DMat* w;
+    const float* x;
+    float* y;
+  };
+  void project_group(std::initializer_list<Projection> list, int T);
+  void project_gate_up(const DMat& gate, const DMat& up, const float* x, int T, float* act, float* up_out);
   // Enqueues a forward pass of T tokens whose ids and positions are already in device memory, up
   // to the LM head's logits in `logits` ([T or 1][n_vocab]). gpu_routed (T == 1): the routing runs
   // on the GPU and the pass never waits for the host, so it can be captured into a graph.
   void encode_pass(SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
                    float* logits, TraceSink* trace, bool gpu_routed);
   // Routed and shared experts of layer L for one token, routed on the GPU (route_topk); adds into x.
-  void moe_layer_gpu_routed(int L, const float* h2, float* x);
+  void moe_layer_gpu_routed(int L, const float* h2, float* x, const float* next_norm, float* h_out);
   void capture_token_graph(SessionState& st);
   void allocate_gpu_routed_buffers();
 
@@ -268,6 +254,8 @@ class CudaBackendImpl final : public CudaBackend {
   float* pinned_logits_ = nullptr;
   size_t pinned_logits_floats_ = 0;
   float* pinned_router_ = nullptr;  // [kMaxChunk][n_expert]
+  DeviceBuffer route_ids_, route_weights_;  // [kMaxChunk][k] from route_tokens
+  int32_t* pinned_route_ids_ = nullptr;     // their host copy
 
   // GPU-routed decode: [0] token id, [1] position, read by the captured graph.
   DeviceBuffer tokpos_;
@@ -352,6 +340,7 @@ CudaBackendImpl::~CudaBackendImpl() {
   if (staging_host_) cudaFreeHost(staging_host_);
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
   if (pinned_router_) cudaFreeHost(pinned_router_);
+  if (pinned_route_ids_) cudaFreeHost(pinned_route_ids_);
   for (void* p : {(void*)tokpos_host_, (void*)gr_io_host_, (void*)gr_router_host_})
     if (p) cudaFreeHost(p);
   for (cudaEvent_t e : {slots_free_, copies_done_, router_ready_})
@@ -559,8 +548,11 @@ void CudaBackendImpl::allocate_working_set() {
   logits_rows_ = 1;
   RL_CUDA_CHECK(cudaMallocHost(&staging_host_, kStagingBytes));
   RL_CUDA_CHECK(cudaMallocHost(&pinned_router_, T * c.n_expert * sizeof(float)));
+  route_ids_.allocate(n_assign * sizeof(int32_t));
+  route_weights_.allocate(n_assign * sizeof(float));
+  RL_CUDA_CHECK(cudaMallocHost(&pinned_route_ids_, n_assign * sizeof(int32_t)));
   staging_dev_.allocate(kStagingBytes);
-  total += kStagingBytes + 2 * T * sizeof(int32_t);
+  total += kStagingBytes + 2 * T * sizeof(int32_t) + 2 * n_assign * sizeof(int32_t);
   stats_.working_bytes = total;
 }
 
@@ -711,6 +703,54 @@ void CudaBackendImpl::project(const DMat& w, const float* x, int T, float* y) {
     matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
 }
 
+// Several products of T tokens; for one token, consecutive products of one type and width are one
+// launch (matvec_jobs).
+void CudaBackendImpl::project_group(std::initializer_list<Projection> list, int T) {
+  if (T != 1) {
+    for (const Projection& p : list) project(*p.w, p.x, T, p.y);
+    return;
+  }
+  std::vector<MatvecJob> jobs;
+  const DMat* first = nullptr;
+  auto flush = [&] {
+    if (!jobs.empty()) matvec_jobs(first->type, first->cols, jobs.data(), (int)jobs.size(), stream_);
+    jobs.clear();
+  };
+  for (const Projection& p : list) {
+    if (first && (p.w->type != first->type || p.w->cols != first->cols)) flush();
+    if (jobs.empty()) first = p.w;
+    MatvecJob j;
+    j.w = p.w->data;
+    j.row_bytes = p.w->row_bytes;
+    j.rows = p.w->rows;
+    j.x = p.x;
+    j.y = p.y;
+    jobs.push_back(j);
+  }
+  flush();
+}
+
+// act = SiLU(gate · x) * (up · x) for T tokens (act [T][rows]; `up_out` holds up · x where the
+// two products are separate launches).
+void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const float* x, int T, float* act,
+                                      float* up_out) {
+  if (T == 1 && gate.type == up.type && gate.cols == up.cols) {
+    GateUpJob j;
+    j.gate = gate.data;
+    j.up = up.data;
+    j.row_bytes_gate = gate.row_bytes;
+    j.row_bytes_up = up.row_bytes;
+    j.rows = gate.rows;
+    j.x = x;
+    j.act = act;
+    matvec_gate_up(gate.type, gate.cols, &j, 1, stream_);
+    return;
+  }
+  project(gate, x, T, act);
+  project(up, x, T, up_out);
+  swiglu(act, up_out, act, (size_t)T * gate.rows, stream_);
+}
+
 // Expert kernels for one batch of experts (all reserved and resident): group g = experts[g] over
 // rows [group_offset[g], +group_rows[g]) of the gathered activations (prefill) or, for one token,
 // the shared input h (decode).
@@ -727,9 +767,8 @@ void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std:
   const int ff = c.n_ff_exp, n_embd = c.n_embd;
   if (T == 1) {
     // Decode: group g is selection g; its output row is g.
-    matvec_experts(gv.type, ptr_d, 0, gv.row_bytes, ff, n_embd, h_.f(), 0, g_buf_.f(), n, stream_);
-    matvec_experts(uv.type, ptr_d, moe.up_offset, uv.row_bytes, ff, n_embd, h_.f(), 0, u_buf_.f(), n, stream_);
-    swiglu(g_buf_.f(), u_buf_.f(), g_buf_.f(), (size_t)n * ff, stream_);
+    matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, h_.f(),
+                           g_buf_.f(), u_buf_.f(), n, stream_);
     matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f(), ff, y_buf_.f(), n,
                    stream_);
   } else {
@@ -757,41 +796,37 @@ void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std:
   RL_CUDA_CHECK(cudaEventRecord(slots_free_, stream_));
 }
 
-void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace) {
+void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace, const float* next_norm,
+                                float* h_out) {
   const Config& c = config();
   const LayerDev& d = layers_[L];
   const int E = c.n_expert, K = c.n_expert_used, n_embd = c.n_embd;
 
-  // Router logits to the host; the shared expert runs on the GPU while the host selects.
+  // Routing on the GPU, the selections to the host (which reserves the experts); the shared expert
+  // runs on the GPU meanwhile.
   profiler_.mark(kRouter, stream_);
-  project(d.moe.router, h2, T, router_logits_.f());
-  const float* logits_h = pinned_router_;
-  RL_CUDA_CHECK(cudaMemcpyAsync(pinned_router_, router_logits_.f(), (size_t)T * E * sizeof(float),
+  project_group({{&d.moe.router, h2, router_logits_.f()}, {&d.moe.shared_gate_inp, h2, sh_scalar_.f()}}, T);
+  route_tokens(router_logits_.f(), T, E, K, c.expert_weights_scale, route_ids_.get<int32_t>(), route_weights_.f(),
+               stream_);
+  RL_CUDA_CHECK(cudaMemcpyAsync(pinned_route_ids_, route_ids_.get(), (size_t)T * K * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost, stream_));
+  if (trace)
+    RL_CUDA_CHECK(cudaMemcpyAsync(pinned_router_, router_logits_.f(), (size_t)T * E * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_));
   RL_CUDA_CHECK(cudaEventRecord(router_ready_, stream_));
   profiler_.mark(kSharedExpert, stream_);
-  project(d.moe.gate_sh, h2, T, sh_gate_.f());
-  project(d.moe.up_sh, h2, T, sh_up_.f());
-  swiglu(sh_gate_.f(), sh_up_.f(), sh_gate_.f(), (size_t)T * c.n_ff_shexp, stream_);
+  project_gate_up(d.moe.gate_sh, d.moe.up_sh, h2, T, sh_gate_.f(), sh_up_.f());
   project(d.moe.down_sh, sh_gate_.f(), T, sh_out_.f());
-  project(d.moe.shared_gate_inp, h2, T, sh_scalar_.f());
   RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
   stage_reset();
   profiler_.mark(kExperts, stream_);
 
-  auto [ids_h, ids_d] = stage<int32_t>((size_t)T * K);
-  auto [w_h, w_d] = stage<float>((size_t)T * K);
-  {
-    std::vector<float> prob(E);
-    std::vector<int> order(E);
-    for (int t = 0; t < T; t++)
-      route_token(c, logits_h + (size_t)t * E, ids_h + (size_t)t * K, w_h + (size_t)t * K, prob, order);
-  }
+  const int32_t* ids_h = pinned_route_ids_;
+  const float* w_d = route_weights_.f();
   if (trace) {
-    trace->tensor(fmt::format("ffn_moe_logits-{}", L), T, E, logits_h);
+    trace->tensor(fmt::format("ffn_moe_logits-{}", L), T, E, pinned_router_);
     trace->ids(fmt::format("ffn_moe_topk-{}", L), T, K, ids_h);
   }
-  RL_CUDA_CHECK(cudaMemcpyAsync(w_d, w_h, (size_t)T * K * sizeof(float), cudaMemcpyHostToDevice, stream_));
 
   // Assignments: row a of the expert outputs holds (token, selection) assign[t][k] == a.
   auto [assign_h, assign_d] = stage<int32_t>((size_t)T * K);
@@ -844,7 +879,8 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
       run_expert_batch(L, ex, std::span<const int>(rows.data() + b0, n),
                        std::span<const int>(offsets.data() + b0, n), T);
   }
-  moe_combine(x, y_buf_.f(), assign_d, w_d, K, sh_out_.f(), sh_scalar_.f(), T, n_embd, stream_);
+  moe_combine_norm(x, y_buf_.f(), assign_d, w_d, K, sh_out_.f(), sh_scalar_.f(), T, n_embd, next_norm, c.rms_eps, h_out,
+                   stream_);
 }
 
 void CudaBackendImpl::allocate_gpu_routed_buffers() {
@@ -874,7 +910,7 @@ void CudaBackendImpl::allocate_gpu_routed_buffers() {
 // The decode MoE of the synchronous path with the host taken out: route_topk selects on the GPU
 // and reads the slots from the residency table; the expert kernels read the slot addresses it
 // wrote. Same kernels and the same arithmetic as moe_layer + run_expert_batch for T == 1.
-void CudaBackendImpl::moe_layer_gpu_routed(int L, const float* h2, float* x) {
+void CudaBackendImpl::moe_layer_gpu_routed(int L, const float* h2, float* x, const float* next_norm, float* h_out) {
   const Config& c = config();
   const MoeDev& moe = layers_[L].moe;
   const int E = c.n_expert, K = c.n_expert_used, n_embd = c.n_embd, ff = c.n_ff_exp;
@@ -884,24 +920,20 @@ void CudaBackendImpl::moe_layer_gpu_routed(int L, const float* h2, float* x) {
   float* weights = gr_weights_.f() + (size_t)L * K;
   const uint8_t** ptrs = gr_slot_ptrs_.get<const uint8_t*>() + (size_t)L * K;
   profiler_.mark(kRouter, stream_);
-  project(moe.router, h2, 1, router);
+  project_group({{&moe.router, h2, router}, {&moe.shared_gate_inp, h2, sh_scalar_.f()}}, 1);
   route_topk(router, E, K, c.expert_weights_scale, residency_table_.get<uint64_t>() + (size_t)L * E,
              slots_.get<uint8_t>(), ids, weights, ptrs, misses, stream_);
   profiler_.mark(kSharedExpert, stream_);
-  project(moe.gate_sh, h2, 1, sh_gate_.f());
-  project(moe.up_sh, h2, 1, sh_up_.f());
-  swiglu(sh_gate_.f(), sh_up_.f(), sh_gate_.f(), (size_t)c.n_ff_shexp, stream_);
+  project_gate_up(moe.gate_sh, moe.up_sh, h2, 1, sh_gate_.f(), sh_up_.f());
   project(moe.down_sh, sh_gate_.f(), 1, sh_out_.f());
-  project(moe.shared_gate_inp, h2, 1, sh_scalar_.f());
   const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
   profiler_.mark(kExperts, stream_);
   matvec_experts_gate_up(gv.type, uv.type, ptrs, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, h2,
                          g_buf_.f(), u_buf_.f(), K, stream_);
-  swiglu(g_buf_.f(), u_buf_.f(), g_buf_.f(), (size_t)K * ff, stream_);
   matvec_experts(dv.type, ptrs, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f(), ff, y_buf_.f(), K,
                  stream_);
-  moe_combine(x, y_buf_.f(), assign_identity_.get<int32_t>(), weights, K, sh_out_.f(), sh_scalar_.f(), 1,
-              n_embd, stream_);
+  moe_combine_norm(x, y_buf_.f(), assign_identity_.get<int32_t>(), weights, K, sh_out_.f(), sh_scalar_.f(), 1,
+                   n_embd, next_norm, c.rms_eps, h_out, stream_);
 }
 
 void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T,
@@ -923,9 +955,9 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
   const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
   for (int L = 0; L < c.n_layer; L++) {
     const LayerDev& d = layers_[L];
-    // The residual add of the previous layer's MoE is already in x; this layer's input norm.
+    // This layer's input norm; from layer 1 on, the previous layer's MoE combine wrote it to h.
     profiler_.mark(kNorms, stream_);
-    rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream_);
+    if (L == 0) rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream_);
     if (d.recurrent) {
       // Gated DeltaNet.
       const SsmDev& w = d.ssm;
@@ -937,16 +969,14 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
       float* o = small_b_.f();    // [T][value_dim]
       float* ba = proj_c_.f();    // [T][2 nv]
       profiler_.mark(kProjections, stream_);
-      project(w.qkv, h, T, qkv);
-      project(w.z, h, T, z);
-      project(w.ba, h, T, ba);
+      project_group({{&w.qkv, h, qkv}, {&w.z, h, z}, {&w.ba, h, ba}}, T);
       profiler_.mark(kDeltaNet, stream_);
       float* beta = mix;                  // [T][nv], mix is free until ssm_out
       float* g = mix + (size_t)T * nv;    // [T][nv]
       deltanet_gates(ba, w.dt_bias, w.a, beta, g, T, nk, nv, stream_);
       conv1d_silu(qkv, conv_dim, conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, stream_);
-      l2_norm(conv, T, nk, dk, conv_dim, 1e-6f, (float)(1.0 / std::sqrt((double)dk)), stream_);
-      l2_norm(conv + key_dim, T, nk, dk, conv_dim, 1e-6f, 1.0f, stream_);
+      // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch.
+      l2_norm(conv, T, 2 * nk, dk, conv_dim, 1e-6f, (float)(1.0 / std::sqrt((double)dk)), stream_, nk);
       deltanet_recurrence(conv, conv + key_dim, conv + 2 * key_dim, conv_dim, beta, g, st.ssm[L].f(), o, T,
                           nk, nv, dk, dv, stream_);
       gated_rms_norm(o, z, w.norm, o, T * nv, dv, c.rms_eps, stream_);
@@ -963,9 +993,7 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
       float* k = proj_c_.f();         // [T][nkv][hd]
       float* v = mix;                 // [T][nkv][hd], mix is free until attn_output
       profiler_.mark(kProjections, stream_);
-      project(w.q, h, T, qg);
-      project(w.k, h, T, k);
-      project(w.v, h, T, v);
+      project_group({{&w.q, h, qg}, {&w.k, h, k}, {&w.v, h, v}}, T);
       profiler_.mark(kAttention, stream_);
       split_q_gate(qg, q, gate, T, nh, hd, stream_);
       rms_norm(q, w.q_norm, q, T * nh, hd, c.rms_eps, stream_);
@@ -987,16 +1015,16 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
     } else {
       add_rms_norm(x, mix, d.post_norm, h, T, n_embd, c.rms_eps, stream_);
     }
+    const float* next_norm = L + 1 < c.n_layer ? layers_[L + 1].attn_norm : output_norm_;
     if (gpu_routed) {
-      moe_layer_gpu_routed(L, h, x);
+      moe_layer_gpu_routed(L, h, x, next_norm, h);
     } else {
-      moe_layer(L, h, T, x, trace);
+      moe_layer(L, h, T, x, trace, next_norm, h);
     }
     trace_tensor(fmt::format("l_out-{}", L), x, n_embd);
   }
 
-  profiler_.mark(kNorms, stream_);
-  rms_norm(x, output_norm_, h, T, n_embd, c.rms_eps, stream_);
+  // The output norm is in h (the last layer's combine).
   trace_tensor("result_norm", h, n_embd);
   profiler_.mark(kLmHead, stream_);
   const int rows = all_logits ? T : 1;

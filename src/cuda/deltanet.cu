@@ -1,11 +1,10 @@
 // Gated DeltaNet: the causal depthwise conv, the gates, and the recurrence (DESIGN.md §1).
 //
-// The recurrence runs one block per value head with one thread per row of the state S [dv][dk]:
-// a thread keeps its row (dk floats) in registers for the whole chunk, so the state is read and
-// written once per call, and tokens are processed in order exactly as the oracle does. A prefill
-// chunk of 512 tokens is 512 dependent steps of ~3·dk multiply-adds per thread. The arithmetic is
-// the oracle's (cpu/forward.cpp deltanet_layer): sums and the state update in double, the state
-// stored as fp32 after each step.
+// The recurrence runs one warp per row of the state S [nv][dv][dk] (recurrence_kernel), tokens in
+// order exactly as the oracle processes them. The arithmetic is the oracle's (cpu/forward.cpp
+// deltanet_layer): sums and the state update in double, the state stored as fp32 after each step;
+// the dot products' double sums are formed as a warp tree instead of left to right, which moves
+// a rounded fp32 result only in the rarest ties.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
@@ -45,6 +44,30 @@ __global__ void conv1d_silu_kernel(const float* x, size_t x_stride, float* out, 
     if (i < K - 1) state[(size_t)i * C + c] = win[i];
 }
 
+// The same conv for a long chunk: one thread per (token, channel), reading the K-1 previous inputs
+// from x or, before the chunk, from the state; conv_state_kernel then advances the state.
+__global__ void conv1d_silu_tokens_kernel(const float* __restrict__ x, size_t x_stride, float* __restrict__ out,
+                                          const float* __restrict__ state, const float* __restrict__ w, int T, int C,
+                                          int K) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+  if (c >= C) return;
+  double s = (double)w[(size_t)c * K + K - 1] * x[(size_t)t * x_stride + c];
+  for (int i = 0; i < K - 1; i++) {
+    const int tau = t - (K - 1) + i;  // input time of tap i
+    const float in = tau < 0 ? state[(size_t)(K - 1 + tau) * C + c] : x[(size_t)tau * x_stride + c];
+    s = fma((double)w[(size_t)c * K + i], (double)in, s);
+  }
+  out[(size_t)t * C + c] = silu_f((float)s);
+}
+
+// state[i] = input at time T-(K-1)+i: ascending i reads old entries before they are replaced.
+__global__ void conv_state_kernel(const float* __restrict__ x, size_t x_stride, float* state, int T, int C, int K) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int i = 0; i < K - 1; i++)
+    state[(size_t)i * C + c] = i + T < K - 1 ? state[(size_t)(i + T) * C + c] : x[(size_t)(T - (K - 1) + i) * x_stride + c];
+}
+
 __global__ void gates_kernel(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
                              float* g, int T, int nk, int nv) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -57,44 +80,77 @@ __global__ void gates_kernel(const float* ba, const float* dt_bias, const float*
   g[i] = __fmul_rn(softplus_f(__fadd_rn(a, dt_bias[j])), ssm_a[j]);
 }
 
+constexpr int kRecurrenceWarps = 8;  // rows of S per block
+
+// One warp per row of S (value head j, row r): lane l keeps the DK/32 consecutive state values
+// starting at l*DK/32 in registers for the whole chunk, so the state is read and written once per
+// call with coalesced accesses, and the 32*dv*nv rows of a layer run in parallel. Each token is a
+// dependent step: decay, s·k (double, warp sum), the delta, the update and s·q (double, warp sum).
+// The next token's k and q are loaded before the current step's sums, so the loads overlap them.
 template <int DK>
-__global__ void recurrence_kernel(const float* q, const float* k, const float* v, size_t stride,
-                                  const float* beta, const float* g, float* S, float* out, int T,
-                                  int nk, int nv, int dv) {
-  const int j = blockIdx.x;        // value head
-  const int row = threadIdx.x;     // row of S (value dim)
+__global__ void __launch_bounds__(32 * kRecurrenceWarps)
+    recurrence_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                      size_t stride, const float* __restrict__ beta, const float* __restrict__ g, float* S,
+                      float* __restrict__ out, int T, int nk, int nv, int dv) {
+  constexpr int P = DK / 32;
+  const int gw = blockIdx.x * kRecurrenceWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (gw >= nv * dv) return;
+  const int j = gw / dv, row = gw % dv;
   const int kh = j / (nv / nk);
-  __shared__ float ks[DK], qs[DK];
-  float s[DK];
-  float* Sj = S + ((size_t)j * dv + row) * DK;
+  float s[P];
+  float* Sr = S + (size_t)gw * DK + lane * P;
 #pragma unroll
-  for (int i = 0; i < DK; i++) s[i] = Sj[i];
-  for (int t = 0; t < T; t++) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < DK; i += blockDim.x) {
-      ks[i] = k[(size_t)t * stride + (size_t)kh * DK + i];
-      qs[i] = q[(size_t)t * stride + (size_t)kh * DK + i];
-    }
-    __syncthreads();
-    const double decay = exp((double)g[(size_t)t * nv + j]);
-    const double b = beta[(size_t)t * nv + j];
-    double sk = 0.0;
+  for (int i = 0; i < P; i++) s[i] = Sr[i];
+  const size_t koff = (size_t)kh * DK + lane * P, voff = (size_t)j * dv + row;
+  auto load_kq = [&](int t, float* kk, float* qq) {
 #pragma unroll
-    for (int i = 0; i < DK; i++) {
-      s[i] = (float)(s[i] * decay);
-      sk = fma((double)s[i], (double)ks[i], sk);
+    for (int i = 0; i < P; i++) kk[i] = k[(size_t)t * stride + koff + i], qq[i] = q[(size_t)t * stride + koff + i];
+  };
+  float kc[P], qc[P];
+  load_kq(0, kc, qc);
+  // Tokens in groups of 32: lane l fetches token t0+l's decay exp(g), beta and v up front, and the
+  // steps take them by shuffle, so the exponential and the scalar loads leave the dependent chain.
+  for (int t0 = 0; t0 < T; t0 += 32) {
+    const int tl = t0 + lane;
+    double dec_l = 0.0, b_l = 0.0;
+    float v_l = 0.f;
+    if (tl < T) {
+      dec_l = exp((double)g[(size_t)tl * nv + j]);
+      b_l = beta[(size_t)tl * nv + j];
+      v_l = v[(size_t)tl * stride + voff];
     }
-    const double d = ((double)v[(size_t)t * stride + (size_t)j * dv + row] - sk) * b;
-    double o = 0.0;
+    const int n = min(32, T - t0);
+    for (int i = 0; i < n; i++) {
+      const int t = t0 + i;
+      float kn[P], qn[P];
+      if (t + 1 < T) load_kq(t + 1, kn, qn);
+      const double decay = __shfl_sync(0xffffffffu, dec_l, i);
+      const double bt = __shfl_sync(0xffffffffu, b_l, i);
+      const float vt = __shfl_sync(0xffffffffu, v_l, i);
+      double sk = 0.0;
 #pragma unroll
-    for (int i = 0; i < DK; i++) {
-      s[i] = (float)fma(d, (double)ks[i], (double)s[i]);
-      o = fma((double)s[i], (double)qs[i], o);
+      for (int e = 0; e < P; e++) {
+        s[e] = (float)(s[e] * decay);
+        sk = fma((double)s[e], (double)kc[e], sk);
+      }
+      sk = warp_sum_d(sk);
+      const double d = ((double)vt - sk) * bt;
+      double o = 0.0;
+#pragma unroll
+      for (int e = 0; e < P; e++) {
+        s[e] = (float)fma(d, (double)kc[e], (double)s[e]);
+        o = fma((double)s[e], (double)qc[e], o);
+      }
+      o = warp_sum_d(o);
+      if (lane == 0) out[(size_t)t * nv * dv + voff] = (float)o;
+      if (t + 1 < T) {
+#pragma unroll
+        for (int e = 0; e < P; e++) kc[e] = kn[e], qc[e] = qn[e];
+      }
     }
-    out[((size_t)t * nv + j) * dv + row] = (float)o;
   }
 #pragma unroll
-  for (int i = 0; i < DK; i++) Sj[i] = s[i];
+  for (int i = 0; i < P; i++) Sr[i] = s[i];
 }
 
 }  // namespace
@@ -104,7 +160,14 @@ void conv1d_silu(const float* x, size_t x_stride, float* out, float* state, cons
   if (K < 2 || K > kMaxConvKernel)
     throw_error("deltanet: conv kernel " + std::to_string(K) + " outside [2, 8]");
   if (T == 0) return;
-  conv1d_silu_kernel<<<(C + 127) / 128, 128, 0, stream>>>(x, x_stride, out, state, w, T, C, K);
+  if (T <= 8) {  // decode and short chunks: one pass over the tokens per channel
+    conv1d_silu_kernel<<<(C + 127) / 128, 128, 0, stream>>>(x, x_stride, out, state, w, T, C, K);
+    RL_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  conv1d_silu_tokens_kernel<<<dim3((C + 127) / 128, T), 128, 0, stream>>>(x, x_stride, out, state, w, T, C, K);
+  RL_CUDA_LAUNCH_CHECK();
+  conv_state_kernel<<<(C + 127) / 128, 128, 0, stream>>>(x, x_stride, state, T, C, K);
   RL_CUDA_LAUNCH_CHECK();
 }
 
@@ -119,13 +182,15 @@ void deltanet_recurrence(const float* q, const float* k, const float* v, size_t 
                          const float* beta, const float* g, float* S, float* out, int T, int nk,
                          int nv, int dk, int dv, cudaStream_t stream) {
   if (T == 0) return;
-  if (dv > 1024) throw_error("deltanet: value head dim " + std::to_string(dv) + " > 1024");
+  const unsigned blocks = (unsigned)((nv * dv + kRecurrenceWarps - 1) / kRecurrenceWarps);
   switch (dk) {
     case 64:
-      recurrence_kernel<64><<<nv, dv, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv);
+      recurrence_kernel<64><<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T,
+                                                                         nk, nv, dv);
       break;
     case 128:
-      recurrence_kernel<128><<<nv, dv, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv);
+      recurrence_kernel<128><<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out,
+                                                                          T, nk, nv, dv);
       break;
     default:
       throw_error("deltanet: key head dim " + std::to_string(dk) + " (supported: 64, 128)");

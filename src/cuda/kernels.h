@@ -17,6 +17,36 @@ void upload_quant_tables();
 bool weight_type_supported(GgmlType t);
 
 // ---- matvec.cu: decode products (one token) ----------------------------------------------------
+// One matrix-vector product of a job list: y[r] = W[r,:] · x for r < rows, W at `w` or, when w is
+// null, at slot_ptrs[slot] + w_offset (slot_ptrs: a device array, e.g. the GPU-routed slots).
+struct MatvecJob {
+  const uint8_t* w = nullptr;
+  const uint8_t* const* slot_ptrs = nullptr;
+  size_t w_offset = 0;
+  size_t row_bytes = 0;
+  const float* x = nullptr;
+  float* y = nullptr;
+  int slot = 0;
+  int rows = 0;
+};
+// A SwiGLU pair: act[r] = SiLU(W_gate[r,:] · x) * (W_up[r,:] · x), the matrices at gate/up or, when
+// null, at slot_ptrs[slot] + gate_offset / up_offset.
+struct GateUpJob {
+  const uint8_t* gate = nullptr;
+  const uint8_t* up = nullptr;
+  const uint8_t* const* slot_ptrs = nullptr;
+  size_t gate_offset = 0, up_offset = 0;
+  size_t row_bytes_gate = 0, row_bytes_up = 0;
+  const float* x = nullptr;
+  float* act = nullptr;
+  int slot = 0;
+  int rows = 0;
+};
+constexpr int kMaxMatvecJobs = 24;  // per launch; longer lists take several launches
+
+// All jobs share the weight type t and the width cols (a multiple of 32).
+void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream);
+void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream);
 // y[r] = W[r,:] · x,  W [rows][cols] of type t with rows `row_bytes` apart, x [cols], y [rows].
 void matvec(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x,
             float* y, cudaStream_t stream);
@@ -26,6 +56,12 @@ void matvec(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, con
 void matvec_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
                     int rows, int cols, const float* x, size_t x_stride, float* y, int n,
                     cudaStream_t stream);
+// Decode experts' SwiGLU input: act_e = SiLU(W_gate(e) · x) * (W_up(e) · x) for n experts whose
+// slots are slot_ptrs[e] (gate at offset 0, up at up_offset); act [n][rows]. One launch when gate
+// and up have one type; otherwise two products (the up results in scratch [n][rows]) and swiglu.
+void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs,
+                            size_t up_offset, size_t row_bytes_gate, size_t row_bytes_up, int rows,
+                            int cols, const float* x, float* act, float* scratch, int n, cudaStream_t stream);
 
 // ---- matmul.cu: prefill products (T tokens) -----------------------------------------------------
 // Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows].
@@ -54,10 +90,11 @@ void rms_norm(const float* x, const float* w, float* out, int n_rows, int width,
 // DeltaNet output norm: out = RMSNorm(o) * w * SiLU(z) per row of `width`.
 void gated_rms_norm(const float* o, const float* z, const float* w, float* out, int n_rows,
                     int width, float eps, cudaStream_t stream);
-// In place, per head of `width` values: x / sqrt(sum(x²) + eps) * scale. x [T][heads][width] with
+// In place, per head of `width` values: x / sqrt(sum(x²) + eps) * scale (only the first
+// scaled_heads heads of a token when scaled_heads >= 0; the others get 1). x [T][heads][width] with
 // tokens `token_stride` floats apart.
 void l2_norm(float* x, int T, int heads, int width, size_t token_stride, float eps, float scale,
-             cudaStream_t stream);
+             cudaStream_t stream, int scaled_heads = -1);
 
 // ---- rope.cu: NeoX rotary on the first n_rot dims of each head ----------------------------------
 // x [T][n_heads][head_dim] (rows `row_stride` floats apart per token), positions [T] on the device.
@@ -105,8 +142,8 @@ void swiglu(const float* gate, const float* up, float* act, size_t n, cudaStream
 void moe_combine(float* x, const float* y, const int32_t* assign, const float* weights, int k,
                  const float* shared, const float* shared_gate, int T, int width,
                  cudaStream_t stream);
-// GPU routing of one token (the GPU-routed decode path): the oracle's rule of route_token in
-// cuda_backend.cpp — softmax over n_expert logits in double, top-k by fp32 probability with ties
+// GPU routing of one token (the GPU-routed decode path): the oracle's router rule (cpu/forward.cpp)
+// — softmax over n_expert logits in double, top-k by fp32 probability with ties
 // to the lower expert index, weights renormalised over the selection (times scale when non-zero).
 // Each selected expert's slot address comes from residency_row [n_expert] (0: not resident); a
 // missing one gets `fallback` (any readable slot, so the kernels that follow stay in bounds) and
@@ -114,12 +151,15 @@ void moe_combine(float* x, const float* y, const int32_t* assign, const float* w
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
                 int32_t* miss_count, cudaStream_t stream);
-// Decode experts, gate and up in one launch: g_e = W_gate(e) · x, u_e = W_up(e) · x for n experts
-// whose slots are slot_ptrs[e] (gate at offset 0, up at up_offset); x shared, g/u [n][rows].
-void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs,
-                            size_t up_offset, size_t row_bytes_gate, size_t row_bytes_up, int rows,
-                            int cols, const float* x, float* g, float* u, int n, cudaStream_t stream);
-
+// The same rule for T tokens (logits [T][n_expert]; ids, weights [T][k]), without slots: the
+// synchronous path's routing, whose ids the host reads to reserve the experts.
+void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,
+                  cudaStream_t stream);
+// moe_combine, then out = RMSNorm(x) * norm_w per token (the next layer's input norm): the same
+// values as moe_combine followed by rms_norm.
+void moe_combine_norm(float* x, const float* y, const int32_t* assign, const float* weights, int k,
+                      const float* shared, const float* shared_gate, int T, int width, const float* norm_w, float eps,
+                      float* out, cudaStream_t stream);
 // dst[i][:] = src[idx[i]][:] for i < n (rows of width floats).
 void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width,
                  cudaStream_t stream);

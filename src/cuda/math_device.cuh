@@ -18,4 +18,17 @@ __device__ __forceinline__ double warp_sum_d(double v) {
   return v;
 }
 
+// Sum of v over a block of THREADS threads; every thread gets it. Every thread must call it.
+template <int THREADS>
+__device__ __forceinline__ double block_sum_d(double v) {
+  __shared__ double partial[THREADS / 32];
+  v = warp_sum_d(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  double s = lane < THREADS / 32 ? partial[lane] : 0.0;
+  return warp_sum_d(s);
+}
+
 }  // namespace rl::cuda

@@ -1,12 +1,25 @@
 // Prefill products: Y = X·Wᵀ for a batch of tokens, weights of any supported type.
 //
-// Classic shared-memory tiling: a block computes a tile of kTileRows weight rows × BT tokens,
-// stepping through the columns kTileK at a time. Each step dequantises the weight tile once into
-// shared memory (fp32), so a weight byte is read once per BT tokens; each thread then accumulates
-// 4 rows × BT/16 tokens in registers. BT = 64 for dense matrices; 16 for experts, which see about
-// T·k/n_expert tokens each (≈10 for a 512-token chunk of the 80B model), so a 64-token tile would
-// be mostly empty.
-// Accumulation is in double, as in matvec.cu and the oracle (see there for why).
+// FP64 tensor cores (DMMA, mma.m8n8k4 f64). The arithmetic is the oracle's: an fp32 weight times
+// an fp32 activation is exact in double, the products are summed in double (in DMMA's order, which
+// the oracle does not fix), only the sum is rounded to fp32. No reduced-precision format is used.
+//
+// A block computes RT·64 weight rows × BT tokens, stepping through the columns kTileK = 32 at a
+// time. Each of the 8 warps owns RT·8 rows and all BT tokens, as RT × BT/8 accumulator tiles of
+// 8×8. The weights never pass through shared memory: lane (g, q) = (lane/4, lane%4) dequantises
+// chunk q (columns 8q..8q+7 of the step) of row g of each of its row tiles, and those eight values
+// are exactly its A fragments for the step's eight k4 mma's once the step's columns are taken in
+// the order j, 8+j, 16+j, 24+j for mma j (a permutation of the sum, applied to both operands). The
+// activations are staged once per step in shared memory as double (fp32→fp64 conversion is exact
+// but slow, so each element is converted once per block), double-buffered so that one barrier per
+// step suffices.
+//
+// Dense products use 64-token tiles. Experts see about T·k/n_expert tokens each (≈10 for a
+// 512-token chunk of the 80B model), so they use 16-token tiles (measured on an H200 faster than
+// 32-token ones for such groups); in every tile, 8-token sub-tiles that lie wholly past the
+// group's last token are neither staged nor multiplied. Prefetching the next step's global reads
+// into registers was tried and measured slower (it costs occupancy), so the overlap comes from
+// the several blocks resident per SM.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/quant_device.cuh"
@@ -15,98 +28,141 @@ namespace rl::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kTileRows = 64;  // 16 thread rows × 4 rows each
-constexpr int kTileK = 32;     // 4 chunks of 8 per row: one chunk per thread per step
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileK = 32;     // columns per step: 4 chunks of 8, one per lane of a fragment row
+// Tiles: tokens per block and 8-row tiles per warp (a block covers 64·row tiles weight rows).
+constexpr int kDenseTokens = 64, kDenseRowTiles = 2;
+constexpr int kExpertTokens = 16, kExpertRowTiles = 2;
 
-template <GgmlType T, int BT>
+// The staged activations are [kTileK][BT] doubles, element (k, t) at k·(BT+4) + 2·(k/4) + t. A
+// fragment load reads k = 8q + j, t = t0 + g: the pitch BT+4 ≡ 4 (mod 16 doubles) puts j in the
+// same bank group for every q, and the skew 2·(k/4) = 4q + 2(j/4) then separates the four q, so
+// the 16 lanes of a half-warp hit distinct 8-byte banks; the staging stores (lanes spread over
+// tokens and over k in steps of 4) are separated by the same skew.
+template <int BT>
+__device__ __forceinline__ int x_index(int k, int t) {
+  return k * (BT + 4) + 2 * (k >> 2) + t;
+}
+template <int BT>
+constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
+
+// D (8×8) += A (8×4, row-major) · B (4×8, column-major), all double, one warp.
+// Fragments (PTX ISA, matching CuTe's SM80_8x8x4_F64F64F64F64_TN), with g = lane/4, q = lane%4:
+// a = A[g][q], b = B[q][g], d = {D[g][2q], D[g][2q+1]}.
+__device__ __forceinline__ void dmma_8x8x4(double (&d)[2], double a, double b) {
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+      : "+d"(d[0]), "+d"(d[1])
+      : "d"(a), "d"(b));
+}
+
+template <GgmlType T, int BT, int RT>
 __global__ void __launch_bounds__(kThreads) matmul_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
     int cols, const float* x, const int* row_off, const int* row_cnt, int n_tokens, float* y) {
-  constexpr int TN = BT / 16;  // tokens per thread
-  __shared__ float ws[kTileK][kTileRows + 4];
-  __shared__ float xs[kTileK][BT + 4];
+  constexpr int kTileRows = kWarps * RT * 8;
+  constexpr int TT = BT / 8;  // 8-token sub-tiles
+  __shared__ double xs[2][kXTileDoubles<BT>];
 
   const int g = blockIdx.z;
   const int t0_group = row_off ? row_off[g] : 0;
   const int cnt = row_cnt ? row_cnt[g] : n_tokens;
   const int tile_t = blockIdx.y * BT;
-  if (tile_t >= cnt) return;
+  if (tile_t >= cnt) return;  // the whole token tile is past this group's end
+  // Tokens of this tile that exist; sub-tiles j < active hold at least one of them (block-uniform).
+  const int tile_n = min(BT, cnt - tile_t);
+  const int active = (tile_n + 7) / 8;
   const int r0 = blockIdx.x * kTileRows;
   const uint8_t* base = slot_ptrs ? slot_ptrs[g] + w_offset : w;
-  const float* xg = x + (size_t)t0_group * cols;
+  const float* xg = x + (size_t)(t0_group + tile_t) * cols;
   float* yg = y + (size_t)t0_group * rows;
 
   const int tid = threadIdx.x;
-  const int ty = tid / 16, tx = tid % 16;  // ty: rows 4ty..4ty+3, tx: tokens tx, tx+16, ...
-  double acc[4][TN] = {};
+  const int warp = tid / 32, lane = tid % 32;
+  const int fg = lane >> 2, fq = lane & 3;  // fragment coordinates (see dmma_8x8x4)
+  const int warp_r = warp * (RT * 8);       // first tile row of this warp
+  double acc[RT][TT][2] = {};
 
-  // Weight loading: thread tid dequantises chunk (tid % 4) of tile row (tid / 4).
-  const int lr = tid / 4, lc = tid % 4;
-  const bool w_valid = r0 + lr < rows;
-  const uint8_t* wrow = base + (size_t)(r0 + (w_valid ? lr : 0)) * row_bytes;
+  // Row tile i of this warp: lane reads chunk fq of row warp_r + 8i + fg (zeros past `rows`).
+  const uint8_t* wrow[RT];
+  bool w_valid[RT];
+#pragma unroll
+  for (int i = 0; i < RT; i++) {
+    const int r = r0 + warp_r + 8 * i + fg;
+    w_valid[i] = r < rows;
+    wrow[i] = base + (size_t)(w_valid[i] ? r : 0) * row_bytes;
+  }
 
-  for (int k0 = 0; k0 < cols; k0 += kTileK) {
-    float v[8];
-    if (w_valid) {
-      Dequant<T>::chunk8(wrow, k0 / 8 + lc, v);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; j++) v[j] = 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) ws[lc * 8 + j][lr] = v[j];
-    // Activations: BT × 32 floats, in float4 pieces.
-    for (int i = tid; i < BT * kTileK / 4; i += kThreads) {
+  int buf = 0;
+  for (int k0 = 0; k0 < cols; k0 += kTileK, buf ^= 1) {
+    // Activations of the active sub-tiles: active·8 × 32 floats in float4 pieces, 8 per token;
+    // tokens past the end (inside the last partial sub-tile) are zero.
+    double* xb = xs[buf];
+    for (int i = tid; i < active * 8 * (kTileK / 4); i += kThreads) {
       const int t = i / (kTileK / 4), part = i % (kTileK / 4);
       float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (tile_t + t < cnt) a = *reinterpret_cast<const float4*>(xg + (size_t)(tile_t + t) * cols + k0 + 4 * part);
-      xs[4 * part + 0][t] = a.x;
-      xs[4 * part + 1][t] = a.y;
-      xs[4 * part + 2][t] = a.z;
-      xs[4 * part + 3][t] = a.w;
+      if (t < tile_n) a = *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part);
+      xb[x_index<BT>(4 * part + 0, t)] = (double)a.x;
+      xb[x_index<BT>(4 * part + 1, t)] = (double)a.y;
+      xb[x_index<BT>(4 * part + 2, t)] = (double)a.z;
+      xb[x_index<BT>(4 * part + 3, t)] = (double)a.w;
     }
-    __syncthreads();
-#pragma unroll 8
-    for (int k = 0; k < kTileK; k++) {
-      const float4 wv = *reinterpret_cast<const float4*>(&ws[k][4 * ty]);
-      float xv[TN];
+    float v[RT][8];
 #pragma unroll
-      for (int j = 0; j < TN; j++) xv[j] = xs[k][tx + 16 * j];
+    for (int i = 0; i < RT; i++) {
+      if (w_valid[i]) {
+        Dequant<T>::chunk8(wrow[i], k0 / 8 + fq, v[i]);
+      } else {
 #pragma unroll
-      for (int j = 0; j < TN; j++) {
-        const double xd = xv[j];
-        acc[0][j] = fma((double)wv.x, xd, acc[0][j]);
-        acc[1][j] = fma((double)wv.y, xd, acc[1][j]);
-        acc[2][j] = fma((double)wv.z, xd, acc[2][j]);
-        acc[3][j] = fma((double)wv.w, xd, acc[3][j]);
+        for (int j = 0; j < 8; j++) v[i][j] = 0.f;
       }
     }
     __syncthreads();
+    // mma j covers the step's columns j, 8+j, 16+j, 24+j: lane (g, q) supplies column 8q + j.
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      double a[RT];
+#pragma unroll
+      for (int i = 0; i < RT; i++) a[i] = (double)v[i][j];
+#pragma unroll
+      for (int s = 0; s < TT; s++) {
+        if (s < active) {
+          const double b = xb[x_index<BT>(8 * fq + j, 8 * s + fg)];
+#pragma unroll
+          for (int i = 0; i < RT; i++) dmma_8x8x4(acc[i][s], a[i], b);
+        }
+      }
+    }
   }
+  // D fragment: row warp_r + 8i + fg, tokens 8s + 2fq + {0, 1}.
 #pragma unroll
-  for (int j = 0; j < TN; j++) {
-    const int t = tile_t + tx + 16 * j;
-    if (t >= cnt) continue;
+  for (int s = 0; s < TT; s++) {
+    if (s >= active) continue;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int r = r0 + 4 * ty + i;
-      if (r < rows) yg[(size_t)t * rows + r] = (float)acc[i][j];
+    for (int e = 0; e < 2; e++) {
+      const int t = tile_t + 8 * s + 2 * fq + e;
+      if (t >= cnt) continue;
+#pragma unroll
+      for (int i = 0; i < RT; i++) {
+        const int r = r0 + warp_r + 8 * i + fg;
+        if (r < rows) yg[(size_t)t * rows + r] = (float)acc[i][s][e];
+      }
     }
   }
 }
 
-template <int BT>
+template <int BT, int RT>
 void launch(GgmlType t, const void* w, const uint8_t* const* slot_ptrs, size_t w_offset,
             size_t row_bytes, int rows, int cols, const float* x, const int* row_off,
             const int* row_cnt, int n_groups, int max_tokens, float* y, cudaStream_t stream) {
   if (cols % kTileK != 0) throw_error("matmul: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kTileK));
   if (rows == 0 || n_groups == 0 || max_tokens == 0) return;
+  constexpr int kTileRows = kWarps * RT * 8;
   const dim3 grid((rows + kTileRows - 1) / kTileRows, (max_tokens + BT - 1) / BT, n_groups);
   const bool ok = dispatch_type(t, [&]<GgmlType T>() {
-    matmul_kernel<T, BT><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(w), slot_ptrs,
-                                                          w_offset, row_bytes, rows, cols, x,
-                                                          row_off, row_cnt, max_tokens, y);
+    matmul_kernel<T, BT, RT><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(w), slot_ptrs,
+                                                              w_offset, row_bytes, rows, cols, x,
+                                                              row_off, row_cnt, max_tokens, y);
   });
   if (!ok) throw_error(std::string("matmul: weight type ") + type_name(t) + " is not supported by the CUDA backend");
   RL_CUDA_LAUNCH_CHECK();
@@ -130,14 +186,21 @@ RL_QUANT_TABLES_UPLOADER(upload_quant_tables_matmul)
 
 void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
             float* y, cudaStream_t stream) {
-  launch<64>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y, stream);
+  // Matrices of at most 1024 rows (router, shared expert, small projections) give too few blocks
+  // with 64-token tiles to fill the GPU; 16-token tiles give four times as many.
+  if (rows <= 1024 && T > kExpertTokens)
+    launch<kExpertTokens, kExpertRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
+                                           stream);
+  else
+    launch<kDenseTokens, kDenseRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr,
+                                         1, T, y, stream);
 }
 
 void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
                     int rows, int cols, const float* x, const int* row_off, const int* row_cnt,
                     int n, int max_cnt, float* y, cudaStream_t stream) {
-  launch<16>(t, nullptr, slot_ptrs, w_offset, row_bytes, rows, cols, x, row_off, row_cnt, n,
-             max_cnt, y, stream);
+  launch<kExpertTokens, kExpertRowTiles>(t, nullptr, slot_ptrs, w_offset, row_bytes, rows, cols, x,
+                                         row_off, row_cnt, n, max_cnt, y, stream);
 }
 
 void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32_t* ids, int T,

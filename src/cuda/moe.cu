@@ -56,108 +56,188 @@ __global__ void combine_kernel(float* x, const float* y, const int32_t* assign, 
   x[(size_t)t * width + c] = __fadd_rn(x[(size_t)t * width + c], mix);
 }
 
+// combine_kernel for one token row per block, then the next RMSNorm of the new x (the two kernels'
+// arithmetic; the squares of the values this thread wrote, summed in double).
+constexpr int kMaxRouteK = 64;
+constexpr int kCombineNormThreads = 512;  // as norm.cu's block-per-row kernels
+__global__ void __launch_bounds__(kCombineNormThreads)
+    combine_norm_kernel(float* x, const float* __restrict__ y, const int32_t* __restrict__ assign,
+                        const float* __restrict__ weights, int k, const float* __restrict__ shared,
+                        const float* __restrict__ shared_gate, int width, const float* __restrict__ norm_w, float eps,
+                        float* __restrict__ out) {
+  const int t = blockIdx.x;
+  __shared__ int as[kMaxRouteK];
+  __shared__ float ws[kMaxRouteK];
+  if (threadIdx.x < k) as[threadIdx.x] = assign[(size_t)t * k + threadIdx.x], ws[threadIdx.x] = weights[(size_t)t * k + threadIdx.x];
+  __syncthreads();
+  const float sg = sigmoid_f(shared_gate[t]);
+  float* xr = x + (size_t)t * width;
+  // Columns in float4 groups, as rms_norm's block-per-row kernel takes them, so that the sum of
+  // squares is formed in the same order and the result equals combine + rms_norm bit for bit.
+  // The experts' rows are read with the selections outermost, so a thread's loads are independent.
+  double ss = 0.0;
+  for (int c0 = 4 * threadIdx.x; c0 < width; c0 += 4 * kCombineNormThreads) {
+    double routed[4] = {0.0, 0.0, 0.0, 0.0};
+    for (int j = 0; j < k; j++) {
+      const float4 yv = *reinterpret_cast<const float4*>(y + (size_t)as[j] * width + c0);
+      const double wj = ws[j];
+      routed[0] = fma(wj, (double)yv.x, routed[0]);
+      routed[1] = fma(wj, (double)yv.y, routed[1]);
+      routed[2] = fma(wj, (double)yv.z, routed[2]);
+      routed[3] = fma(wj, (double)yv.w, routed[3]);
+    }
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int c = c0 + i;
+      const float mix = __fmaf_rn(shared[(size_t)t * width + c], sg, (float)routed[i]);
+      v[i] = __fadd_rn(xr[c], mix);
+      xr[c] = v[i];
+    }
+  double s4 = (double)v[0] * v[0];
+    s4 = fma((double)v[1], (double)v[1], s4);
+    s4 = fma((double)v[2], (double)v[2], s4);
+    ss += fma((double)v[3], (double)v[3], s4);
+  }
+  ss = block_sum_d<kCombineNormThreads>(ss);
+  const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
+  for (int c = threadIdx.x; c < width; c += kCombineNormThreads)
+    out[(size_t)t * width + c] = (float)(xr[c] * scale * norm_w[c]);
+}
+
 __global__ void gather_kernel(const float* src, const int32_t* idx, float* dst, int width) {
   const int i = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c < width) dst[(size_t)i * width + c] = src[(size_t)idx[i] * width + c];
 }
 
-constexpr int kRouteThreads = 256;
-constexpr int kMaxRouteK = 64;
+constexpr int kMaxRouteExperts = 2048;
 
-// One block per token. Dynamic shared memory: exp values [E] (double) then probabilities [E].
+constexpr int kRouteThreads = 256;
+
+// One block per token (blockIdx.x; logits, ids, weights, slot_ptrs and miss_count advance by
+// token). The block computes the exponentials (one double exp per expert, the slow part) and the
+// sort keys; then one warp selects, with no further block barriers. Without a residency row only
+// ids and weights are written.
+//
+// The oracle (cpu/forward.cpp, the MoE router) sums the exponentials sequentially in expert order;
+// here they are summed as a tree in double. The two sums differ by at most a few units of double
+// rounding, which moves an fp32 probability only if it lies within ~1e-16 (relative) of an fp32
+// rounding boundary. The selection is exact: K rounds of arg-max over keys (fp32 probability bits,
+// then the complement of the index), i.e. probability descending then index ascending — the order
+// of the oracle's partial_sort.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(
     const float* logits, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
     int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
-  extern __shared__ double route_smem[];
-  double* ex = route_smem;                           // [E]
-  float* prob = reinterpret_cast<float*>(ex + E);    // [E]
-  __shared__ float warp_p[kRouteThreads / 32];
-  __shared__ int warp_i[kRouteThreads / 32];
-  __shared__ float sel_p[kMaxRouteK];
-  __shared__ int sel_i[kMaxRouteK];
-  __shared__ double total;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_warps = blockDim.x / 32;
+  __shared__ unsigned long long keys[kMaxRouteExperts];
+  __shared__ unsigned long long sel[kMaxRouteK];
+  __shared__ float wmax[kRouteThreads / 32];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  logits += (size_t)blockIdx.x * E;
+  ids += (size_t)blockIdx.x * K;
+  weights += (size_t)blockIdx.x * K;
 
-  // Max logit (fp32, exact in any order).
   float m = -INFINITY;
-  for (int e = tid; e < E; e += blockDim.x) m = fmaxf(m, logits[e]);
+  for (int e = tid; e < E; e += kRouteThreads) m = fmaxf(m, logits[e]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) warp_p[warp] = m;
+  if (lane == 0) wmax[warp] = m;
   __syncthreads();
-  m = warp_p[0];
-  for (int w = 1; w < n_warps; w++) m = fmaxf(m, warp_p[w]);
+  m = wmax[0];
+  for (int w = 1; w < kRouteThreads / 32; w++) m = fmaxf(m, wmax[w]);
   const double max_l = m;
-  for (int e = tid; e < E; e += blockDim.x) ex[e] = exp((double)logits[e] - max_l);
-  __syncthreads();
-  // The oracle sums in expert order; a sequential double sum keeps its rounding.
-  if (tid == 0) {
-    double s = 0.0;
-    for (int e = 0; e < E; e++) s += ex[e];
-    total = s;
+  constexpr int kPer = kMaxRouteExperts / kRouteThreads;
+  double ex[kPer];
+  double part = 0.0;
+#pragma unroll
+  for (int i = 0; i < kPer; i++) {
+    const int e = tid + i * kRouteThreads;
+    ex[i] = e < E ? exp((double)logits[e] - max_l) : 0.0;
+    part += ex[i];
+  }
+  const double total = block_sum_d<kRouteThreads>(part);
+#pragma unroll
+  for (int i = 0; i < kPer; i++) {
+    const int e = tid + i * kRouteThreads;
+    if (e < E) {
+      const float p = (float)(ex[i] / total);
+      keys[e] = ((unsigned long long)__float_as_uint(p) << 32) | (0xFFFFFFFFu - (unsigned)e);
+    }
   }
   __syncthreads();
-  for (int e = tid; e < E; e += blockDim.x) prob[e] = (float)(ex[e] / total);
-  __syncthreads();
+  if (warp != 0) return;
 
-  // K rounds of arg-max over (probability desc, index asc): the order of the oracle's
-  // partial_sort. A chosen expert is marked -1 (probabilities are >= 0).
+  // Warp 0: lane l owns experts l, l+32, ...; it keeps its best key in a register.
+  unsigned long long best = 0;
+  for (int e = lane; e < E; e += 32) best = keys[e] > best ? keys[e] : best;
   for (int k = 0; k < K; k++) {
-    float bp = -2.0f;
-    int bi = 0x7fffffff;
-    for (int e = tid; e < E; e += blockDim.x) {
-      const float p = prob[e];
-      if (p > bp || (p == bp && e < bi)) bp = p, bi = e;
-    }
+    unsigned long long top = best;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (op > bp || (op == bp && oi < bi)) bp = op, bi = oi;
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, top, o);
+      top = other > top ? other : top;
     }
-    if (lane == 0) warp_p[warp] = bp, warp_i[warp] = bi;
-    __syncthreads();
-    if (tid == 0) {
-      for (int w = 1; w < n_warps; w++)
-        if (warp_p[w] > bp || (warp_p[w] == bp && warp_i[w] < bi)) bp = warp_p[w], bi = warp_i[w];
-      sel_p[k] = bp;
-      sel_i[k] = bi;
-      prob[bi] = -1.0f;
+    if (lane == 0) sel[k] = top;
+    const int e_top = (int)(0xFFFFFFFFu - (unsigned)(top & 0xFFFFFFFFu));
+    if ((e_top & 31) == lane) {  // the owner drops it and finds its next best
+      keys[e_top] = 0;
+      best = 0;
+      for (int e = lane; e < E; e += 32) best = keys[e] > best ? keys[e] : best;
     }
-    __syncthreads();
   }
+  __syncwarp();
 
-  if (tid == 0) {
-    double selected = 0.0;
-    for (int k = 0; k < K; k++) selected += sel_p[k];
-    int misses = 0;
-    for (int k = 0; k < K; k++) {
-      double wk = sel_p[k] / selected;
+  int misses = 0;
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    const int k = k0 + lane;
+    bool miss = false;
+    if (k < K) {
+      double selected = 0.0;  // the oracle's order: selection order
+      for (int i = 0; i < K; i++) selected += __uint_as_float((unsigned)(sel[i] >> 32));
+      const float p = __uint_as_float((unsigned)(sel[k] >> 32));
+      const int e = (int)(0xFFFFFFFFu - (unsigned)(sel[k] & 0xFFFFFFFFu));
+      double wk = p / selected;
       if (scale != 0.0f) wk *= scale;
-      ids[k] = sel_i[k];
+      ids[k] = e;
       weights[k] = (float)wk;
-      const uint64_t addr = residency[sel_i[k]];
-      if (addr == 0) misses++;
-      slot_ptrs[k] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
+      if (residency) {
+        const uint64_t addr = residency[e];
+        slot_ptrs[(size_t)blockIdx.x * K + k] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
+        miss = addr == 0;
+      }
     }
-    *miss_count = misses;
+    misses += __popc(__ballot_sync(0xffffffffu, miss));
   }
+  if (lane == 0 && residency) miss_count[blockIdx.x] = misses;
 }
 
+}  // namespace
+
+namespace {
+void launch_route(const float* logits, int T, int n_expert, int k, float scale, const uint64_t* residency_row,
+                  const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
+                  int32_t* miss_count, cudaStream_t stream) {
+  if (k < 1 || k > kMaxRouteK || k > n_expert)
+    throw_error("route_topk: " + std::to_string(k) + " experts per token out of 1.." +
+                std::to_string(kMaxRouteK) + " (n_expert " + std::to_string(n_expert) + ")");
+  if (n_expert > kMaxRouteExperts)
+    throw_error("route_topk: " + std::to_string(n_expert) + " experts (at most " + std::to_string(kMaxRouteExperts) + ")");
+  if (T == 0) return;
+  route_kernel<<<T, kRouteThreads, 0, stream>>>(logits, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs,
+                                     miss_count);
+  RL_CUDA_LAUNCH_CHECK();
+}
 }  // namespace
 
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
                 int32_t* miss_count, cudaStream_t stream) {
-  if (k < 1 || k > kMaxRouteK || k > n_expert)
-    throw_error("route_topk: " + std::to_string(k) + " experts per token out of 1.." +
-                std::to_string(kMaxRouteK) + " (n_expert " + std::to_string(n_expert) + ")");
-  const size_t smem = (size_t)n_expert * (sizeof(double) + sizeof(float));
-  if (smem > 48 * 1024) throw_error("route_topk: " + std::to_string(n_expert) + " experts exceed shared memory");
-  route_kernel<<<1, kRouteThreads, smem, stream>>>(logits, n_expert, k, scale, residency_row, fallback, ids,
-                                                   weights, slot_ptrs, miss_count);
-  RL_CUDA_LAUNCH_CHECK();
+  launch_route(logits, 1, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs, miss_count, stream);
+}
+
+void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,
+                  cudaStream_t stream) {
+  launch_route(logits, T, n_expert, k, scale, nullptr, nullptr, ids, weights, nullptr, nullptr, stream);
 }
 
 void softmax_rows(const float* logits, float* probs, int T, int n, cudaStream_t stream) {
@@ -178,6 +258,17 @@ void moe_combine(float* x, const float* y, const int32_t* assign, const float* w
   if (T == 0) return;
   combine_kernel<<<dim3((width + 255) / 256, T), 256, 0, stream>>>(x, y, assign, weights, k, shared,
                                                                    shared_gate, width);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+void moe_combine_norm(float* x, const float* y, const int32_t* assign, const float* weights, int k,
+                      const float* shared, const float* shared_gate, int T, int width, const float* norm_w, float eps,
+                      float* out, cudaStream_t stream) {
+  if (T == 0) return;
+  if (width % 4 != 0) throw_error("moe_combine_norm: width " + std::to_string(width) + " is not a multiple of 4");
+  if (k > kMaxRouteK) throw_error("moe_combine_norm: " + std::to_string(k) + " experts per token (at most " + std::to_string(kMaxRouteK) + ")");
+  combine_norm_kernel<<<T, kCombineNormThreads, 0, stream>>>(x, y, assign, weights, k, shared, shared_gate, width,
+                                                             norm_w, eps, out);
   RL_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,6 +1,12 @@
 // Row normalisations: RMSNorm (model and per-head), the DeltaNet gated norm, per-head L2 norm.
-// One warp per row; rows are at most a few thousand values, so a warp reduction is enough.
-// Arithmetic as the oracle's (math_device.cuh).
+// Arithmetic as the oracle's (math_device.cuh, cpu/ops.cpp rmsnorm/l2norm): squares summed in
+// double (fp32 squares are exact in double, so the order of the sum moves the result by at most a
+// unit of double rounding), the scale in double, each output rounded once.
+//
+// Launch shapes: rows of at least kBlockRowWidth values (the model's hidden rows) get a block of
+// kBlockThreads each, every thread holding a few float4 of the row; narrower rows (per-head norms)
+// get a warp each. A decode token's norm is one row of 2048 values: 512 threads read 4 values each,
+// so the kernel is one round of loads instead of a warp walking the row.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
@@ -9,112 +15,158 @@ namespace rl::cuda {
 
 namespace {
 
-constexpr int kRowsPerBlock = 4;
+constexpr int kBlockThreads = 512;
+constexpr int kBlockRowWidth = 1024;
+constexpr int kWarpRowsPerBlock = 4;
 
-// Sums of squares and scales in double, outputs rounded once: cpu/ops.cpp rmsnorm and l2norm.
-__global__ void rms_norm_kernel(const float* x, const float* w, float* out, int n_rows, int width,
-                                float eps) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (row >= n_rows) return;
-  const float* xr = x + (size_t)row * width;
-  double ss = 0.0;
-  // Unrolled so a lane's loads overlap (a decode row of 2048 values is one warp's work); the sum
-  // order is unchanged.
-#pragma unroll 8
-  for (int i = lane; i < width; i += 32) ss += (double)xr[i] * xr[i];
-  ss = warp_sum_d(ss);
-  const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
-  float* o = out + (size_t)row * width;
-#pragma unroll 8
-  for (int i = lane; i < width; i += 32) o[i] = w ? (float)(xr[i] * scale * w[i]) : (float)(xr[i] * scale);
+// The row's threads: a block (BLOCK) or a warp. Reduces a per-thread partial sum.
+template <bool BLOCK>
+struct RowGroup {
+  __device__ static int size() { return BLOCK ? kBlockThreads : 32; }
+  __device__ static int rank() { return BLOCK ? threadIdx.x : threadIdx.x % 32; }
+  __device__ static int row() { return BLOCK ? blockIdx.x : blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32; }
+  __device__ static double sum(double v) { return BLOCK ? block_sum_d<kBlockThreads>(v) : warp_sum_d(v); }
+};
+
+__device__ __forceinline__ double sq4(float4 a) {
+  double s = (double)a.x * a.x;
+  s = fma((double)a.y, (double)a.y, s);
+  s = fma((double)a.z, (double)a.z, s);
+  return fma((double)a.w, (double)a.w, s);
 }
 
-// add_inplace + rms_norm_kernel in one pass: each lane adds, stores and squares its own columns,
-// then scales the values it stored (the same lane reads back what it wrote).
-__global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, float* out, int n_rows,
-                                    int width, float eps) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ __forceinline__ float4 scale4(float4 a, double scale, const float* __restrict__ w, int i) {
+  if (w) {
+    const float4 b = *reinterpret_cast<const float4*>(w + i);
+    return make_float4((float)(a.x * scale * b.x), (float)(a.y * scale * b.y), (float)(a.z * scale * b.z),
+                       (float)(a.w * scale * b.w));
+  }
+  return make_float4((float)(a.x * scale), (float)(a.y * scale), (float)(a.z * scale), (float)(a.w * scale));
+}
+
+// out = RMSNorm(x (+ y when ADD, stored back to x)) * w. width % 4 == 0.
+template <bool BLOCK, bool ADD>
+__global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w,
+                                float* out, int n_rows, int width, float eps) {
+  using G = RowGroup<BLOCK>;
+  const int row = G::row();
   if (row >= n_rows) return;
   float* xr = x + (size_t)row * width;
-  const float* yr = y + (size_t)row * width;
+  const float* yr = ADD ? y + (size_t)row * width : nullptr;
   double ss = 0.0;
-#pragma unroll 8
-  for (int i = lane; i < width; i += 32) {
-    const float v = __fadd_rn(xr[i], yr[i]);
-    xr[i] = v;
-    ss += (double)v * v;
+  for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) {
+    float4 a = *reinterpret_cast<const float4*>(xr + i);
+    if (ADD) {
+      const float4 b = *reinterpret_cast<const float4*>(yr + i);
+      a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+      *reinterpret_cast<float4*>(xr + i) = a;
+    }
+    ss += sq4(a);
   }
-  ss = warp_sum_d(ss);
+  ss = G::sum(ss);
   const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
   float* o = out + (size_t)row * width;
-#pragma unroll 8
-  for (int i = lane; i < width; i += 32) o[i] = w ? (float)(xr[i] * scale * w[i]) : (float)(xr[i] * scale);
+  // Each thread reads back only the values it wrote itself above.
+  for (int i = 4 * G::rank(); i < width; i += 4 * G::size())
+    *reinterpret_cast<float4*>(o + i) = scale4(*reinterpret_cast<const float4*>(xr + i), scale, w, i);
 }
 
 // RMSNorm(o) * w first (rounded), then times SiLU(z): the oracle's two steps.
-__global__ void gated_rms_norm_kernel(const float* x, const float* z, const float* w, float* out,
-                                      int n_rows, int width, float eps) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+template <bool BLOCK>
+__global__ void gated_rms_norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w,
+                                      float* out, int n_rows, int width, float eps) {
+  using G = RowGroup<BLOCK>;
+  const int row = G::row();
   if (row >= n_rows) return;
   const float* xr = x + (size_t)row * width;
   const float* zr = z + (size_t)row * width;
   double ss = 0.0;
-  for (int i = lane; i < width; i += 32) ss += (double)xr[i] * xr[i];
-  ss = warp_sum_d(ss);
+  for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) ss += sq4(*reinterpret_cast<const float4*>(xr + i));
+  ss = G::sum(ss);
   const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
   float* o = out + (size_t)row * width;
-  for (int i = lane; i < width; i += 32) {
-    const float normed = (float)(xr[i] * scale * w[i]);
-    o[i] = __fmul_rn(normed, silu_f(zr[i]));
+  for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) {
+    const float4 n = scale4(*reinterpret_cast<const float4*>(xr + i), scale, w, i);
+    const float4 zz = *reinterpret_cast<const float4*>(zr + i);
+    *reinterpret_cast<float4*>(o + i) = make_float4(__fmul_rn(n.x, silu_f(zz.x)), __fmul_rn(n.y, silu_f(zz.y)),
+                                                    __fmul_rn(n.z, silu_f(zz.z)), __fmul_rn(n.w, silu_f(zz.w)));
   }
 }
 
-__global__ void l2_norm_kernel(float* x, int n_rows, int heads, int width, size_t token_stride,
-                               float eps, float post_scale) {
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+template <bool BLOCK>
+__global__ void l2_norm_kernel(float* x, int n_rows, int heads, int width, size_t token_stride, float eps,
+                               float post_scale, int scaled_heads) {
+  using G = RowGroup<BLOCK>;
+  const int row = G::row();
   if (row >= n_rows) return;
   float* xr = x + (size_t)(row / heads) * token_stride + (size_t)(row % heads) * width;
   double ss = 0.0;
-  for (int i = lane; i < width; i += 32) ss += (double)xr[i] * xr[i];
-  ss = warp_sum_d(ss);
+  for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) ss += sq4(*reinterpret_cast<const float4*>(xr + i));
+  ss = G::sum(ss);
   const double inv = 1.0 / sqrt(ss + (double)eps);
-  for (int i = lane; i < width; i += 32) xr[i] = __fmul_rn((float)(xr[i] * inv), post_scale);
+  if (scaled_heads >= 0 && row % heads >= scaled_heads) post_scale = 1.0f;
+  for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) {
+    const float4 a = *reinterpret_cast<const float4*>(xr + i);
+    *reinterpret_cast<float4*>(xr + i) =
+        make_float4(__fmul_rn((float)(a.x * inv), post_scale), __fmul_rn((float)(a.y * inv), post_scale),
+                    __fmul_rn((float)(a.z * inv), post_scale), __fmul_rn((float)(a.w * inv), post_scale));
+  }
 }
 
-unsigned blocks_for(int n_rows) { return (unsigned)((n_rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+void check_width(int width, const char* what) {
+  if (width % 4 != 0) throw_error(std::string(what) + ": row width " + std::to_string(width) + " is not a multiple of 4");
+}
+
+// Launches K<true> (a block per row) for wide rows, K<false> (a warp per row) for narrow ones.
+template <class Launch>
+void launch_rows(int n_rows, int width, Launch&& launch) {
+  if (width >= kBlockRowWidth)
+    launch(std::true_type{}, dim3(n_rows), dim3(kBlockThreads));
+  else
+    launch(std::false_type{}, dim3((n_rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock), dim3(32 * kWarpRowsPerBlock));
+  RL_CUDA_LAUNCH_CHECK();
+}
 
 }  // namespace
 
 void rms_norm(const float* x, const float* w, float* out, int n_rows, int width, float eps,
               cudaStream_t stream) {
   if (n_rows == 0) return;
-  rms_norm_kernel<<<blocks_for(n_rows), 32 * kRowsPerBlock, 0, stream>>>(x, w, out, n_rows, width, eps);
-  RL_CUDA_LAUNCH_CHECK();
+  check_width(width, "rms_norm");
+  launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+    rms_norm_kernel<decltype(block)::value, false>
+        <<<grid, threads, 0, stream>>>(const_cast<float*>(x), nullptr, w, out, n_rows, width, eps);
+  });
 }
 
 void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_rows, int width,
                   float eps, cudaStream_t stream) {
   if (n_rows == 0) return;
-  add_rms_norm_kernel<<<blocks_for(n_rows), 32 * kRowsPerBlock, 0, stream>>>(x, y, w, out, n_rows, width,
-                                                                             eps);
-  RL_CUDA_LAUNCH_CHECK();
+  check_width(width, "add_rms_norm");
+  launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+    rms_norm_kernel<decltype(block)::value, true><<<grid, threads, 0, stream>>>(x, y, w, out, n_rows, width, eps);
+  });
 }
 
 void gated_rms_norm(const float* o, const float* z, const float* w, float* out, int n_rows,
                     int width, float eps, cudaStream_t stream) {
   if (n_rows == 0) return;
-  gated_rms_norm_kernel<<<blocks_for(n_rows), 32 * kRowsPerBlock, 0, stream>>>(o, z, w, out, n_rows,
-                                                                               width, eps);
-  RL_CUDA_LAUNCH_CHECK();
+  check_width(width, "gated_rms_norm");
+  launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+    gated_rms_norm_kernel<decltype(block)::value><<<grid, threads, 0, stream>>>(o, z, w, out, n_rows, width, eps);
+  });
 }
 
 void l2_norm(float* x, int T, int heads, int width, size_t token_stride, float eps, float scale,
-             cudaStream_t stream) {
+             cudaStream_t stream, int scaled_heads) {
   const int n_rows = T * heads;
   if (n_rows == 0) return;
-  l2_norm_kernel<<<blocks_for(n_rows), 32 * kRowsPerBlock, 0, stream>>>(x, n_rows, heads, width,
-                                                                        token_stride, eps, scale);
-  RL_CUDA_LAUNCH_CHECK();
+  check_width(width, "l2_norm");
+  if (token_stride % 4 != 0) throw_error("l2_norm: token stride " + std::to_string(token_stride) + " is not a multiple of 4");
+  launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+    l2_norm_kernel<decltype(block)::value>
+        <<<grid, threads, 0, stream>>>(x, n_rows, heads, width, token_stride, eps, scale, scaled_heads);
+  });
 }
 
 }  // namespace rl::cuda

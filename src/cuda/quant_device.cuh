@@ -4,8 +4,9 @@
 // Dequant<T>::chunk8(row, c, out): the values 8c .. 8c+7 of a row, computed with the same
 // arithmetic as ggml's reference dequantisation (quant/quant_kernels.h on the CPU), so a GPU
 // product differs from the CPU oracle's only in the order of the fp32 sums.
-// Block layouts: quant/blocks.h. Rows start at arbitrary block multiples, so reads are at most
-// 16-bit wide (several block sizes are only 2-byte aligned).
+// Block layouts: quant/blocks.h. Rows start at block multiples from a device allocation, so a
+// block is 4-byte aligned when its size is (Q4_K 144, Q5_K 176: 32-bit loads) and 2-byte aligned
+// otherwise (Q8_0 34, Q6_K 210, the IQ types: 16-bit loads).
 #pragma once
 #include <cuda_fp16.h>
 
@@ -45,6 +46,24 @@ void upload_quant_tables_matmul(const QuantTablesHost& h);
 
 __device__ __forceinline__ float half_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ uint32_t load_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// Eight bytes as two little-endian words, from a 4-byte (load8_a4) or 2-byte (load8_a2) aligned
+// address: one or two wide loads instead of eight byte loads.
+__device__ __forceinline__ uint2 load8_a4(const uint8_t* p) { return make_uint2(load_u32(p), load_u32(p + 4)); }
+__device__ __forceinline__ uint2 load8_a2(const uint8_t* p) {
+  return make_uint2((uint32_t)load_u16(p) | ((uint32_t)load_u16(p + 2) << 16),
+                    (uint32_t)load_u16(p + 4) | ((uint32_t)load_u16(p + 6) << 16));
+}
+// (float)q for 0 <= q < 2^23 without the int -> float conversion instruction (slow on the GPU):
+// 2^23 + q is exact in fp32 and so is the subtraction.
+__device__ __forceinline__ float small_uint_to_float(int q) { return __int_as_float(0x4B000000 | q) - 8388608.0f; }
+// The same for -2^22 < q < 2^22.
+__device__ __forceinline__ float small_int_to_float(int q) {
+  return __int_as_float(0x4B000000 | (q + 4194304)) - 12582912.0f;
+}
+
+// Byte i (0..7) of eight loaded bytes.
+__device__ __forceinline__ int byte8(uint2 w, int i) { return (int)(((i < 4 ? w.x : w.y) >> (8 * (i & 3))) & 0xFF); }
 
 template <GgmlType T>
 struct Dequant;
@@ -86,9 +105,9 @@ struct Dequant<GgmlType::Q8_0> {
   __device__ static void chunk8(const uint8_t* row, int c, float* out) {
     const uint8_t* b = row + (c >> 2) * kBytes;
     const float d = half_bits_to_f32(load_u16(b));
-    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2) + 8 * (c & 3);
+    const uint2 qs = load8_a2(b + 2 + 8 * (c & 3));
 #pragma unroll
-    for (int j = 0; j < 8; j++) out[j] = d * (float)qs[j];
+    for (int j = 0; j < 8; j++) out[j] = d * small_int_to_float((int8_t)byte8(qs, j));
   }
 };
 
@@ -110,14 +129,17 @@ struct Dequant<GgmlType::Q2_K> {
   }
 };
 
-// The 6-bit (scale, min) pairs of Q4_K and Q5_K, packed in 12 bytes.
-__device__ __forceinline__ void k4_scale_min(int j, const uint8_t* q, int& sc, int& m) {
+// The 6-bit (scale, min) pair j of Q4_K and Q5_K, packed in 12 bytes at q (4-byte aligned), read
+// as three words.
+__device__ __forceinline__ void k4_scale_min_w(int j, const uint8_t* q, int& sc, int& m) {
+  const uint32_t w0 = load_u32(q), w1 = load_u32(q + 4), w2 = load_u32(q + 8);
+  auto byte = [&](int i) { return (int)(((i < 4 ? w0 : (i < 8 ? w1 : w2)) >> (8 * (i & 3))) & 0xFF); };
   if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
+    sc = byte(j) & 63;
+    m = byte(j + 4) & 63;
   } else {
-    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4);
+    m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
   }
 }
 
@@ -130,12 +152,13 @@ struct Dequant<GgmlType::Q4_K> {
     const int v0 = (c & 31) * 8;
     const int p = v0 >> 6, hi = (v0 >> 5) & 1, l0 = v0 & 31;
     int sc, m;
-    k4_scale_min(2 * p + hi, b + 4, sc, m);
-    const float d = half_bits_to_f32(load_u16(b)) * (float)sc;
-    const float mn = half_bits_to_f32(load_u16(b + 2)) * (float)m;
-    const uint8_t* q = b + 16 + 32 * p + l0;
+    k4_scale_min_w(2 * p + hi, b + 4, sc, m);
+    const uint32_t dm = load_u32(b);
+    const float d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)) * (float)sc;
+    const float mn = half_bits_to_f32((uint16_t)(dm >> 16)) * (float)m;
+    const uint2 q = load8_a4(b + 16 + 32 * p + l0);
 #pragma unroll
-    for (int i = 0; i < 8; i++) out[i] = d * (float)(hi ? (q[i] >> 4) : (q[i] & 0xF)) - mn;
+    for (int i = 0; i < 8; i++) out[i] = d * small_uint_to_float(hi ? (byte8(q, i) >> 4) : (byte8(q, i) & 0xF)) - mn;
   }
 };
 
@@ -148,16 +171,17 @@ struct Dequant<GgmlType::Q5_K> {
     const int v0 = (c & 31) * 8;
     const int p = v0 >> 6, hi = (v0 >> 5) & 1, l0 = v0 & 31;
     int sc, m;
-    k4_scale_min(2 * p + hi, b + 4, sc, m);
-    const float d = half_bits_to_f32(load_u16(b)) * (float)sc;
-    const float mn = half_bits_to_f32(load_u16(b + 2)) * (float)m;
-    const uint8_t* qh = b + 16 + l0;
-    const uint8_t* q = b + 48 + 32 * p + l0;
+    k4_scale_min_w(2 * p + hi, b + 4, sc, m);
+    const uint32_t dm = load_u32(b);
+    const float d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)) * (float)sc;
+    const float mn = half_bits_to_f32((uint16_t)(dm >> 16)) * (float)m;
+    const uint2 qh = load8_a4(b + 16 + l0);
+    const uint2 q = load8_a4(b + 48 + 32 * p + l0);
     const int bit = 2 * p + hi;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-      const int lo = hi ? (q[i] >> 4) : (q[i] & 0xF);
-      out[i] = d * (float)(lo + (((qh[i] >> bit) & 1) ? 16 : 0)) - mn;
+      const int lo = hi ? (byte8(q, i) >> 4) : (byte8(q, i) & 0xF);
+      out[i] = d * small_uint_to_float(lo + (((byte8(qh, i) >> bit) & 1) ? 16 : 0)) - mn;
     }
   }
 };
@@ -175,16 +199,32 @@ struct Dequant<GgmlType::Q6_K> {
     const float d = half_bits_to_f32(load_u16(b + 208));
     const int8_t sc = reinterpret_cast<const int8_t*>(b + 192)[8 * n + (l0 >> 4) + 2 * k];
     const float ds = d * (float)sc;
-    const uint8_t* ql = b + 64 * n + l0 + 32 * (k & 1);
-    const uint8_t* qh = b + 128 + 32 * n + l0;
+    const uint2 ql = load8_a2(b + 64 * n + l0 + 32 * (k & 1));
+    const uint2 qh = load8_a2(b + 128 + 32 * n + l0);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-      const int lo = (k >= 2) ? (ql[i] >> 4) : (ql[i] & 0xF);
-      const int q = (int)(int8_t)(lo | (((qh[i] >> (2 * k)) & 3) << 4)) - 32;
-      out[i] = ds * (float)q;
+      const int lo = (k >= 2) ? (byte8(ql, i) >> 4) : (byte8(ql, i) & 0xF);
+      const int q = (int)(int8_t)(lo | (((byte8(qh, i) >> (2 * k)) & 3) << 4)) - 32;
+      out[i] = ds * small_int_to_float(q);
     }
   }
 };
+
+// ksigns_iq2xs[i]: the 7 sign bits i and an eighth that makes the parity even.
+__device__ __forceinline__ uint8_t ksigns(int i) { return (uint8_t)(i | ((__popc(i) & 1) << 7)); }
+
+// The IQ2 grids hold only the magnitudes 8, 25 and 43, so the eight fp32 values ±db*g of a chunk
+// take three products and three fp32 -> fp64 conversions (a slow instruction) instead of eight.
+// Bit for bit what chunk8 gives: ±fl32(db * g).
+__device__ __forceinline__ void iq2_grid_values(float db, uint64_t grid, uint8_t signs, double* out) {
+  const double v8 = (double)(db * 8.0f), v25 = (double)(db * 25.0f), v43 = (double)(db * 43.0f);
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const int g = (int)((grid >> (8 * j)) & 0xFF);
+    const double v = g == 8 ? v8 : (g == 25 ? v25 : v43);
+    out[j] = (signs >> j) & 1 ? -v : v;
+  }
+}
 
 // 8 groups of 32, each four 8-value grid points (byte indices) with 7-bit sign patterns and a
 // 4-bit scale in the second 32-bit word: x = d*(0.5+ls)*0.25 * grid * sign.
@@ -204,6 +244,18 @@ struct Dequant<GgmlType::IQ2_XXS> {
     for (int j = 0; j < 8; j++)
       out[j] = db * (float)((grid >> (8 * j)) & 0xFF) * ((signs >> j) & 1 ? -1.f : 1.f);
   }
+  static constexpr int kGridEntries = 256;
+  __device__ static const uint64_t* grid_table() { return g_iq2xxs_grid; }
+  // grid: the codebook (grid_table(), or a copy in shared memory).
+  __device__ static void chunk8d(const uint8_t* row, int c, double* out, const uint64_t* grid) {
+    const uint8_t* b = row + (c >> 5) * kBytes;
+    const int ib = (c & 31) >> 2, l = c & 3;
+    const uint8_t* q = b + 2 + 8 * ib;
+    const uint32_t aux1 = (uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16);
+    const float d = half_bits_to_f32(load_u16(b));
+    const float db = d * (0.5f + (float)(aux1 >> 28)) * 0.25f;
+    iq2_grid_values(db, grid[q[l]], ksigns((aux1 >> (7 * l)) & 127), out);
+  }
 };
 
 // Like IQ2_XXS with 9-bit grid indices and two 4-bit scales per 32-value group.
@@ -222,6 +274,17 @@ struct Dequant<GgmlType::IQ2_XS> {
 #pragma unroll
     for (int j = 0; j < 8; j++)
       out[j] = db * (float)((grid >> (8 * j)) & 0xFF) * ((signs >> j) & 1 ? -1.f : 1.f);
+  }
+  static constexpr int kGridEntries = 512;
+  __device__ static const uint64_t* grid_table() { return g_iq2xs_grid; }
+  __device__ static void chunk8d(const uint8_t* row, int c, double* out, const uint64_t* grid) {
+    const uint8_t* b = row + (c >> 5) * kBytes;
+    const int ib = (c & 31) >> 2, l = c & 3;
+    const float d = half_bits_to_f32(load_u16(b));
+    const uint8_t s = b[66 + ib];
+    const float db = d * (0.5f + (float)((l < 2) ? (s & 0xF) : (s >> 4))) * 0.25f;
+    const uint16_t qs = load_u16(b + 2 + 2 * (4 * ib + l));
+    iq2_grid_values(db, grid[qs & 511], ksigns(qs >> 9), out);
   }
 };
 
@@ -248,7 +311,60 @@ struct Dequant<GgmlType::IQ1_M> {
 #pragma unroll
     for (int j = 0; j < 8; j++) out[j] = dl * ((float)(int8_t)((grid >> (8 * j)) & 0xFF) + delta);
   }
+  // The grid values are -1, 0 and 1: three distinct fp32 values per chunk, converted once each.
+  static constexpr int kGridEntries = 2048;
+  __device__ static const uint64_t* grid_table() { return g_iq1s_grid; }
+  __device__ static void chunk8d(const uint8_t* row, int c, double* out, const uint64_t* grid_tab) {
+    const uint8_t* b = row + (c >> 5) * kBytes;
+    const int ib = (c & 31) >> 2, l = c & 3;
+    const uint8_t* sc8 = b + 48;
+    uint16_t sc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) sc[i] = load_u16(sc8 + 2 * i);
+    const uint16_t scale = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+    const float d = half_bits_to_f32(scale);
+    const int shift = 6 * (ib % 2) + (l < 2 ? 0 : 3);
+    const float dl = d * (float)(2 * ((sc[ib / 2] >> shift) & 0x7) + 1);
+    const uint8_t qh = b[32 + 2 * ib + (l >> 1)];
+    const int idx = b[4 * ib + l] | (((l & 1) ? (qh << 4) : (qh << 8)) & 0x700);
+    const float delta = (qh & ((l & 1) ? 0x80 : 0x08)) ? -0.125f : 0.125f;
+    const uint64_t grid = grid_tab[idx];
+    const double vm = (double)(dl * (-1.0f + delta)), v0 = (double)(dl * delta), vp = (double)(dl * (1.0f + delta));
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const int g = (int)(int8_t)((grid >> (8 * j)) & 0xFF);
+      out[j] = g < 0 ? vm : (g == 0 ? v0 : vp);
+    }
+  }
 };
+
+// Codebook entries of a type (0: none). A kernel may stage grid_table() in shared memory (the
+// lookups are random, which L1 serves one cache line at a time) and pass the copy to dequant8d.
+template <GgmlType T>
+struct GridOf {
+  static constexpr int kEntries = 0;
+  __device__ static const uint64_t* table() { return nullptr; }
+};
+template <GgmlType T>
+  requires requires { Dequant<T>::kGridEntries; }
+struct GridOf<T> {
+  static constexpr int kEntries = Dequant<T>::kGridEntries;
+  __device__ static const uint64_t* table() { return Dequant<T>::grid_table(); }
+};
+
+// Values 8c .. 8c+7 of a row as doubles (exactly the fp32 values of chunk8): the types with few
+// distinct values per chunk convert only those (chunk8d), the others convert all eight.
+template <GgmlType T>
+__device__ __forceinline__ void dequant8d(const uint8_t* row, int c, double* out, const uint64_t* grid) {
+  if constexpr (GridOf<T>::kEntries > 0) {
+    Dequant<T>::chunk8d(row, c, out, grid);
+  } else {
+    float v[8];
+    Dequant<T>::chunk8(row, c, v);
+#pragma unroll
+    for (int j = 0; j < 8; j++) out[j] = v[j];
+  }
+}
 
 // Calls f.template operator()<T>() for the weight types this backend runs; false for the others.
 // The list is the types of the project's recipes and fixtures (DESIGN.md §2, issue 6).

@@ -1,8 +1,9 @@
 // The GPU-routed decode's kernels against independent references: route_topk against a host
 // top-k written from the rule (softmax in double, probabilities rounded to fp32, ties to the lower
 // index, renormalised weights), with near-ties and exact ties; the fused add + RMSNorm against
-// add_inplace followed by rms_norm (bit for bit); the fused gate/up expert product against two
-// matvec_experts launches (bit for bit).
+// add_inplace followed by rms_norm (bit for bit); the fused MoE combine + next norm against
+// moe_combine followed by rms_norm; the fused gate/up/SwiGLU expert product against
+// two matvec_experts launches and swiglu (bit for bit).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -98,7 +99,32 @@ TEST_F(CudaGpuRouting, FusedAddRmsNormEqualsTheTwoKernels) {
   }
 }
 
-TEST_F(CudaGpuRouting, FusedGateUpEqualsTwoExpertLaunches) {
+TEST_F(CudaGpuRouting, FusedCombineNormEqualsCombineThenRmsNorm) {
+  for (int width : {256, 2048}) {
+    const int T = 3, K = 4, n_assign = T * K;
+    auto x = random_floats((size_t)T * width, 21, 2.0f), y = random_floats((size_t)n_assign * width, 22);
+    auto sh = random_floats((size_t)T * width, 23), sg = random_floats(T, 24), w = random_floats(width, 25);
+    auto wts = random_floats(n_assign, 26);
+    std::vector<int32_t> assign(n_assign);
+    for (int i = 0; i < n_assign; i++) assign[i] = (i * 7) % n_assign;  // a permutation
+    auto dx1 = to_device(x), dx2 = to_device(x), dy = to_device(y), dsh = to_device(sh), dsg = to_device(sg);
+    auto dw = to_device(w), dwts = to_device(wts), das = to_device(assign);
+    cuda::DeviceBuffer o1(x.size() * 4), o2(x.size() * 4);
+    cuda::moe_combine(dx1.f(), dy.f(), das.get<int32_t>(), dwts.f(), K, dsh.f(), dsg.f(), T, width, nullptr);
+    cuda::rms_norm(dx1.f(), dw.f(), o1.f(), T, width, 1e-6f, nullptr);
+    cuda::moe_combine_norm(dx2.f(), dy.f(), das.get<int32_t>(), dwts.f(), K, dsh.f(), dsg.f(), T, width, dw.f(), 1e-6f,
+                           o2.f(), nullptr);
+    EXPECT_EQ(to_host<float>(dx1, x.size()), to_host<float>(dx2, x.size())) << "width " << width;
+    const auto a = to_host<float>(o1, x.size()), b = to_host<float>(o2, x.size());
+    if (width >= 1024) {
+      EXPECT_EQ(a, b) << "width " << width;  // the same partition of the sum of squares
+    } else {
+      for (size_t i = 0; i < a.size(); i++) ASSERT_NEAR(a[i], b[i], 1e-6 * (1 + std::fabs(a[i]))) << i;
+    }
+  }
+}
+
+TEST_F(CudaGpuRouting, FusedGateUpSwigluEqualsTwoExpertLaunchesAndSwiglu) {
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::IQ2_XXS, GgmlType::Q6_K}) {
     const int rows = 96, cols = 512, n = 3;
     const size_t rb = row_size(t, cols);
@@ -115,13 +141,15 @@ TEST_F(CudaGpuRouting, FusedGateUpEqualsTwoExpertLaunches) {
     auto dptrs = to_device(ptrs);
     auto x = random_floats(cols, 7);
     auto dx = to_device(x);
-    cuda::DeviceBuffer g1(n * rows * 4), u1(n * rows * 4), g2(n * rows * 4), u2(n * rows * 4);
+    cuda::DeviceBuffer g1(n * rows * 4), u1(n * rows * 4), act(n * rows * 4), scratch(n * rows * 4);
     const auto* pp = dptrs.get<const uint8_t*>();
     cuda::matvec_experts(t, pp, 0, rb, rows, cols, dx.f(), 0, g1.f(), n, nullptr);
     cuda::matvec_experts(t, pp, up_offset, rb, rows, cols, dx.f(), 0, u1.f(), n, nullptr);
-    cuda::matvec_experts_gate_up(t, t, pp, up_offset, rb, rb, rows, cols, dx.f(), g2.f(), u2.f(), n, nullptr);
-    EXPECT_EQ(to_host<float>(g1, n * rows), to_host<float>(g2, n * rows)) << type_name(t);
-    EXPECT_EQ(to_host<float>(u1, n * rows), to_host<float>(u2, n * rows)) << type_name(t);
+    cuda::swiglu(g1.f(), u1.f(), g1.f(), (size_t)n * rows, nullptr);
+    cuda::matvec_experts_gate_up(t, t, pp, up_offset, rb, rb, rows, cols, dx.f(), act.f(), scratch.f(), n,
+                                 nullptr);
+    const auto want = to_host<float>(g1, n * rows);
+    EXPECT_EQ(want, to_host<float>(act, n * rows)) << type_name(t);
   }
 }
 
