@@ -1,8 +1,9 @@
 // Gated causal attention with GQA over an fp32 KV cache, for one token (decode) or a chunk
-// (prefill). One block per (query token, head) streams the keys in tiles of kWarps: each warp scores
-// one key, then every thread folds the tile into its output dim with an online softmax (running
-// max and sum), so no score buffer of context length is needed. Scores, softmax and the weighted
-// sum are in double, as in the oracle (cpu/forward.cpp attention_layer).
+// (prefill). One block per (query token, head) streams the keys in steps of kTile = 32: each warp
+// scores four keys, one warp takes the step's maximum and the 32 exponentials (once per key, not
+// once per thread), then every thread folds the step into its output dim with an online softmax
+// (running max and sum), so no score buffer of context length is needed. Scores, softmax and the
+// weighted sum are in double, as in the oracle (cpu/forward.cpp attention_layer).
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
@@ -25,6 +26,59 @@ __global__ void store_kv_kernel(const float* k, const float* v, float* kc, float
   }
 }
 
+// attention_prep: one warp per (head, token). Query heads (blockIdx.x < n_head): split the query
+// from attn_q's output, RMSNorm it with q_norm, rotate; key/value heads: RMSNorm and rotate the key
+// into the cache row pos_dev[0] + t, copy the value. The norm forms its sum of squares as rms_norm's
+// warp-per-row kernel does (float4 groups, lane-strided) and rope_pair is rope_neox's arithmetic,
+// so the result equals the six separate kernels bit for bit.
+__device__ __forceinline__ void warp_rms_norm_row(const float* src, const float* __restrict__ w, float* dst, int hd,
+                                                  float eps, int lane) {
+  double ss = 0.0;
+  for (int i = 4 * lane; i < hd; i += 128) {
+    const float4 a = *reinterpret_cast<const float4*>(src + i);
+    double s4 = (double)a.x * a.x;
+    s4 = fma((double)a.y, (double)a.y, s4);
+    s4 = fma((double)a.z, (double)a.z, s4);
+    ss += fma((double)a.w, (double)a.w, s4);
+  }
+  ss = warp_sum_d(ss);
+  const double scale = 1.0 / sqrt(ss / (double)hd + (double)eps);
+  for (int i = 4 * lane; i < hd; i += 128) {
+    const float4 a = *reinterpret_cast<const float4*>(src + i);
+    const float4 b = *reinterpret_cast<const float4*>(w + i);
+    *reinterpret_cast<float4*>(dst + i) = make_float4((float)(a.x * scale * b.x), (float)(a.y * scale * b.y),
+                                                      (float)(a.z * scale * b.z), (float)(a.w * scale * b.w));
+  }
+}
+
+__global__ void __launch_bounds__(32) attention_prep_kernel(
+    const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ q,
+    float* __restrict__ gate, const float* __restrict__ q_norm, const float* __restrict__ k_norm, float* kc, float* vc,
+    int n_head, int n_kv, int hd, float eps, int n_rot, float theta_scale, const int32_t* __restrict__ pos_dev) {
+  const int hh = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, half = n_rot / 2;
+  const float pos = (float)pos_dev[t];
+  float* dst;
+  if (hh < n_head) {
+    const float* src = qg + ((size_t)t * n_head + hh) * 2 * hd;
+    dst = q + ((size_t)t * n_head + hh) * hd;
+    float* g = gate + ((size_t)t * n_head + hh) * hd;
+    for (int i = lane; i < hd; i += 32) g[i] = src[hd + i];
+    warp_rms_norm_row(src, q_norm, dst, hd, eps, lane);
+  } else {
+    const int j = hh - n_head;
+    const size_t row = (size_t)(pos_dev[0] + t) * n_kv * hd + (size_t)j * hd;
+    dst = kc + row;
+    const float* vs = v + ((size_t)t * n_kv + j) * hd;
+    for (int i = lane; i < hd; i += 32) vc[row + i] = vs[i];
+    warp_rms_norm_row(k + ((size_t)t * n_kv + j) * hd, k_norm, dst, hd, eps, lane);
+  }
+  __syncwarp();  // the rotation pairs values other lanes wrote
+  for (int i = lane; i < half; i += 32) rope_pair(dst, i, half, pos, theta_scale);
+}
+
+constexpr int kKeysPerWarp = 4;
+constexpr int kTile = kWarps * kKeysPerWarp;  // keys per step
+
 __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
     const float* q, const float* gate, const float* kc, const float* vc, float* out, int n_head,
     int n_kv, int hd, int pos0, const int32_t* pos_dev, double scale) {
@@ -33,54 +87,60 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
   const int kvh = h / (n_head / n_kv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ float qs[kMaxHeadDim];
-  __shared__ double scores[kWarps];
+  __shared__ double scores[kTile];
+  __shared__ double probs[kTile];
+  __shared__ double step[2];  // the step's new running max and the correction exp(m - m_new)
   const float* qh = q + ((size_t)t * n_head + h) * hd;
   for (int i = threadIdx.x; i < hd; i += kThreads) qs[i] = qh[i];
   __syncthreads();
 
   const int n_keys = pos0 + t + 1;
   const size_t kv_row = (size_t)n_kv * hd;
+  const int d = threadIdx.x;
   double m = -INFINITY, l = 0.0, acc = 0.0;
-  for (int j0 = 0; j0 < n_keys; j0 += kWarps) {
-    const int j = j0 + warp;
-    if (j < n_keys) {
+  for (int j0 = 0; j0 < n_keys; j0 += kTile) {
+    // Scores: warp w takes keys j0 + 4w .. j0 + 4w + 3, the four dot products side by side.
+    double s[kKeysPerWarp] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerWarp; kk++) {
+      const int j = min(j0 + warp * kKeysPerWarp + kk, n_keys - 1);
       const float* kj = kc + (size_t)j * kv_row + (size_t)kvh * hd;
-      double s = 0.0;
-      for (int i = lane; i < hd; i += 32) s = fma((double)qs[i], (double)kj[i], s);
-      s = warp_sum_d(s);
-      if (lane == 0) scores[warp] = s * scale;
+      for (int i = lane; i < hd; i += 32) s[kk] = fma((double)qs[i], (double)kj[i], s[kk]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerWarp; kk++) {
+      s[kk] = warp_sum_d(s[kk]);
+      if (lane == 0) scores[warp * kKeysPerWarp + kk] = s[kk] * scale;
     }
     __syncthreads();
-    const int n = min(kWarps, n_keys - j0);
-    double tile_max = -INFINITY;
+    const int n = min(kTile, n_keys - j0);
+    // Warp 0: the step's max, then each key's exponential once (lane i: key j0 + i).
+    if (warp == 0) {
+      double tmax = lane < n ? scores[lane] : -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; w++)
-      if (w < n) tile_max = fmax(tile_max, scores[w]);
-    const double m_new = fmax(m, tile_max);
-    const double correction = exp(m - m_new);
+      for (int o = 16; o > 0; o >>= 1) tmax = fmax(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      const double m_new = fmax(m, tmax);
+      probs[lane] = lane < n ? exp(scores[lane] - m_new) : 0.0;
+      if (lane == 0) step[0] = m_new, step[1] = exp(m - m_new);
+    }
+    __syncthreads();
+    const double correction = step[1];
+    m = step[0];
     l *= correction;
     acc *= correction;
-    const int d = threadIdx.x;
-    // The tile's exponentials and value loads first (independent, so they overlap), then the
-    // sums in key order as before.
-    double p[kWarps];
-    float vv[kWarps];
+    float vv[kTile];
 #pragma unroll
-    for (int w = 0; w < kWarps; w++) {
-      p[w] = w < n ? exp(scores[w] - m_new) : 0.0;
+    for (int w = 0; w < kTile; w++)
       vv[w] = w < n && d < hd ? vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d] : 0.0f;
-    }
+    // The sums in key order.
 #pragma unroll
-    for (int w = 0; w < kWarps; w++) {
+    for (int w = 0; w < kTile; w++) {
       if (w < n) {
-        l += p[w];
-        if (d < hd) acc = fma(p[w], (double)vv[w], acc);
+        l += probs[w];
+        if (d < hd) acc = fma(probs[w], (double)vv[w], acc);
       }
     }
-    m = m_new;
-    __syncthreads();
   }
-  const int d = threadIdx.x;
   if (d < hd) {
     const size_t o = ((size_t)t * n_head + h) * hd + d;
     out[o] = __fmul_rn((float)(acc / l), sigmoid_f(gate[o]));
@@ -88,6 +148,18 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
 }
 
 }  // namespace
+
+void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
+                    const float* k_norm, float* k_cache, float* v_cache, int T, int n_head, int n_kv, int hd,
+                    float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream) {
+  if (hd % 4 != 0 || n_rot > hd || n_rot % 2 != 0)
+    throw_error("attention_prep: head dim " + std::to_string(hd) + " / rotary dims " + std::to_string(n_rot));
+  if (T == 0) return;
+  attention_prep_kernel<<<dim3(n_head + n_kv, T), 32, 0, stream>>>(qg, k, v, q, gate, q_norm, k_norm, k_cache,
+                                                                   v_cache, n_head, n_kv, hd, eps, n_rot,
+                                                                   theta_scale, pos_dev);
+  RL_CUDA_LAUNCH_CHECK();
+}
 
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
               int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev) {

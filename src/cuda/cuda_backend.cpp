@@ -973,8 +973,8 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
       profiler_.mark(kDeltaNet, stream_);
       float* beta = mix;                  // [T][nv], mix is free until ssm_out
       float* g = mix + (size_t)T * nv;    // [T][nv]
-      deltanet_gates(ba, w.dt_bias, w.a, beta, g, T, nk, nv, stream_);
-      conv1d_silu(qkv, conv_dim, conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, stream_);
+      deltanet_conv_gates(qkv, conv_dim, conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, ba, w.dt_bias,
+                          w.a, beta, g, nk, nv, stream_);
       // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch.
       l2_norm(conv, T, 2 * nk, dk, conv_dim, 1e-6f, (float)(1.0 / std::sqrt((double)dk)), stream_, nk);
       deltanet_recurrence(conv, conv + key_dim, conv + 2 * key_dim, conv_dim, beta, g, st.ssm[L].f(), o, T,
@@ -995,12 +995,8 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
       profiler_.mark(kProjections, stream_);
       project_group({{&w.q, h, qg}, {&w.k, h, k}, {&w.v, h, v}}, T);
       profiler_.mark(kAttention, stream_);
-      split_q_gate(qg, q, gate, T, nh, hd, stream_);
-      rms_norm(q, w.q_norm, q, T * nh, hd, c.rms_eps, stream_);
-      rms_norm(k, w.k_norm, k, T * nkv, hd, c.rms_eps, stream_);
-      rope_neox(q, T, nh, hd, (size_t)nh * hd, c.rope_dim, theta_scale, pos_d, stream_);
-      rope_neox(k, T, nkv, hd, (size_t)nkv * hd, c.rope_dim, theta_scale, pos_d, stream_);
-      store_kv(k, v, st.k_cache[L].f(), st.v_cache[L].f(), T, nkv, hd, 0, stream_, pos_d);
+      attention_prep(qg, k, v, q, gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv, hd,
+                     c.rms_eps, c.rope_dim, theta_scale, pos_d, stream_);
       gated_attention(q, gate, st.k_cache[L].f(), st.v_cache[L].f(), att, T, nh, nkv, hd, 0,
                       (float)(1.0 / std::sqrt((double)hd)), stream_, pos_d);
       profiler_.mark(kProjections, stream_);

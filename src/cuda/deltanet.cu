@@ -15,9 +15,8 @@ namespace {
 
 constexpr int kMaxConvKernel = 8;
 
-__global__ void conv1d_silu_kernel(const float* x, size_t x_stride, float* out, float* state,
-                                   const float* w, int T, int C, int K) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void conv1d_silu_channel(const float* x, size_t x_stride, float* out, float* state,
+                                                    const float* w, int T, int C, int K, int c) {
   if (c >= C) return;
   float win[kMaxConvKernel];  // previous K-1 inputs, oldest first
   float wc[kMaxConvKernel];
@@ -68,9 +67,8 @@ __global__ void conv_state_kernel(const float* __restrict__ x, size_t x_stride, 
     state[(size_t)i * C + c] = i + T < K - 1 ? state[(size_t)(i + T) * C + c] : x[(size_t)(T - (K - 1) + i) * x_stride + c];
 }
 
-__global__ void gates_kernel(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
-                             float* g, int T, int nk, int nv) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void gates_one(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
+                                          float* g, int T, int nk, int nv, int i) {
   if (i >= T * nv) return;
   const int t = i / nv, j = i % nv, r = nv / nk;
   const int kh = j / r, sub = j % r;
@@ -78,6 +76,26 @@ __global__ void gates_kernel(const float* ba, const float* dt_bias, const float*
   const float b = row[sub], a = row[r + sub];
   beta[i] = sigmoid_f(b);
   g[i] = __fmul_rn(softplus_f(__fadd_rn(a, dt_bias[j])), ssm_a[j]);
+}
+
+__global__ void conv1d_silu_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
+                                   int C, int K) {
+  conv1d_silu_channel(x, x_stride, out, state, w, T, C, K, blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+__global__ void gates_kernel(const float* ba, const float* dt_bias, const float* ssm_a, float* beta, float* g, int T,
+                             int nk, int nv) {
+  gates_one(ba, dt_bias, ssm_a, beta, g, T, nk, nv, blockIdx.x * blockDim.x + threadIdx.x);
+}
+
+// Both in one launch (short chunks): the first conv_blocks blocks run the conv, the rest the gates.
+__global__ void conv_gates_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
+                                  int C, int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
+                                  float* g, int nk, int nv, int conv_blocks) {
+  if ((int)blockIdx.x < conv_blocks)
+    conv1d_silu_channel(x, x_stride, out, state, w, T, C, K, blockIdx.x * blockDim.x + threadIdx.x);
+  else
+    gates_one(ba, dt_bias, ssm_a, beta, g, T, nk, nv, (blockIdx.x - conv_blocks) * blockDim.x + threadIdx.x);
 }
 
 constexpr int kRecurrenceWarps = 8;  // rows of S per block
@@ -168,6 +186,21 @@ void conv1d_silu(const float* x, size_t x_stride, float* out, float* state, cons
   conv1d_silu_tokens_kernel<<<dim3((C + 127) / 128, T), 128, 0, stream>>>(x, x_stride, out, state, w, T, C, K);
   RL_CUDA_LAUNCH_CHECK();
   conv_state_kernel<<<(C + 127) / 128, 128, 0, stream>>>(x, x_stride, state, T, C, K);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+void deltanet_conv_gates(const float* x, size_t x_stride, float* out, float* state, const float* w, int T, int C,
+                         int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta, float* g,
+                         int nk, int nv, cudaStream_t stream) {
+  if (T > 8 || K < 2 || K > kMaxConvKernel) {
+    deltanet_gates(ba, dt_bias, ssm_a, beta, g, T, nk, nv, stream);
+    conv1d_silu(x, x_stride, out, state, w, T, C, K, stream);
+    return;
+  }
+  if (T == 0) return;
+  const int conv_blocks = (C + 127) / 128, gate_blocks = (T * nv + 127) / 128;
+  conv_gates_kernel<<<conv_blocks + gate_blocks, 128, 0, stream>>>(x, x_stride, out, state, w, T, C, K, ba, dt_bias,
+                                                                   ssm_a, beta, g, nk, nv, conv_blocks);
   RL_CUDA_LAUNCH_CHECK();
 }
 

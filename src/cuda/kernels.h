@@ -103,6 +103,12 @@ void rope_neox(float* x, int T, int n_heads, int head_dim, size_t row_stride, in
                float theta_scale, const int32_t* positions, cudaStream_t stream);
 
 // ---- attention.cu: gated attention with GQA over a KV cache --------------------------------------
+// split_q_gate, rms_norm of q (q_norm) and k (k_norm) per head, rope_neox of both at positions
+// pos_dev[t], and store_kv at pos_dev[0] + t, in one launch with the same values: q, gate
+// [T][n_head][hd] from qg [T][n_head][2][hd]; k, v [T][n_kv][hd] are read, not changed.
+void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
+                    const float* k_norm, float* k_cache, float* v_cache, int T, int n_head, int n_kv, int hd,
+                    float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
 // Appends k, v [T][n_kv][hd] at positions pos0.. to the caches [n_ctx][n_kv][hd].
 // pos_dev (device, optional): when given, pos0 is read from pos_dev[0] at run time, so a captured
 // CUDA graph replays at any position.
@@ -124,6 +130,10 @@ void conv1d_silu(const float* x, size_t x_stride, float* out, float* state, cons
 // ba [T][nk][2r] (grouped per key head: r b values then r a values), beta/g [T][nv].
 void deltanet_gates(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
                     float* g, int T, int nk, int nv, cudaStream_t stream);
+// deltanet_gates and conv1d_silu (same arguments); one launch for short chunks.
+void deltanet_conv_gates(const float* x, size_t x_stride, float* out, float* state, const float* w, int T, int C,
+                         int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta, float* g,
+                         int nk, int nv, cudaStream_t stream);
 // The recurrence over T tokens for nv value heads (key head j / (nv / nk)); S [nv][dv][dk].
 // q, k [T][nk][dk] (normalised, q scaled), v [T][nv][dv], out [T][nv][dv]. Rows of q/k/v are
 // `qkv_stride` floats apart per token.

@@ -18,6 +18,18 @@ __device__ __forceinline__ double warp_sum_d(double v) {
   return v;
 }
 
+// NeoX rotation of the pair (x[i], x[i + half]) of a head at position pos (rope.cu explains the
+// arithmetic: the angle in fp32 as pos * theta_scale^i, cos/sin correctly rounded, the oracle's
+// fused products).
+__device__ __forceinline__ void rope_pair(float* xh, int i, int half, float pos, float theta_scale) {
+  float theta = pos;
+  for (int j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
+  const float c = (float)cos((double)theta), s = (float)sin((double)theta);
+  const float a = xh[i], b = xh[i + half];
+  xh[i] = __fmaf_rn(a, c, -__fmul_rn(b, s));
+  xh[i + half] = __fmaf_rn(a, s, __fmul_rn(b, c));
+}
+
 // Sum of v over a block of THREADS threads; every thread gets it. Every thread must call it.
 template <int THREADS>
 __device__ __forceinline__ double block_sum_d(double v) {

@@ -5,6 +5,7 @@
 // angle is visible at the 1e-5 level.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
+#include "cuda/math_device.cuh"
 
 namespace rl::cuda {
 
@@ -16,17 +17,10 @@ __global__ void rope_neox_kernel(float* x, int n_heads, int head_dim, size_t row
   const int half = n_rot / 2;
   const float pos = (float)positions[t];
   float* xh = x + (size_t)t * row_stride + (size_t)h * head_dim;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float theta = pos;
-    for (int j = 0; j < i; j++) theta = __fmul_rn(theta, theta_scale);
-    // cos/sin correctly rounded to fp32 (as the C library's cosf/sinf nearly always are), and
-    // the products fused as the oracle's compiler fuses them (x86-64, -mfma): a*c - (b*s) and
-    // a*s + (b*c) with the second product rounded first.
-    const float c = (float)cos((double)theta), s = (float)sin((double)theta);
-    const float a = xh[i], b = xh[i + half];
-    xh[i] = __fmaf_rn(a, c, -__fmul_rn(b, s));
-    xh[i + half] = __fmaf_rn(a, s, __fmul_rn(b, c));
-  }
+  // cos/sin correctly rounded to fp32 (as the C library's cosf/sinf nearly always are), and the
+  // products fused as the oracle's compiler fuses them (x86-64, -mfma): a*c - (b*s) and
+  // a*s + (b*c) with the second product rounded first (rope_pair, math_device.cuh).
+  for (int i = threadIdx.x; i < half; i += blockDim.x) rope_pair(xh, i, half, pos, theta_scale);
 }
 
 }  // namespace

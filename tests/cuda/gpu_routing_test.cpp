@@ -2,7 +2,7 @@
 // top-k written from the rule (softmax in double, probabilities rounded to fp32, ties to the lower
 // index, renormalised weights), with near-ties and exact ties; the fused add + RMSNorm against
 // add_inplace followed by rms_norm (bit for bit); the fused MoE combine + next norm against
-// moe_combine followed by rms_norm; the fused gate/up/SwiGLU expert product against
+// moe_combine followed by rms_norm; attention_prep against split/norm/rope/store; the fused gate/up/SwiGLU expert product against
 // two matvec_experts launches and swiglu (bit for bit).
 #include <algorithm>
 #include <cmath>
@@ -121,6 +121,37 @@ TEST_F(CudaGpuRouting, FusedCombineNormEqualsCombineThenRmsNorm) {
     } else {
       for (size_t i = 0; i < a.size(); i++) ASSERT_NEAR(a[i], b[i], 1e-6 * (1 + std::fabs(a[i]))) << i;
     }
+  }
+}
+
+TEST_F(CudaGpuRouting, FusedAttentionPrepEqualsTheSixKernels) {
+  struct Case { int T, n_head, n_kv, hd, n_rot, pos0; };
+  for (const Case& cs : {Case{1, 16, 2, 256, 64, 300}, Case{5, 4, 2, 64, 32, 7}, Case{3, 8, 8, 128, 128, 0}}) {
+    const int T = cs.T, nh = cs.n_head, nkv = cs.n_kv, hd = cs.hd, n_ctx = cs.pos0 + T + 3;
+    const float theta_scale = std::pow(10000.0f, -2.0f / (float)cs.n_rot);
+    auto qg = random_floats((size_t)T * nh * 2 * hd, 31, 2.0f), k = random_floats((size_t)T * nkv * hd, 32, 2.0f);
+    auto v = random_floats((size_t)T * nkv * hd, 33), qn = random_floats(hd, 34), kn = random_floats(hd, 35);
+    std::vector<int32_t> pos(T);
+    for (int t = 0; t < T; t++) pos[t] = cs.pos0 + t;
+    auto dqg = to_device(qg), dk1 = to_device(k), dk2 = to_device(k), dv = to_device(v), dqn = to_device(qn),
+         dkn = to_device(kn), dpos = to_device(pos);
+    const size_t qn_floats = (size_t)T * nh * hd, cache = (size_t)n_ctx * nkv * hd;
+    cuda::DeviceBuffer q1(qn_floats * 4), g1(qn_floats * 4), q2(qn_floats * 4), g2(qn_floats * 4);
+    cuda::DeviceBuffer kc1(cache * 4), vc1(cache * 4), kc2(cache * 4), vc2(cache * 4);
+    for (auto* b : {&kc1, &vc1, &kc2, &vc2}) RL_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
+    cuda::split_q_gate(dqg.f(), q1.f(), g1.f(), T, nh, hd, nullptr);
+    cuda::rms_norm(q1.f(), dqn.f(), q1.f(), T * nh, hd, 1e-6f, nullptr);
+    cuda::rms_norm(dk1.f(), dkn.f(), dk1.f(), T * nkv, hd, 1e-6f, nullptr);
+    cuda::rope_neox(q1.f(), T, nh, hd, (size_t)nh * hd, cs.n_rot, theta_scale, dpos.get<int32_t>(), nullptr);
+    cuda::rope_neox(dk1.f(), T, nkv, hd, (size_t)nkv * hd, cs.n_rot, theta_scale, dpos.get<int32_t>(), nullptr);
+    cuda::store_kv(dk1.f(), dv.f(), kc1.f(), vc1.f(), T, nkv, hd, 0, nullptr, dpos.get<int32_t>());
+    cuda::attention_prep(dqg.f(), dk2.f(), dv.f(), q2.f(), g2.f(), dqn.f(), dkn.f(), kc2.f(), vc2.f(), T, nh, nkv, hd,
+                         1e-6f, cs.n_rot, theta_scale, dpos.get<int32_t>(), nullptr);
+    EXPECT_EQ(to_host<float>(q1, qn_floats), to_host<float>(q2, qn_floats)) << "q, hd " << hd;
+    EXPECT_EQ(to_host<float>(g1, qn_floats), to_host<float>(g2, qn_floats)) << "gate, hd " << hd;
+    EXPECT_EQ(to_host<float>(kc1, cache), to_host<float>(kc2, cache)) << "k cache, hd " << hd;
+    EXPECT_EQ(to_host<float>(vc1, cache), to_host<float>(vc2, cache)) << "v cache, hd " << hd;
+    EXPECT_EQ(to_host<float>(dk2, k.size()), k) << "k input unchanged";
   }
 }
 

@@ -215,9 +215,15 @@ TEST_F(CudaLayerKernels, DeltaNetConvGatesAndRecurrence) {
     int t0 = 0;
     for (int Tc : {cs.T1, cs.T2}) {
       float* c0 = dconv.f() + (size_t)t0 * conv_dim;
-      cuda::deltanet_gates(dba.f() + (size_t)t0 * 2 * cs.nv, ddt.f(), da.f(), dbeta.f() + t0 * cs.nv,
-                           dg.f() + t0 * cs.nv, Tc, cs.nk, cs.nv, nullptr);
-      cuda::conv1d_silu(dx.f() + (size_t)t0 * conv_dim, conv_dim, c0, dstate.f(), dw.f(), Tc, conv_dim, K, nullptr);
+      if (Tc % 2) {  // the backend's combined launch
+        cuda::deltanet_conv_gates(dx.f() + (size_t)t0 * conv_dim, conv_dim, c0, dstate.f(), dw.f(), Tc, conv_dim, K,
+                                  dba.f() + (size_t)t0 * 2 * cs.nv, ddt.f(), da.f(), dbeta.f() + t0 * cs.nv,
+                                  dg.f() + t0 * cs.nv, cs.nk, cs.nv, nullptr);
+      } else {
+        cuda::deltanet_gates(dba.f() + (size_t)t0 * 2 * cs.nv, ddt.f(), da.f(), dbeta.f() + t0 * cs.nv,
+                             dg.f() + t0 * cs.nv, Tc, cs.nk, cs.nv, nullptr);
+        cuda::conv1d_silu(dx.f() + (size_t)t0 * conv_dim, conv_dim, c0, dstate.f(), dw.f(), Tc, conv_dim, K, nullptr);
+      }
       if (Tc % 2) {  // the backend's one launch over q and k heads
         cuda::l2_norm(c0, Tc, 2 * cs.nk, cs.d, conv_dim, 1e-6f, 1.0f / std::sqrt((float)cs.d), nullptr, cs.nk);
       } else {
