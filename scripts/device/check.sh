@@ -11,6 +11,9 @@
 #     bench     build + the 80B benches only (no tests, no parity)
 #
 #   ONLY_MAIN_BENCH=1 runs only the all-resident bench (no profile, sync or 8 GiB runs).
+#   BENCH_REPS=N sets the all-resident bench's --reps (default 3).
+#   NCU=1 adds per-kernel GPU times with Nsight Compute over a short bench ($OUT/ncu-kernels.csv.gz;
+#   NCU_PREFILL sets its prefill tokens, NCU_COUNT the most kernels profiled).
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
 #   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
