@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "common/error.h"
+#include "generate/chat_template.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -81,6 +82,8 @@ Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE st
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--chatml-fallback", a->server.chatml_fallback,
                "serve a file whose chat template is not recognised with plain ChatML");
+  app.add_option("--chat-template", a->server.chat_template,
+                 "chat format to use instead of the file's template: " + chat_format_names());
   app.add_flag("-v,--verbose", a->server.verbose, "log every request on stderr");
   return [a] { return run_serve(*a); };
 });

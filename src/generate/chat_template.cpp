@@ -22,6 +22,23 @@ const char* chat_format_name(ChatFormat f) {
   return "?";
 }
 
+namespace {
+constexpr ChatFormat kAllFormats[] = {ChatFormat::ChatML,        ChatFormat::Qwen2,        ChatFormat::Qwen3Instruct,
+                                      ChatFormat::Qwen3Thinking, ChatFormat::Qwen3Hybrid, ChatFormat::Qwen3Coder};
+}  // namespace
+
+std::optional<ChatFormat> chat_format_from_name(std::string_view name) {
+  for (ChatFormat f : kAllFormats)
+    if (name == chat_format_name(f)) return f;
+  return std::nullopt;
+}
+
+std::string chat_format_names() {
+  std::string out;
+  for (ChatFormat f : kAllFormats) out += std::string(out.empty() ? "" : ", ") + chat_format_name(f);
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Python-compatible text helpers (the templates call str.strip, lstrip('\n'), str(), json.dumps)
 
@@ -580,6 +597,41 @@ std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools
 
 }  // namespace
 
+ParsedReply ChatTemplate::parse_tool_calls(std::string_view text, const ojson& tools) const {
+  ParsedReply r;
+  if (!supports_tools()) {
+    r.content = std::string(text);
+    return r;
+  }
+  std::string content(text), kept;
+  size_t pos = 0;
+  while (true) {
+    size_t open = content.find("<tool_call>", pos);
+    if (open == std::string::npos) break;
+    size_t close = content.find("</tool_call>", open);
+    if (close == std::string::npos) break;
+    std::string_view body = std::string_view(content).substr(open + 11, close - open - 11);
+    std::optional<ToolCall> call = format_ == ChatFormat::Qwen3Coder || starts_with(py_strip(body), "<function=")
+                                       ? parse_xml_call(body, tools)
+                                       : parse_json_call(body);
+    if (call) {
+      kept += content.substr(pos, open - pos);
+      r.tool_calls.push_back(std::move(*call));
+    } else {
+      kept += content.substr(pos, close + 12 - pos);
+    }
+    pos = close + 12;
+  }
+  kept += content.substr(pos);
+  if (!r.tool_calls.empty()) {
+    size_t e = kept.size();
+    while (e > 0 && is_py_space(kept[e - 1])) --e;
+    kept.resize(e);
+  }
+  r.content = std::move(kept);
+  return r;
+}
+
 ParsedReply ChatTemplate::parse_reply(std::string_view text, const ojson& tools) const {
   ParsedReply r;
   std::string content;
@@ -597,34 +649,9 @@ ParsedReply ChatTemplate::parse_reply(std::string_view text, const ojson& tools)
     content = std::string(text);
   }
 
-  if (supports_tools()) {
-    std::string kept;
-    size_t pos = 0;
-    while (true) {
-      size_t open = content.find("<tool_call>", pos);
-      if (open == std::string::npos) break;
-      size_t close = content.find("</tool_call>", open);
-      if (close == std::string::npos) break;
-      std::string_view body = std::string_view(content).substr(open + 11, close - open - 11);
-      std::optional<ToolCall> call = format_ == ChatFormat::Qwen3Coder || starts_with(py_strip(body), "<function=")
-                                         ? parse_xml_call(body, tools)
-                                         : parse_json_call(body);
-      if (call) {
-        kept += content.substr(pos, open - pos);
-        r.tool_calls.push_back(std::move(*call));
-      } else {
-        kept += content.substr(pos, close + 12 - pos);
-      }
-      pos = close + 12;
-    }
-    kept += content.substr(pos);
-    if (!r.tool_calls.empty()) {
-      size_t e = kept.size();
-      while (e > 0 && is_py_space(kept[e - 1])) --e;
-      kept.resize(e);
-    }
-    content = std::move(kept);
-  }
+  ParsedReply calls = parse_tool_calls(content, tools);
+  r.tool_calls = std::move(calls.tool_calls);
+  content = std::move(calls.content);
   r.content = std::move(content);
   return r;
 }

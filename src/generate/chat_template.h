@@ -35,6 +35,10 @@ namespace rl {
 enum class ChatFormat { ChatML, Qwen2, Qwen3Instruct, Qwen3Thinking, Qwen3Hybrid, Qwen3Coder };
 
 const char* chat_format_name(ChatFormat f);  // "chatml", "qwen2", "qwen3-instruct", ...
+// The format of a name chat_format_name gives; nullopt for any other.
+std::optional<ChatFormat> chat_format_from_name(std::string_view name);
+// All names, comma-separated, for messages.
+std::string chat_format_names();
 
 // One call in an assistant message. `arguments` is JSON text of an object, as OpenAI clients send
 // it ("{\"city\": \"Paris\"}"); keys keep their order.
@@ -106,6 +110,11 @@ class ChatTemplate {
   // A malformed call is left in the content, never dropped.
   ParsedReply parse_reply(std::string_view text,
                           const nlohmann::ordered_json& tools = nlohmann::ordered_json::array()) const;
+  // The tool-call part of parse_reply alone, for content whose reasoning was already split off
+  // (the server's ReasoningSplitter): <tool_call> blocks that parse become tool_calls, the rest
+  // stays content, trailing whitespace trimmed when a call was found; no <think> handling.
+  ParsedReply parse_tool_calls(std::string_view content,
+                               const nlohmann::ordered_json& tools = nlohmann::ordered_json::array()) const;
 
  private:
   ChatTemplate(ChatFormat f, std::string default_system, std::string warning)

@@ -22,6 +22,7 @@
 #include "model/session.h"
 #include "server/api.h"
 #include "server/reasoning_split.h"
+#include "server/tool_call_split.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rl {
@@ -167,7 +168,10 @@ struct Server::Impl {
       model = loader([this](float p) { load_progress = p; });
       if (!model.backend || !model.tokenizer) fail("the model loader returned no backend or tokenizer");
       try {
-        chat_template = ChatTemplate::detect(model.tokenizer->chat_template(), cfg.chatml_fallback);
+        if (!cfg.chat_template.empty())
+          chat_template = ChatTemplate::of(*chat_format_from_name(cfg.chat_template));  // checked at construction
+        else
+          chat_template = ChatTemplate::detect(model.tokenizer->chat_template(), cfg.chatml_fallback);
         if (chat_template->fell_back()) fmt::print(stderr, "warning: {}\n", chat_template->warning());
       } catch (const Error& e) {
         chat_template_error = e.what();  // completions still work; chat requests get this error
@@ -543,7 +547,7 @@ struct Server::Impl {
       auto [reasoning, content] = split.push(r.text);
       reasoning += split.flush_reasoning();
       ParsedReply parsed;
-      if (has_tools) parsed = chat_template->parse_reply(content, cr.tools);
+      if (has_tools) parsed = chat_template->parse_tool_calls(content, cr.tools);
       else parsed.content = content;
       json message = {{"role", "assistant"}, {"content", parsed.content}};
       if (!reasoning.empty()) message["reasoning_content"] = reasoning;
@@ -577,20 +581,26 @@ struct Server::Impl {
         [this, job, chunk, include_usage, has_tools, split_reasoning, tools, tool_calls_json, finish_name, id,
          created](size_t, httplib::DataSink& sink) {
           ReasoningSplitter split(split_reasoning);
-          std::string buffered;  // with tools, content waits for the end to be parsed
+          // With tools, content streams up to the first <tool_call>; the rest is parsed at the end.
+          ToolCallSplitter calls(has_tools);
+          std::vector<TokenLogprob> pending_lps;  // of tokens whose text is still held back
           if (!send_event(sink, chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) {
             abandon(job);
             return false;
           }
+          auto lps_json = [&]() -> json {
+            if (job->top_logprobs < 0) return nullptr;
+            json lp = chat_logprobs_json(pending_lps);
+            pending_lps.clear();
+            return lp;
+          };
           auto on_output = [&](const std::string& text, const std::vector<TokenLogprob>& lps) {
             auto [reasoning, content] = split.push(text);
             bool ok = reasoning.empty() || send_event(sink, chunk({{"reasoning_content", reasoning}}, nullptr, nullptr));
-            if (has_tools) {
-              buffered += content;
-            } else if (!content.empty()) {
-              json lp = job->top_logprobs >= 0 ? chat_logprobs_json(lps) : json(nullptr);
-              ok = ok && send_event(sink, chunk({{"content", content}}, nullptr, lp));
-            }
+            // Content logprobs go out with the content they belong to (held text: with a later delta).
+            if (!content.empty()) pending_lps.insert(pending_lps.end(), lps.begin(), lps.end());
+            if (std::string out = calls.push(content); !out.empty())
+              ok = ok && send_event(sink, chunk({{"content", out}}, nullptr, lps_json()));
             return ok;
           };
           auto on_finish = [&](const GenerationResult& r) {
@@ -598,10 +608,12 @@ struct Server::Impl {
               send_event(sink, chunk({{"reasoning_content", rest}}, nullptr, nullptr));
             ParsedReply parsed;
             if (has_tools) {
-              parsed = chat_template->parse_reply(buffered, tools);
-              if (!parsed.content.empty()) send_event(sink, chunk({{"content", parsed.content}}, nullptr, nullptr));
+              parsed = chat_template->parse_tool_calls(calls.finish(), tools);
+              if (!parsed.content.empty())
+                send_event(sink, chunk({{"content", parsed.content}}, nullptr, lps_json()));
               if (!parsed.tool_calls.empty())
-                send_event(sink, chunk({{"tool_calls", tool_calls_json(parsed)}}, nullptr, nullptr));
+                send_event(sink, chunk({{"tool_calls", tool_calls_json(parsed)}}, nullptr,
+                                       pending_lps.empty() ? json(nullptr) : lps_json()));
             }
             send_event(sink, chunk(json::object(), finish_name(r, parsed), nullptr));
             if (include_usage)
@@ -859,6 +871,8 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
   impl_->default_sampling = d;
   if (impl_->cfg.max_queue < 0) fail("--max-queue: must be >= 0, got {}", impl_->cfg.max_queue);
   if (impl_->cfg.n_ctx < 2) fail("--ctx: must be at least 2, got {}", impl_->cfg.n_ctx);
+  if (!impl_->cfg.chat_template.empty() && !chat_format_from_name(impl_->cfg.chat_template))
+    fail("--chat-template: unknown format '{}' (known: {})", impl_->cfg.chat_template, chat_format_names());
   if (!(impl_->cfg.request_timeout_s > 0) || impl_->cfg.request_timeout_s > kMaxTimeoutSeconds)
     fail("--timeout: must be between 0 and {} seconds, got {}", kMaxTimeoutSeconds, impl_->cfg.request_timeout_s);
   if (impl_->cfg.max_queue > kMaxQueue) fail("--max-queue: at most {}, got {}", kMaxQueue, impl_->cfg.max_queue);

@@ -44,6 +44,7 @@ struct ServerConfig {
   size_t max_body_bytes = 8u << 20;
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
   bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
+  std::string chat_template;       // a chat format name (chat_format_names()) used instead of the file's
   int http_threads = 0;            // 0: max(16, max_queue + 8)
   // Seconds one read from a client may wait. It bounds each read, not the whole request: a client
   // that trickles bytes holds an HTTP thread (the default bind is loopback for that reason).

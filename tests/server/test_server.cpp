@@ -134,6 +134,46 @@ TEST_F(ServerTest, StreamedChatEqualsWholeChatEqualsGenerator) {
   EXPECT_EQ(direct_greedy(chat_prompt_tokens(user), 20), whole_text);
 }
 
+// With tools in the request, a reply streams as it is generated (only a <tool_call> block and the
+// whitespace before it wait for the end), and the streamed content equals the whole reply's.
+TEST_F(ServerTest, RepliesToRequestsWithToolsStreamAndEqualTheWholeReply) {
+  ServerConfig cfg;
+  cfg.chat_template = "qwen3-instruct";  // the fixture's own template (Qwen2) has no tools
+  TestServer s(cfg);
+  ASSERT_TRUE(s.ready());
+  auto c = s.client();
+  json body = chat_body("What is the weather in Paris?", 24);
+  body["tools"] = json::parse(R"([{"type":"function","function":{"name":"get_weather","description":"Weather",
+      "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}])");
+  auto whole = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  json wj = json::parse(whole->body);
+  const json& msg = wj["choices"][0]["message"];
+  body["stream"] = true;
+  auto streamed = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200);
+  SseStream sse = parse_sse(streamed->body);
+  EXPECT_TRUE(sse.done);
+  std::string finish;
+  const std::string text = stream_text(sse, &finish);
+  EXPECT_EQ(text, msg["content"].is_null() ? std::string() : msg["content"].get<std::string>());
+  EXPECT_EQ(finish, wj["choices"][0]["finish_reason"]);
+  int content_deltas = 0;
+  for (const json& e : sse.events)
+    if (e.contains("choices") && !e["choices"].empty() && e["choices"][0]["delta"].contains("content") &&
+        e["choices"][0]["delta"]["content"].is_string() && !e["choices"][0]["delta"]["content"].get<std::string>().empty())
+      content_deltas++;
+  if (!msg.contains("tool_calls") && text.find("<tool_call") == std::string::npos)
+    EXPECT_GT(content_deltas, 3) << "the reply was not streamed: " << text;
+
+  // An unknown format name is refused when the server is made.
+  ServerConfig bad;
+  bad.chat_template = "qwen9";
+  EXPECT_THROW(Server(bad, fixture_loader(server_model())), Error);
+}
+
 TEST_F(ServerTest, CompletionsStreamAndWholeAgree) {
   TestServer s(ServerConfig{});
   auto c = s.client();
