@@ -274,20 +274,34 @@ ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults)
     }
     r.messages.push_back(std::move(msg));
   }
-  // tool_choice "none" hides the tools; "auto", "required" and a named function are accepted
-  // (the choice is the model's: no grammar constrains the output).
+  // tool_choice "none" hides the tools; a named function ({"type": "function", "function": {"name":
+  // N}}) shows only that one (it must be among the tools); "auto" and "required" show them all. The
+  // choice stays the model's: no grammar constrains the output.
   bool use_tools = true;
+  std::string only_tool;
+  bool choice_needs_tools = false;
   if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
     if (tc->is_string()) {
       const std::string v = tc->get<std::string>();
       if (v != "none" && v != "auto" && v != "required")
         bad("tool_choice", fmt::format("'tool_choice' must be none, auto, required or an object, got '{}'", v));
       use_tools = v != "none";
-    } else if (!tc->is_object()) {
+      choice_needs_tools = v == "required";
+    } else if (tc->is_object()) {
+      const json* fn = tc->contains("function") ? &(*tc)["function"] : nullptr;
+      if ((tc->contains("type") && (*tc)["type"] != "function") || !fn || !fn->is_object() || !fn->contains("name") ||
+          !(*fn)["name"].is_string())
+        bad("tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      only_tool = (*fn)["name"].get<std::string>();
+      choice_needs_tools = true;
+    } else {
       bad("tool_choice", "'tool_choice' must be a string or an object");
     }
   }
-  if (auto tools = body.find("tools"); tools != body.end() && !tools->is_null()) {
+  const auto tools_it = body.find("tools");
+  if (choice_needs_tools && (tools_it == body.end() || !tools_it->is_array() || tools_it->empty()))
+    bad("tool_choice", "'tool_choice' requires a non-empty 'tools' list");
+  if (auto tools = tools_it; tools != body.end() && !tools->is_null()) {
     if (!tools->is_array()) bad("tools", "'tools' must be an array");
     // Keep the client's key order: the template renders the tools with tojson.
     nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(tools->dump());
@@ -303,6 +317,14 @@ ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults)
       if (t["function"].contains("parameters") && !t["function"]["parameters"].is_object() &&
           !t["function"]["parameters"].is_null())
         bad(param, fmt::format("'{}.function.parameters' must be a JSON schema object", param));
+    }
+    if (!only_tool.empty()) {
+      nlohmann::ordered_json chosen = nlohmann::ordered_json::array();
+      for (const auto& t : ordered)
+        if (t["function"]["name"] == only_tool) chosen.push_back(t);
+      if (chosen.empty())
+        bad("tool_choice", fmt::format("'tool_choice' names function '{}', which is not in 'tools'", only_tool));
+      ordered = std::move(chosen);
     }
     if (use_tools) r.tools = std::move(ordered);
   }

@@ -168,6 +168,20 @@ TEST_F(ServerTest, RepliesToRequestsWithToolsStreamAndEqualTheWholeReply) {
   if (!msg.contains("tool_calls") && text.find("<tool_call") == std::string::npos)
     EXPECT_GT(content_deltas, 3) << "the reply was not streamed: " << text;
 
+  // A named tool_choice shows the model only that function: the prompt is shorter than with both.
+  body["stream"] = false;
+  body["max_tokens"] = 1;
+  body["tools"].push_back(json::parse(R"({"type":"function","function":{"name":"get_time","description":"Time",
+      "parameters":{"type":"object","properties":{"zone":{"type":"string"}}}}})"));
+  auto both = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  auto one = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(both && one);
+  ASSERT_EQ(both->status, 200) << both->body;
+  ASSERT_EQ(one->status, 200) << one->body;
+  EXPECT_LT(json::parse(one->body)["usage"]["prompt_tokens"].get<int>(),
+            json::parse(both->body)["usage"]["prompt_tokens"].get<int>());
+
   // An unknown format name is refused when the server is made.
   ServerConfig bad;
   bad.chat_template = "qwen9";

@@ -118,6 +118,10 @@ std::vector<Case> corpus() {
                                {"tools", json::array({{{"type", "retrieval"}, {"function", {{"name", "f"}}}}})},
                                {"tool_choice", "sometimes"},
                                {"tool_choice", 5},
+                               {"tool_choice", "required"},  // without tools
+                               {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}},  // without tools
+                               {"tool_choice", {{"type", "function"}, {"function", 5}}},
+                               {"tool_choice", {{"type", "retrieval"}, {"function", {{"name", "f"}}}}},
                                {"response_format", "json"},
                                {"response_format", {{"type", "json_schema"}}},
                                {"response_format", {{"type", 5}}},
@@ -131,6 +135,12 @@ std::vector<Case> corpus() {
     c[kv[0].get<std::string>()] = kv[1];
     if (kv[0] == "top_logprobs" && kv[1] == 50) c["logprobs"] = true;
     cases.push_back({"/v1/chat/completions", c.dump(), kv[0].get<std::string>() + "=" + kv[1].dump()});
+  }
+  {  // a named function that is not among the tools
+    json c = valid_chat();
+    c["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+    c["tool_choice"] = {{"type", "function"}, {"function", {{"name", "g"}}}};
+    cases.push_back({"/v1/chat/completions", c.dump(), "tool_choice names a missing function"});
   }
   // Completion prompts.
   const json bad_prompts[] = {nullptr, 5, json::object(), json::array(), json::array({-1}), json::array({1.5}),
