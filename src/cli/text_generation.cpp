@@ -53,6 +53,12 @@ void add_chat_options(CLI::App& app, TextOptions& o) {
   app.add_option("--system", o.system, "system message");
   app.add_flag("--chatml", o.chatml_fallback,
                "render as plain ChatML when the model's chat template is not recognised");
+  app.add_option("--chat-template", o.chat_format,
+                 "chat format to use instead of the file's template: " + chat_format_names())
+      ->check([](const std::string& v) {
+        return chat_format_from_name(v) ? std::string()
+                                        : "unknown chat format '" + v + "' (known: " + chat_format_names() + ")";
+      });
   app.add_flag("--no-think", o.no_think, "Qwen3 hybrid templates: answer without a thinking block");
 }
 
@@ -128,6 +134,7 @@ TextModel open_text_model(const CommonOptions& opts) {
 }
 
 ChatTemplate chat_template_of(const Tokenizer& tok, const TextOptions& o) {
+  if (!o.chat_format.empty()) return ChatTemplate::of(*chat_format_from_name(o.chat_format));
   ChatTemplate t = ChatTemplate::detect(tok.chat_template(), o.chatml_fallback);
   if (t.fell_back()) std::fprintf(stderr, "warning: %s\n", t.warning().c_str());
   return t;

@@ -21,6 +21,7 @@ struct TextOptions {
   bool greedy = false;
   bool ignore_eos = false;
   bool chatml_fallback = false;  // --chatml: render unrecognised templates as plain ChatML
+  std::string chat_format;       // --chat-template: a format name used instead of the file's
   std::string system;            // --system
   bool no_think = false;         // --no-think: Qwen3 hybrid templates, enable_thinking = false
 
@@ -31,7 +32,7 @@ struct TextOptions {
 // -n, --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
 // --frequency-penalty, --seed, --greedy, --stop, --ignore-eos.
 void add_sampling_options(CLI::App& app, TextOptions& o, int default_max_tokens);
-// --system, --chatml, --no-think.
+// --system, --chatml, --chat-template, --no-think.
 void add_chat_options(CLI::App& app, TextOptions& o);
 
 struct TextModel {

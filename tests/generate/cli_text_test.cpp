@@ -117,5 +117,26 @@ TEST(CliText, UnknownTemplateFlagIsExplicit) {
   EXPECT_EQ(o.err.find("warning"), std::string::npos) << o.err;
 }
 
+TEST(CliText, ChatTemplateFlagChoosesTheFormat) {
+  // Qwen2 (the fixture's) adds a default system message; Qwen3 Instruct does not: fewer tokens.
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  auto prefill = [](const std::string& err) {
+    const size_t p = err.find("prefill: ");
+    return p == std::string::npos ? -1 : std::stoi(err.substr(p + 9));
+  };
+  Output q2 = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy -n 1 --chat -p Hi");
+  Output q3 = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy -n 1 --chat -p Hi "
+                          "--chat-template qwen3-instruct");
+  ASSERT_EQ(q2.rc, 0) << q2.err;
+  ASSERT_EQ(q3.rc, 0) << q3.err;
+  EXPECT_GT(prefill(q3.err), 0) << q3.err;
+  EXPECT_LT(prefill(q3.err), prefill(q2.err)) << q2.err << q3.err;
+  Output bad = run_redlite("run -m " + model + " --chat -p Hi --chat-template qwen9");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("unknown chat format 'qwen9'"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("qwen3-coder"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace rl
