@@ -106,22 +106,26 @@ const Loaded* loaded() {
   return l.get();
 }
 
-void BM_Encode1MiBMixed(benchmark::State& state) {
-  const Loaded* l = loaded();
-  if (!l) {
-    state.SkipWithError("fixture not found");
-    return;
-  }
-  const std::string text = build_mixed_text(1 << 20);
+// The timed loop of the encode benchmarks: bytes/s, and the text size and token count.
+void encode_loop(benchmark::State& state, const Loaded& l, const std::string& text, bool parse_special) {
   size_t n_tokens = 0;
   for (auto _ : state) {
-    auto ids = l->tok->encode(text, false);
+    auto ids = l.tok->encode(text, parse_special);
     n_tokens = ids.size();
     benchmark::DoNotOptimize(ids.data());
   }
   state.SetBytesProcessed((int64_t)state.iterations() * (int64_t)text.size());
   state.counters["text_bytes"] = (double)text.size();
   state.counters["tokens"] = (double)n_tokens;
+}
+
+void BM_Encode1MiBMixed(benchmark::State& state) {
+  const Loaded* l = loaded();
+  if (!l) {
+    state.SkipWithError("fixture not found");
+    return;
+  }
+  encode_loop(state, *l, build_mixed_text(1 << 20), false);
 }
 BENCHMARK(BM_Encode1MiBMixed)->Unit(benchmark::kMillisecond)->MinTime(3.0);
 
@@ -162,14 +166,7 @@ void BM_Encode1MiBDistinctWords(benchmark::State& state) {
     }
     if (next() % 8 == 0) text += ".\n";
   }
-  size_t n_tokens = 0;
-  for (auto _ : state) {
-    auto ids = l->tok->encode(text, false);
-    n_tokens = ids.size();
-    benchmark::DoNotOptimize(ids.data());
-  }
-  state.SetBytesProcessed((int64_t)state.iterations() * (int64_t)text.size());
-  state.counters["tokens"] = (double)n_tokens;
+  encode_loop(state, *l, text, false);
 }
 BENCHMARK(BM_Encode1MiBDistinctWords)->Unit(benchmark::kMillisecond)->MinTime(3.0);
 
@@ -182,11 +179,7 @@ void BM_Encode1MiBMixedSpecial(benchmark::State& state) {
   }
   std::string text = build_mixed_text(1 << 20);
   for (size_t pos = 4096; pos < text.size(); pos += 4096) text.insert(pos, "<|im_end|>\n<|im_start|>user\n");
-  for (auto _ : state) {
-    auto ids = l->tok->encode(text, true);
-    benchmark::DoNotOptimize(ids.data());
-  }
-  state.SetBytesProcessed((int64_t)state.iterations() * (int64_t)text.size());
+  encode_loop(state, *l, text, true);
 }
 BENCHMARK(BM_Encode1MiBMixedSpecial)->Unit(benchmark::kMillisecond)->MinTime(3.0);
 

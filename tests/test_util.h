@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -42,6 +43,21 @@ inline ShellRun run_shell(const std::string& cmd) {
   const int status = ::pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// A scratch file for this test process: <tmp>/redlite-<tag>-<pid>/<name>, the directory created.
+inline std::string temp_path(const std::string& tag, const std::string& name) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("redlite-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+// Removes a temp_path file, and its directory once that is empty.
+inline void remove_temp(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  std::filesystem::remove(std::filesystem::path(path).parent_path(), ec);  // fails harmlessly while others remain
 }
 
 }  // namespace rl::test

@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "common/error.h"
+#include "common/format.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,16 +21,6 @@ struct TokenizeArgs {
   bool parse_special = false;
   bool json = false;
 };
-
-std::string to_hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : bytes) {
-    s.push_back(digits[c >> 4]);
-    s.push_back(digits[c & 15]);
-  }
-  return s;
-}
 
 int run_tokenize(const TokenizeArgs& a) {
   if (a.model_path.empty()) fail("-m/--model: a GGUF model file is required");

@@ -16,4 +16,15 @@ std::string human_bytes(uint64_t bytes) {
   return fmt::format("{:.2f} {}", v, units[u]);
 }
 
+std::string to_hex(std::string_view bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * bytes.size());
+  for (unsigned char c : bytes) {
+    s.push_back(digits[c >> 4]);
+    s.push_back(digits[c & 15]);
+  }
+  return s;
+}
+
 }  // namespace rl

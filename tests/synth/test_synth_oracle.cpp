@@ -11,28 +11,18 @@
 #include "model/model.h"
 #include "synth/routing_study.h"
 #include "synth/synth.h"
+#include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rl::synth {
 namespace {
-
-namespace fs = std::filesystem;
-
-// Removes a test file and its per-process directory once that is empty.
-void remove_test_file(const std::string& path) {
-  std::error_code ec;
-  fs::remove(path, ec);
-  fs::remove(fs::path(path).parent_path(), ec);  // fails harmlessly while other files remain
-}
 
 std::string write_tiny(const std::string& recipe, double skew = 0) {
   Options o;
   o.preset = "tiny";
   o.recipe = recipe;
   o.router_skew = skew;
-  const fs::path dir = fs::temp_directory_path() / ("redlite-synth-oracle-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / (recipe + ".gguf")).string();
+  const std::string path = test::temp_path("synth-oracle", recipe + ".gguf");
   write_model(make_plan(o), path);
   return path;
 }
@@ -79,7 +69,7 @@ TEST_P(SynthOracle, TinyModelGivesFiniteHealthyLogits) {
   // Different positions give different logits (not a constant function of the input).
   EXPECT_NE(std::vector<float>(all.begin(), all.begin() + n_vocab),
             std::vector<float>(all.begin() + n_vocab, all.begin() + 2 * n_vocab));
-  remove_test_file(path);
+  test::remove_temp(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::Values("seed-mix", "q4km", "f32"));
@@ -97,7 +87,7 @@ TEST(SynthOracle, PlaceholderVocabularyTokenizesText) {
   EXPECT_TRUE(tok->is_control(chat.front()));
   EXPECT_TRUE(tok->is_eog(chat.back()));
   EXPECT_FALSE(tok->chat_template().empty());
-  remove_test_file(path);
+  test::remove_temp(path);
 }
 
 }  // namespace
@@ -138,7 +128,7 @@ TEST(SynthOracleRouting, SkewRaisesLruHitRatesThroughTheOracle) {
     std::printf("| %.1f | %.3f | %.3f (%.3f) | %.2f | %.3f | %.3f | %.3f |\n", skew, st.top1pct_share, st.reuse_previous,
                 st.reuse_uniform, st.zipf_fit_exponent, hit[0], hit[1], hit[2]);
     hit25.push_back(hit[1]);
-    remove_test_file(path);
+    test::remove_temp(path);
   }
   EXPECT_GT(hit25[1], hit25[0]);
   EXPECT_GT(hit25[2], hit25[1]);

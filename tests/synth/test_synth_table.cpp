@@ -15,25 +15,12 @@
 namespace rl::synth {
 namespace {
 
-namespace fs = std::filesystem;
-
-// Removes a test file and its per-process directory once that is empty.
-void remove_test_file(const std::string& path) {
-  std::error_code ec;
-  fs::remove(path, ec);
-  fs::remove(fs::path(path).parent_path(), ec);  // fails harmlessly while other files remain
-}
-
 nlohmann::json load_json(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
 }
 
-std::string temp_path(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("redlite-synth-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
+std::string temp_path(const std::string& name) { return test::temp_path("synth-test", name); }
 
 // Metadata without the provenance keys synth adds (redlite.synth.*).
 nlohmann::json model_metadata(const nlohmann::json& meta) {
@@ -136,7 +123,7 @@ TEST(SynthTable, TinyFileReadsBackAsPlanned) {
   EXPECT_EQ(f->get("tokenizer.ggml.tokens").str_at(eot), "<|endoftext|>");
   EXPECT_EQ(f->get("tokenizer.ggml.tokens").str_at(eot + 1), "<|im_start|>");
   EXPECT_EQ(f->get("tokenizer.ggml.tokens").str_at(eot + 2), "<|im_end|>");
-  remove_test_file(path);
+  test::remove_temp(path);
 }
 
 TEST(SynthTable, SameSeedSameBytesWhateverTheThreadCount) {
@@ -158,7 +145,7 @@ TEST(SynthTable, SameSeedSameBytesWhateverTheThreadCount) {
   EXPECT_EQ(ba, bb);
   ASSERT_EQ(ba.size(), bc.size());
   EXPECT_NE(ba, bc);
-  remove_test_file(a), remove_test_file(b), remove_test_file(c);
+  test::remove_temp(a), test::remove_temp(b), test::remove_temp(c);
 }
 
 TEST(SynthTable, VocabFromCopiesTheTokenizer) {
@@ -184,7 +171,7 @@ TEST(SynthTable, VocabFromCopiesTheTokenizer) {
   EXPECT_FALSE(f->get("redlite.synth.placeholder_vocab").as_bool());
   EXPECT_EQ(f->tensor("token_embd.weight").ne[1], 4099);
   EXPECT_EQ(f->tensor("output.weight").ne[1], 4099);
-  remove_test_file(path);
+  test::remove_temp(path);
 }
 
 // The written 80B file itself (made on the GPU host: tests/synth/device_check.sh sets

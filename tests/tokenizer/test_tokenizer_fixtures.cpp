@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "gguf/gguf.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -27,15 +28,6 @@ std::string read_file(const std::string& path) {
 
 json read_json(const std::string& path) { return json::parse(read_file(path)); }
 
-std::string hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : bytes) {
-    s.push_back(digits[c >> 4]);
-    s.push_back(digits[c & 15]);
-  }
-  return s;
-}
 
 std::string ids_str(const std::vector<int32_t>& ids) {
   std::string s;
@@ -85,7 +77,7 @@ void expect_stream_equals_whole(const Tokenizer& tok, const std::vector<int32_t>
   for (int32_t id : ids) {
     const std::string part = stream.push(id);
     if (is_valid_utf8(whole)) {
-      EXPECT_TRUE(is_valid_utf8(part)) << label << ": streamed part " << hex(part);
+      EXPECT_TRUE(is_valid_utf8(part)) << label << ": streamed part " << to_hex(part);
     }
     streamed += part;
   }
@@ -127,7 +119,7 @@ TEST(TokenizerFixtures, ReferenceCasesMatchLlamaCpp) {
   ASSERT_EQ(ref["cases"].size(), 32u);
   for (const json& c : ref["cases"]) {
     const std::string text = c["text"];
-    ASSERT_EQ(hex(text), c["text_utf8_hex"].get<std::string>());
+    ASSERT_EQ(to_hex(text), c["text_utf8_hex"].get<std::string>());
     for (bool special : {false, true}) {
       const std::string sfx = special ? "true" : "false";
       const std::string label = "case " + std::to_string(c["id"].get<int>()) + " parse_special=" + sfx;
@@ -137,7 +129,7 @@ TEST(TokenizerFixtures, ReferenceCasesMatchLlamaCpp) {
       // Pieces (control tokens as their text) and llama_detokenize of the reference ids.
       const std::vector<std::string> pieces_hex = c["pieces_hex_parse_special_" + sfx];
       ASSERT_EQ(pieces_hex.size(), want.size()) << label;
-      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(hex(tok.piece(want[i])), pieces_hex[i]) << label << " token " << i;
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(to_hex(tok.piece(want[i])), pieces_hex[i]) << label << " token " << i;
       EXPECT_EQ(tok.decode(want, true), c["detokenized_parse_special_" + sfx].get<std::string>()) << label;
       EXPECT_EQ(tok.decode(got, true), text) << label << ": round trip";
       expect_stream_equals_whole(tok, want, true, label);
@@ -253,7 +245,7 @@ TEST(TokenizerFixtures, RandomUtf8RoundTripsAndStreams) {
       const std::string text = random_utf8(rng, std::uniform_int_distribution<size_t>(0, 80)(rng));
       for (bool special : {false, true}) {
         const std::vector<int32_t> ids = tok.encode(text, special);
-        ASSERT_EQ(tok.decode(ids), text) << name << " iter " << iter << " hex " << hex(text);
+        ASSERT_EQ(tok.decode(ids), text) << name << " iter " << iter << " hex " << to_hex(text);
         for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok.n_vocab());
         expect_stream_equals_whole(tok, ids, true, "random");
       }
@@ -318,7 +310,7 @@ TEST(TokenizerFixtures, StreamDecoderHoldsIncompleteCharacters) {
   std::string out;
   for (int32_t id : ids) {
     const std::string part = stream.push(id);
-    EXPECT_TRUE(is_valid_utf8(part)) << hex(part);
+    EXPECT_TRUE(is_valid_utf8(part)) << to_hex(part);
     out += part;
   }
   EXPECT_EQ(stream.flush(), "");
