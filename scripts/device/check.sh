@@ -14,6 +14,10 @@
 #   BENCH_REPS=N sets the all-resident bench's --reps (default 3).
 #   NCU=1 adds per-kernel GPU times with Nsight Compute over a short bench ($OUT/ncu-kernels.csv.gz;
 #   NCU_PREFILL sets its prefill tokens, NCU_COUNT the most kernels profiled).
+#   NCU_DETAIL=1 adds Nsight Compute's detailed sections for the decode products and the prefill
+#   kernels (NCU_DECODE_RE / NCU_PREFILL_RE pick kernels by name, NCU_*_COUNT how many).
+#   SASS=1 writes the decode products' machine code (cuobjdump) to $OUT.
+#   BENCH_ENV_B="VAR=value ..." repeats the all-resident bench under those variables (A/B).
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
 #   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
@@ -65,6 +69,11 @@ if [ "$STAGE" != fixtures ] || [ ! -x "$BIN" ]; then
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_LIBRARY_PATH=$LIBDIR || exit 1
   step build ninja -C "$BUILD" -j16 redlite test_cache test_cuda || exit 1
 fi
+# SASS=1: the machine code of the decode products ($OUT/sass-matvec.txt.gz), for instruction counts.
+if [ "${SASS:-0}" = 1 ]; then
+  cuobjdump -sass "$BUILD/CMakeFiles/rl_cuda.dir/src/cuda/matvec.cu.o" > "$OUT/sass-matvec.txt" 2>&1
+  gzip -f "$OUT/sass-matvec.txt"
+fi
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 
 # --- tests -----------------------------------------------------------------------------------------
@@ -88,6 +97,8 @@ M80=$SHM/80b-seed-mix.gguf
 [ "$STAGE" = full ] && step parity-80b "$BIN" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
 [ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_PROFILE=1 step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json
 step bench-80b "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
+# BENCH_ENV_B="VAR=value ...": the same bench again under those variables (an A/B on one machine).
+[ -n "${BENCH_ENV_B:-}" ] && step bench-80b-b env $BENCH_ENV_B "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
 [ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_SPECULATIVE=0 step bench-80b-sync "$BIN" bench -m $M80 --backend cuda --reps 1 --json
 [ "${ONLY_MAIN_BENCH:-0}" = 1 ] || step bench-80b-8g "$BIN" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json
 # Per-kernel GPU times of the decode (GPU-routed graph nodes), when Nsight Systems is installed.
@@ -110,6 +121,20 @@ if [ "${NCU:-0}" = 1 ]; then
   "$NCU_BIN" --import /tmp/rl-ncu.ncu-rep --csv --print-units base --page raw \
     --metrics gpu__time_duration.sum > "$OUT/ncu-kernels.csv" 2> "$OUT/ncu-import.err"
   gzip -f "$OUT/ncu-kernels.csv"
+fi
+# Nsight Compute detail sections (occupancy, stall reasons, pipes, memory) for the decode products
+# and the prefill kernels: $OUT/ncu-detail-{decode,prefill}.csv.gz.
+if [ "${NCU_DETAIL:-0}" = 1 ]; then
+  NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  step ncu-detail-decode timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_DECODE_RE:-gate_up_kernel|matvec_kernel|route_kernel|combine_norm}" \
+    --launch-count ${NCU_DECODE_COUNT:-150} -o /tmp/rl-ncu-d -f \
+    "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 16 --json
+  "$NCU_BIN" --import /tmp/rl-ncu-d.ncu-rep --csv --page details > "$OUT/ncu-detail-decode.csv" 2>&1
+  step ncu-detail-prefill timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_PREFILL_RE:-matmul_kernel|recurrence|gated_attention}" \
+    --launch-count ${NCU_PREFILL_COUNT:-40} -o /tmp/rl-ncu-p -f \
+    "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 512 --json
+  "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page details > "$OUT/ncu-detail-prefill.csv" 2>&1
+  gzip -f "$OUT"/ncu-detail-*.csv
 fi
 rm -f $M80
 [ "${SKIP_SKEW:-0}" = 1 ] && exit $status

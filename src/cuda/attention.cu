@@ -82,6 +82,7 @@ constexpr int kTile = kWarps * kKeysPerWarp;  // keys per step
 __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
     const float* q, const float* gate, const float* kc, const float* vc, float* out, int n_head,
     int n_kv, int hd, int pos0, const int32_t* pos_dev, double scale) {
+  pdl_trigger();  // the output projection follows
   if (pos_dev) pos0 = pos_dev[0];
   const int h = blockIdx.x, t = blockIdx.y;
   const int kvh = h / (n_head / n_kv);

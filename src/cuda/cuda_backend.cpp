@@ -217,6 +217,9 @@ class CudaBackendImpl final : public CudaBackend {
   // Routed and shared experts of layer L for one token, routed on the GPU (route_topk); adds into x.
   void moe_layer_gpu_routed(int L, const float* h2, float* x, const float* next_norm, float* h_out);
   void capture_token_graph(SessionState& st);
+  void allocate_state_backups(SessionState& st);
+  void copy_recurrent_states(SessionState& st, bool to_backup);
+  void upload_token_position(int32_t token, int position);
   void allocate_gpu_routed_buffers();
 
   // Pinned staging area (host) mirrored by a device area at the same offsets, for the small
@@ -975,10 +978,13 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
       float* g = mix + (size_t)T * nv;    // [T][nv]
       deltanet_conv_gates(qkv, conv_dim, conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, ba, w.dt_bias,
                           w.a, beta, g, nk, nv, stream_);
-      // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch.
-      l2_norm(conv, T, 2 * nk, dk, conv_dim, 1e-6f, (float)(1.0 / std::sqrt((double)dk)), stream_, nk);
+      // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch;
+      // a decode step normalises inside the recurrence instead (the same values).
+      const L2Norm qk_norm{1e-6f, (float)(1.0 / std::sqrt((double)dk))};
+      const bool fuse_norm = T == 1 && dk == 128;
+      if (!fuse_norm) l2_norm(conv, T, 2 * nk, dk, conv_dim, qk_norm.eps, qk_norm.q_scale, stream_, nk);
       deltanet_recurrence(conv, conv + key_dim, conv + 2 * key_dim, conv_dim, beta, g, st.ssm[L].f(), o, T,
-                          nk, nv, dk, dv, stream_);
+                          nk, nv, dk, dv, stream_, fuse_norm ? &qk_norm : nullptr);
       gated_rms_norm(o, z, w.norm, o, T * nv, dv, c.rms_eps, stream_);
       profiler_.mark(kProjections, stream_);
       project(w.out, o, T, mix);
@@ -1083,29 +1089,52 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
   profiler_.collect();
 }
 
-// Captures the GPU-routed token once per session: the state backups, then the pass. Nothing in it
-// depends on the host between replays except tokpos_ (token, position) and the residency table,
-// both read from device memory at replay time.
-void CudaBackendImpl::capture_token_graph(SessionState& st) {
-  const Config& c = config();
+// Backups of the DeltaNet conv and SSM states, allocated on first use (never while a graph is
+// being captured: capture_token_graph allocates them first).
+void CudaBackendImpl::allocate_state_backups(SessionState& st) {
+  const int n_layer = config().n_layer;
   if (st.conv_backup.empty()) {
-    st.conv_backup.resize(c.n_layer);
-    st.ssm_backup.resize(c.n_layer);
-    for (int L = 0; L < c.n_layer; L++) {
+    st.conv_backup.resize(n_layer);
+    st.ssm_backup.resize(n_layer);
+    for (int L = 0; L < n_layer; L++) {
       if (st.conv[L].bytes()) st.conv_backup[L].allocate(st.conv[L].bytes());
       if (st.ssm[L].bytes()) st.ssm_backup[L].allocate(st.ssm[L].bytes());
     }
   }
+}
+
+// The recurrent states to their backups (to_backup) or back from them, every layer, on the compute
+// stream.
+void CudaBackendImpl::copy_recurrent_states(SessionState& st, bool to_backup) {
+  const int n_layer = config().n_layer;
+  allocate_state_backups(st);
+  auto copy = [&](DeviceBuffer& live, DeviceBuffer& backup) {
+    if (!live.bytes()) return;
+    void* dst = to_backup ? backup.get() : live.get();
+    const void* src = to_backup ? live.get() : backup.get();
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst, src, live.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  };
+  for (int L = 0; L < n_layer; L++) {
+    copy(st.conv[L], st.conv_backup[L]);
+    copy(st.ssm[L], st.ssm_backup[L]);
+  }
+}
+
+// The GPU-routed token's inputs (token, position), read by the graph from device memory.
+void CudaBackendImpl::upload_token_position(int32_t token, int position) {
+  tokpos_host_[0] = token;
+  tokpos_host_[1] = position;
+  RL_CUDA_CHECK(cudaMemcpyAsync(tokpos_.get(), tokpos_host_, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+}
+
+// Captures the GPU-routed token once per session: the state backups, then the pass. Nothing in it
+// depends on the host between replays except tokpos_ (token, position) and the residency table,
+// both read from device memory at replay time.
+void CudaBackendImpl::capture_token_graph(SessionState& st) {
+  allocate_state_backups(st);
   RL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    for (int L = 0; L < c.n_layer; L++) {
-      if (st.conv[L].bytes())
-        RL_CUDA_CHECK(cudaMemcpyAsync(st.conv_backup[L].get(), st.conv[L].get(), st.conv[L].bytes(),
-                                      cudaMemcpyDeviceToDevice, stream_));
-      if (st.ssm[L].bytes())
-        RL_CUDA_CHECK(cudaMemcpyAsync(st.ssm_backup[L].get(), st.ssm[L].get(), st.ssm[L].bytes(),
-                                      cudaMemcpyDeviceToDevice, stream_));
-    }
+    copy_recurrent_states(st, true);
     const int32_t* tp = tokpos_.get<int32_t>();
     encode_pass(st, tp, tp + 1, 1, false, gr_logits_.f(), nullptr, true);
   } catch (...) {
@@ -1137,28 +1166,10 @@ bool CudaBackendImpl::decode_gpu_routed(SessionState& st, int32_t token, float* 
     // RL_ENGINE_PROFILE=1: the same work launched one by one with stage marks, no graph. A spin
     // kernel holds the GPU while the host enqueues the whole token, so the GPU then runs it back
     // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
-    tokpos_host_[0] = token;
-    tokpos_host_[1] = st.position;
-    RL_CUDA_CHECK(cudaMemcpyAsync(tokpos_.get(), tokpos_host_, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                  stream_));
-    if (st.conv_backup.empty()) {
-      st.conv_backup.resize(n_layer);
-      st.ssm_backup.resize(n_layer);
-      for (int L = 0; L < n_layer; L++) {
-        if (st.conv[L].bytes()) st.conv_backup[L].allocate(st.conv[L].bytes());
-        if (st.ssm[L].bytes()) st.ssm_backup[L].allocate(st.ssm[L].bytes());
-      }
-    }
+    upload_token_position(token, st.position);
     gpu_spin(20'000'000, stream_);
     profiler_.mark(kCopies, stream_);
-    for (int L = 0; L < n_layer; L++) {
-      if (st.conv[L].bytes())
-        RL_CUDA_CHECK(cudaMemcpyAsync(st.conv_backup[L].get(), st.conv[L].get(), st.conv[L].bytes(),
-                                      cudaMemcpyDeviceToDevice, stream_));
-      if (st.ssm[L].bytes())
-        RL_CUDA_CHECK(cudaMemcpyAsync(st.ssm_backup[L].get(), st.ssm[L].get(), st.ssm[L].bytes(),
-                                      cudaMemcpyDeviceToDevice, stream_));
-    }
+    copy_recurrent_states(st, true);
     profiler_.mark(kOther, stream_);
     const int32_t* tp = tokpos_.get<int32_t>();
     encode_pass(st, tp, tp + 1, 1, false, gr_logits_.f(), nullptr, true);
@@ -1174,10 +1185,7 @@ bool CudaBackendImpl::decode_gpu_routed(SessionState& st, int32_t token, float* 
     }
   }
   if (!profiler_.on) {
-    tokpos_host_[0] = token;
-    tokpos_host_[1] = st.position;
-    RL_CUDA_CHECK(cudaMemcpyAsync(tokpos_.get(), tokpos_host_, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                  stream_));
+    upload_token_position(token, st.position);
     RL_CUDA_CHECK(cudaGraphLaunch(st.token_graph, stream_));
   }
   const size_t io_count = (size_t)n_layer * K + n_layer;
@@ -1196,14 +1204,7 @@ bool CudaBackendImpl::decode_gpu_routed(SessionState& st, int32_t token, float* 
   if (misses > 0) {
     // Undo the token: the recurrent states come back from the backups; the KV rows written at this
     // position are overwritten by the recomputation.
-    for (int L = 0; L < n_layer; L++) {
-      if (st.conv[L].bytes())
-        RL_CUDA_CHECK(cudaMemcpyAsync(st.conv[L].get(), st.conv_backup[L].get(), st.conv[L].bytes(),
-                                      cudaMemcpyDeviceToDevice, stream_));
-      if (st.ssm[L].bytes())
-        RL_CUDA_CHECK(cudaMemcpyAsync(st.ssm[L].get(), st.ssm_backup[L].get(), st.ssm[L].bytes(),
-                                      cudaMemcpyDeviceToDevice, stream_));
-    }
+    copy_recurrent_states(st, false);
     stats_.gpu_routed_fallbacks++;
     return false;
   }

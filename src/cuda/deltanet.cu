@@ -105,12 +105,29 @@ constexpr int kRecurrenceWarps = 8;  // rows of S per block
 // call with coalesced accesses, and the 32*dv*nv rows of a layer run in parallel. Each token is a
 // dependent step: decay, s·k (double, warp sum), the delta, the update and s·q (double, warp sum).
 // The next token's k and q are loaded before the current step's sums, so the loads overlap them.
-template <int DK>
+//
+// NORM (decode, DK = 128): q and k arrive as the conv wrote them and each warp L2-normalises its
+// head's k and q itself (q then scaled by q_scale), with l2_norm_kernel's arithmetic on the same
+// partition (lane l: values 4l..4l+3, a warp tree of double sums): bit for bit what l2_norm followed
+// by the plain recurrence gives, one launch fewer per layer. The normalised values are not stored.
+__device__ __forceinline__ void l2_normalise4(float (&x)[4], float eps, float scale) {
+  double ss = (double)x[0] * x[0];
+  ss = fma((double)x[1], (double)x[1], ss);
+  ss = fma((double)x[2], (double)x[2], ss);
+  ss = fma((double)x[3], (double)x[3], ss);
+  ss = warp_sum_d(ss);
+  const double inv = 1.0 / sqrt(ss + (double)eps);
+#pragma unroll
+  for (int i = 0; i < 4; i++) x[i] = __fmul_rn((float)(x[i] * inv), scale);
+}
+
+template <int DK, bool NORM>
 __global__ void __launch_bounds__(32 * kRecurrenceWarps)
     recurrence_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       size_t stride, const float* __restrict__ beta, const float* __restrict__ g, float* S,
-                      float* __restrict__ out, int T, int nk, int nv, int dv) {
+                      float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps) {
   constexpr int P = DK / 32;
+  static_assert(!NORM || P == 4, "the fused L2 norm takes four values per lane");
   const int gw = blockIdx.x * kRecurrenceWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (gw >= nv * dv) return;
   const int j = gw / dv, row = gw % dv;
@@ -120,9 +137,13 @@ __global__ void __launch_bounds__(32 * kRecurrenceWarps)
 #pragma unroll
   for (int i = 0; i < P; i++) s[i] = Sr[i];
   const size_t koff = (size_t)kh * DK + lane * P, voff = (size_t)j * dv + row;
-  auto load_kq = [&](int t, float* kk, float* qq) {
+  auto load_kq = [&](int t, float (&kk)[P], float (&qq)[P]) {
 #pragma unroll
     for (int i = 0; i < P; i++) kk[i] = k[(size_t)t * stride + koff + i], qq[i] = q[(size_t)t * stride + koff + i];
+    if constexpr (NORM) {
+      l2_normalise4(kk, eps, 1.0f);
+      l2_normalise4(qq, eps, q_scale);
+    }
   };
   float kc[P], qc[P];
   load_kq(0, kc, qc);
@@ -213,18 +234,18 @@ void deltanet_gates(const float* ba, const float* dt_bias, const float* ssm_a, f
 
 void deltanet_recurrence(const float* q, const float* k, const float* v, size_t qkv_stride,
                          const float* beta, const float* g, float* S, float* out, int T, int nk,
-                         int nv, int dk, int dv, cudaStream_t stream) {
+                         int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm) {
   if (T == 0) return;
   const unsigned blocks = (unsigned)((nv * dv + kRecurrenceWarps - 1) / kRecurrenceWarps);
+  const float q_scale = norm ? norm->q_scale : 1.0f, eps = norm ? norm->eps : 0.0f;
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale,
+                                                         eps);
+  };
+  if (norm && dk != 128) throw_error("deltanet: the fused L2 norm needs key heads of 128 (got " + std::to_string(dk) + ")");
   switch (dk) {
-    case 64:
-      recurrence_kernel<64><<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T,
-                                                                         nk, nv, dv);
-      break;
-    case 128:
-      recurrence_kernel<128><<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out,
-                                                                          T, nk, nv, dv);
-      break;
+    case 64: launch(recurrence_kernel<64, false>); break;
+    case 128: norm ? launch(recurrence_kernel<128, true>) : launch(recurrence_kernel<128, false>); break;
     default:
       throw_error("deltanet: key head dim " + std::to_string(dk) + " (supported: 64, 128)");
   }

@@ -12,6 +12,22 @@ __device__ __forceinline__ float softplus_f(float x) {
   return (float)(d > 20.0 ? d : log1p(exp(d)));
 }
 
+// Programmatic dependent launch (the decode products, matvec.cu, are launched with it). A kernel
+// that a product may follow calls pdl_trigger(): the product's blocks may then become resident and
+// stage their tables while this grid finishes. The product calls pdl_wait() before it reads
+// anything an earlier kernel wrote: it returns once the preceding grid has completed and its
+// memory is visible. Both are no-ops for kernels launched the ordinary way.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

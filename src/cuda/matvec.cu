@@ -13,7 +13,17 @@
 // double, so the result rounded to fp32 does not depend on the summation order except in the
 // rarest ties, and the GPU reproduces the oracle's values bit for bit almost everywhere. That is
 // what keeps the router's top-k identical when two experts' logits nearly tie.
+//
+// The IQ types (the routed and shared experts) take their integer form instead (quant_device.cuh:
+// w_j = s * (u_j - b) exactly, u_j a byte): a chunk adds s * (Σ u_j x_j - b Σ x_j), every product
+// still exact in double. The byte u_j becomes the double u_j * 2^-1074 by placing it in the low
+// word of a zero double (one byte permute, no conversion instruction), and x is scaled by 2^512 so
+// that the products u_j x_j 2^-562 are far above the subnormal range and keep all their bits;
+// their sum is scaled back by 2^562, an exact power of two. These warps take 4 rows (2 SwiGLU
+// pairs), so each converted x serves four products.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -36,7 +46,7 @@ struct GateUpJobs {
 
 // This lane's part of R rows' dot products with x: chunks c0, c0 + step, ... (double sums). x is
 // converted to double once per chunk for all R rows (the fp32 -> fp64 conversion is the slow
-// instruction here), the weights through dequant8d.
+// instruction here), the weights through chunk8.
 //
 // Q4_K and Q5_K go 32 values at a time instead (kquant_unit): 16 bytes of 4-bit values hold 16
 // values of sub-block 2p (low nibbles) and 16 of sub-block 2p+1 (high nibbles), so one 16-byte load
@@ -76,20 +86,82 @@ __device__ __forceinline__ void kquant_unit(const uint8_t* const (&wr)[R], const
       const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
       const uint32_t hwords[4] = {qh[r].x, qh[r].y, qh[r].z, qh[r].w};
 #pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const int byte = (int)((words[i / 4] >> (8 * (i % 4))) & 0xFF);
-        int nib = half ? byte >> 4 : byte & 0xF;
-        if (kQ5) nib += ((int)(hwords[i / 4] >> (8 * (i % 4) + 2 * p + half)) & 1) << 4;
-        const float v = dd[r][half] * small_uint_to_float(nib) - mm[r][half];
-        acc[r] = fma((double)v, xd[i], acc[r]);
+      for (int k = 0; k < 4; k++) {
+        // Four 4-bit (Q5: 5-bit) values as bytes, each placed by one byte permute in the mantissa
+        // of 2^23 (0x4B000000): the float 2^23 + q, exact, as small_uint_to_float forms it.
+        uint32_t vals = (half ? words[k] >> 4 : words[k]) & 0x0F0F0F0Fu;
+        if (kQ5) vals |= ((hwords[k] >> (2 * p + half)) & 0x01010101u) << 4;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+          const float f = __int_as_float((int)__byte_perm(vals, 0x4B000000u, 0x7440 | b)) - 8388608.0f;
+          const float v = dd[r][half] * f - mm[r][half];
+          acc[r] = fma((double)v, xd[4 * k + b], acc[r]);
+        }
       }
     }
   }
 }
 
+// The types that take the integer form (quant_device.cuh), and how many rows a warp computes.
+template <GgmlType T>
+constexpr bool kIntegerForm = GridOf<T>::kEntries > 0;
+template <GgmlType T>
+constexpr int kMatvecRows = kIntegerForm<T> ? 4 : 2;
+template <GgmlType T>
+constexpr int kGateUpPairs = kIntegerForm<T> ? 2 : 1;
+bool integer_form(GgmlType t) {
+  bool r = false;
+  dispatch_type(t, [&]<GgmlType T>() { r = kIntegerForm<T>; });
+  return r;
+}
+
+// This lane's part of R rows' dot products in the integer form: chunks c0, c0 + step, ... Each
+// step's weight bytes and x are loaded one step ahead, so the loads of the next chunk are in flight
+// while this one is summed.
+template <GgmlType T, int R>
+__device__ __forceinline__ void iq_lane_dot(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0,
+                                            int step, int n_chunks, const uint64_t* grid, const uint64_t* masks,
+                                            double (&acc)[R]) {
+  using Q = Dequant<T>;
+  if (c0 >= n_chunks) return;
+  typename Q::Raw raw[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) raw[r] = Q::load(wr[r], c0);
+  float4 xa = __ldg(reinterpret_cast<const float4*>(x + 8 * c0));
+  float4 xb = __ldg(reinterpret_cast<const float4*>(x + 8 * c0 + 4));
+  for (int c = c0; c < n_chunks; c += step) {
+    const int cn = c + step < n_chunks ? c + step : c;
+    typename Q::Raw next[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) next[r] = Q::load(wr[r], cn);
+    const float4 na = __ldg(reinterpret_cast<const float4*>(x + 8 * cn));
+    const float4 nb = __ldg(reinterpret_cast<const float4*>(x + 8 * cn + 4));
+    const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    double xs[8], sum_x = 0.0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const double v = xf[j];
+      sum_x += v;
+      xs[j] = v * 0x1p512;
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const IqChunk k = Q::decode(raw[r], c, grid, masks);
+      double s = 0.0;
+#pragma unroll
+      for (int j = 0; j < 4; j++) s = fma(__hiloint2double(0, (int)__byte_perm(k.u.x, 0, 0x4440 | j)), xs[j], s);
+#pragma unroll
+      for (int j = 0; j < 4; j++) s = fma(__hiloint2double(0, (int)__byte_perm(k.u.y, 0, 0x4440 | j)), xs[4 + j], s);
+      acc[r] = fma((double)k.s, fma(s, 0x1p562, -(double)k.b * sum_x), acc[r]);
+      raw[r] = next[r];
+    }
+    xa = na, xb = nb;
+  }
+}
+
 template <GgmlType T, int R>
 __device__ __forceinline__ void lane_dot(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
-                                         int n_chunks, const uint64_t* grid, double (&acc)[R]) {
+                                         int n_chunks, double (&acc)[R]) {
   if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
     // Units of 32 values (4 chunks); lane and warp offsets map to units as they do to chunks.
     for (int u = c0; u < n_chunks / 4; u += step) kquant_unit<T, R>(wr, x, u, acc);
@@ -102,31 +174,49 @@ __device__ __forceinline__ void lane_dot(const uint8_t* const (&wr)[R], const fl
     const double xd[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      double v[8];
-      dequant8d<T>(wr[r], c, v, grid);
+      float v[8];
+      Dequant<T>::chunk8(wr[r], c, v);
 #pragma unroll
-      for (int j = 0; j < 8; j++) acc[r] = fma(v[j], xd[j], acc[r]);
+      for (int j = 0; j < 8; j++) acc[r] = fma((double)v[j], xd[j], acc[r]);
     }
   }
 }
 
-// The type's codebook copied to shared memory (IQ types), for all the block's lookups.
+// The type's codebook copied to shared memory (IQ types), and the IQ2 sign masks, for all the
+// block's lookups.
 template <GgmlType T>
-struct SharedGrid {
+constexpr bool kSignMasks = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS;
+template <GgmlType T>
+struct SharedTables {
   static constexpr int kN = GridOf<T>::kEntries;
-  const uint64_t* ptr = nullptr;
-  __device__ SharedGrid() {
+  const uint64_t* grid = nullptr;
+  const uint64_t* masks = nullptr;
+  __device__ SharedTables() {
     if constexpr (kN > 0) {
-      __shared__ uint64_t grid[kN];
-      for (int i = threadIdx.x; i < kN; i += blockDim.x) grid[i] = GridOf<T>::table()[i];
+      __shared__ uint64_t g[kN];
+      for (int i = threadIdx.x; i < kN; i += blockDim.x) g[i] = GridOf<T>::table()[i];
+      grid = g;
+      if constexpr (kSignMasks<T>) {
+        __shared__ uint64_t m[128];
+        for (int i = threadIdx.x; i < 128; i += blockDim.x) m[i] = iq2_sign_mask(i);
+        masks = m;
+      }
       __syncthreads();
-      ptr = grid;
     }
   }
 };
 
-// Where this warp works: rows `row` .. row + kRowsPerWarp - 1 of its job, warp `ws` of the rows' W.
-constexpr int kRowsPerWarp = 2;
+// This lane's part of R rows' dot products, in the type's form.
+template <GgmlType T, int R>
+__device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
+                                         int n_chunks, const SharedTables<T>& tab, double (&acc)[R]) {
+  if constexpr (kIntegerForm<T>)
+    iq_lane_dot<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
+  else
+    lane_dot<T, R>(wr, x, c0, step, n_chunks, acc);
+}
+
+// Where this warp works: rows `row` .. row + R - 1 of its job, warp `ws` of the rows' W.
 template <int W, int R>
 struct RowSlot {
   int warp, lane, row, ws;
@@ -158,10 +248,11 @@ __device__ __forceinline__ const uint8_t* job_weights(const uint8_t* w, const ui
 
 template <GgmlType T, int W>
 __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, int cols) {
-  constexpr int R = kRowsPerWarp;
+  constexpr int R = kMatvecRows<T>;
   const MatvecJob& jb = jobs.job[blockIdx.y];
   RowSlot<W, R> s;
-  const SharedGrid<T> grid;
+  const SharedTables<T> tab;
+  pdl_wait();  // inputs and slot pointers come from the previous kernel
   const bool active = s.row < jb.rows;
   double acc[R] = {};
   if (active) {
@@ -169,36 +260,51 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
     const uint8_t* wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = base + (size_t)min(s.row + r, jb.rows - 1) * jb.row_bytes;
-    lane_dot<T, R>(wr, jb.x, 32 * s.ws + s.lane, 32 * W, cols / 8, grid.ptr, acc);
+    row_dots<T, R>(wr, jb.x, 32 * s.ws + s.lane, 32 * W, cols / 8, tab, acc);
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = warp_sum_d(acc[r]);
   }
 #pragma unroll
   for (int r = 0; r < R; r++)
     if (s.reduce(acc[r], active) && s.row + r < jb.rows) jb.y[s.row + r] = (float)acc[r];
+  pdl_trigger();
 }
 
-// act[r] = SiLU(W_gate[r]·x) * (W_up[r]·x): one warp (group) computes both rows, so their loads are
-// in flight together and x is converted once for both, and writes the SwiGLU product rounded as
-// the oracle rounds it (gate and up rounded to fp32 first).
+// act[r] = SiLU(W_gate[r]·x) * (W_up[r]·x): one warp (group) computes both rows of P pairs, so their
+// loads are in flight together and x is converted once for all, and writes the SwiGLU product
+// rounded as the oracle rounds it (gate and up rounded to fp32 first).
 template <GgmlType T, int W>
 __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs jobs, int cols) {
+  constexpr int P = kGateUpPairs<T>;
   const GateUpJob& jb = jobs.job[blockIdx.y];
-  RowSlot<W, 1> s;
-  const SharedGrid<T> grid;
+  RowSlot<W, P> s;
+  const SharedTables<T> tab;
+  pdl_wait();
   const bool active = s.row < jb.rows;
-  double acc[2] = {};
+  double acc[2 * P] = {};
   if (active) {
     const uint8_t* base = jb.slot_ptrs ? jb.slot_ptrs[jb.slot] : nullptr;
-    const uint8_t* wr[2] = {(jb.gate ? jb.gate : base + jb.gate_offset) + (size_t)s.row * jb.row_bytes_gate,
-                            (jb.up ? jb.up : base + jb.up_offset) + (size_t)s.row * jb.row_bytes_up};
-    lane_dot<T, 2>(wr, jb.x, 32 * s.ws + s.lane, 32 * W, cols / 8, grid.ptr, acc);
-    acc[0] = warp_sum_d(acc[0]);
-    acc[1] = warp_sum_d(acc[1]);
+    const uint8_t* gate = jb.gate ? jb.gate : base + jb.gate_offset;
+    const uint8_t* up = jb.up ? jb.up : base + jb.up_offset;
+    const uint8_t* wr[2 * P];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+      const size_t row = (size_t)min(s.row + p, jb.rows - 1);
+      wr[2 * p] = gate + row * jb.row_bytes_gate;
+      wr[2 * p + 1] = up + row * jb.row_bytes_up;
+    }
+    row_dots<T, 2 * P>(wr, jb.x, 32 * s.ws + s.lane, 32 * W, cols / 8, tab, acc);
+#pragma unroll
+    for (int i = 0; i < 2 * P; i++) acc[i] = warp_sum_d(acc[i]);
   }
-  const bool own_g = s.reduce(acc[0], active);
-  const bool own_u = s.reduce(acc[1], active);
-  if (own_g && own_u) jb.act[s.row] = __fmul_rn(silu_f((float)acc[0]), (float)acc[1]);
+#pragma unroll
+  for (int p = 0; p < P; p++) {
+    const bool own_g = s.reduce(acc[2 * p], active);
+    const bool own_u = s.reduce(acc[2 * p + 1], active);
+    if (own_g && own_u && s.row + p < jb.rows)
+      jb.act[s.row + p] = __fmul_rn(silu_f((float)acc[2 * p]), (float)acc[2 * p + 1]);
+  }
+  pdl_trigger();
 }
 
 void check_cols(int cols) {
@@ -224,7 +330,7 @@ size_t row_bytes_of(const GateUpJob& j) { return j.row_bytes_gate | j.row_bytes_
 
 template <class Job, class Launch>
 void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, int rows_per_warp, cudaStream_t stream,
-                 Launch&& launch) {
+                 Launch&& launch) {  // rows_per_warp: kMatvecRows<T> or kGateUpPairs<T>
   check_cols(cols);
   for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
     const int m = std::min(n - j0, kMaxMatvecJobs);
@@ -246,13 +352,36 @@ void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, int rows_per_warp
   }
 }
 
+// Products are launched as programmatic dependents (math_device.cuh, pdl_wait): their blocks may
+// start, and stage their tables, while the previous kernel finishes. RL_ENGINE_PDL=0 launches them
+// the ordinary way.
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("RL_ENGINE_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+template <class Args>
+void launch_product(void (*kernel)(Args, int), dim3 grid, const Args& jobs, int cols, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(32 * kWarps);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, jobs, cols));
+}
 template <GgmlType T, int W>
 void launch_matvec(dim3 grid, const Jobs& j, int cols, cudaStream_t stream) {
-  matvec_kernel<T, W><<<grid, 32 * kWarps, 0, stream>>>(j, cols);
+  launch_product<Jobs>(matvec_kernel<T, W>, grid, j, cols, stream);
 }
 template <GgmlType T, int W>
 void launch_gate_up(dim3 grid, const GateUpJobs& j, int cols, cudaStream_t stream) {
-  gate_up_kernel<T, W><<<grid, 32 * kWarps, 0, stream>>>(j, cols);
+  launch_product<GateUpJobs>(gate_up_kernel<T, W>, grid, j, cols, stream);
 }
 
 }  // namespace
@@ -269,7 +398,7 @@ struct TypeProbe {
 bool weight_type_supported(GgmlType t) { return dispatch_type(t, TypeProbe{}); }
 
 void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream) {
-  launch_jobs(t, cols, jobs, n, kRowsPerWarp, stream, [&]<GgmlType T>(int W, dim3 grid, const MatvecJob* js, int m) {
+  launch_jobs(t, cols, jobs, n, integer_form(t) ? kMatvecRows<GgmlType::IQ2_XS> : kMatvecRows<GgmlType::Q4_K>, stream, [&]<GgmlType T>(int W, dim3 grid, const MatvecJob* js, int m) {
     Jobs j{};
     std::copy(js, js + m, j.job);
     if (W == 1) launch_matvec<T, 1>(grid, j, cols, stream);
@@ -279,7 +408,7 @@ void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_
 }
 
 void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream) {
-  launch_jobs(t, cols, jobs, n, 1, stream, [&]<GgmlType T>(int W, dim3 grid, const GateUpJob* js, int m) {
+  launch_jobs(t, cols, jobs, n, integer_form(t) ? kGateUpPairs<GgmlType::IQ2_XS> : kGateUpPairs<GgmlType::Q4_K>, stream, [&]<GgmlType T>(int W, dim3 grid, const GateUpJob* js, int m) {
     GateUpJobs j{};
     std::copy(js, js + m, j.job);
     if (W == 1) launch_gate_up<T, 1>(grid, j, cols, stream);

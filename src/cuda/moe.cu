@@ -65,19 +65,34 @@ __global__ void __launch_bounds__(kCombineNormThreads)
                         const float* __restrict__ weights, int k, const float* __restrict__ shared,
                         const float* __restrict__ shared_gate, int width, const float* __restrict__ norm_w, float eps,
                         float* __restrict__ out) {
+  pdl_trigger();
   const int t = blockIdx.x;
   __shared__ int as[kMaxRouteK];
   __shared__ float ws[kMaxRouteK];
   if (threadIdx.x < k) as[threadIdx.x] = assign[(size_t)t * k + threadIdx.x], ws[threadIdx.x] = weights[(size_t)t * k + threadIdx.x];
-  __syncthreads();
-  const float sg = sigmoid_f(shared_gate[t]);
   float* xr = x + (size_t)t * width;
+  // This thread's first columns of x, the shared expert's output and the norm weight do not wait
+  // for the selections: their loads are issued before the barrier.
+  const int c_first = 4 * threadIdx.x;
+  float4 x_first = make_float4(0.f, 0.f, 0.f, 0.f), sh_first = x_first, nw_first = x_first;
+  if (c_first < width) {
+    x_first = *reinterpret_cast<const float4*>(xr + c_first);
+    sh_first = *reinterpret_cast<const float4*>(shared + (size_t)t * width + c_first);
+    nw_first = *reinterpret_cast<const float4*>(norm_w + c_first);
+  }
+  const float sg = sigmoid_f(shared_gate[t]);
+  __syncthreads();
   // Columns in float4 groups, as rms_norm's block-per-row kernel takes them, so that the sum of
   // squares is formed in the same order and the result equals combine + rms_norm bit for bit.
   // The experts' rows are read with the selections outermost, so a thread's loads are independent.
   double ss = 0.0;
-  for (int c0 = 4 * threadIdx.x; c0 < width; c0 += 4 * kCombineNormThreads) {
+  for (int c0 = c_first; c0 < width; c0 += 4 * kCombineNormThreads) {
+    const bool first = c0 == c_first;
+    const float4 xv = first ? x_first : *reinterpret_cast<const float4*>(xr + c0);
+    const float4 sv = first ? sh_first : *reinterpret_cast<const float4*>(shared + (size_t)t * width + c0);
+    const float xs4[4] = {xv.x, xv.y, xv.z, xv.w}, sh4[4] = {sv.x, sv.y, sv.z, sv.w};
     double routed[4] = {0.0, 0.0, 0.0, 0.0};
+#pragma unroll 10
     for (int j = 0; j < k; j++) {
       const float4 yv = *reinterpret_cast<const float4*>(y + (size_t)as[j] * width + c0);
       const double wj = ws[j];
@@ -89,20 +104,27 @@ __global__ void __launch_bounds__(kCombineNormThreads)
     float v[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-      const int c = c0 + i;
-      const float mix = __fmaf_rn(shared[(size_t)t * width + c], sg, (float)routed[i]);
-      v[i] = __fadd_rn(xr[c], mix);
-      xr[c] = v[i];
+      const float mix = __fmaf_rn(sh4[i], sg, (float)routed[i]);
+      v[i] = __fadd_rn(xs4[i], mix);
     }
-  double s4 = (double)v[0] * v[0];
+    *reinterpret_cast<float4*>(xr + c0) = make_float4(v[0], v[1], v[2], v[3]);
+    double s4 = (double)v[0] * v[0];
     s4 = fma((double)v[1], (double)v[1], s4);
     s4 = fma((double)v[2], (double)v[2], s4);
     ss += fma((double)v[3], (double)v[3], s4);
+    if (first) x_first = make_float4(v[0], v[1], v[2], v[3]);
   }
   ss = block_sum_d<kCombineNormThreads>(ss);
   const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
-  for (int c = threadIdx.x; c < width; c += kCombineNormThreads)
-    out[(size_t)t * width + c] = (float)(xr[c] * scale * norm_w[c]);
+  // Each thread scales the columns it wrote (the first group from registers).
+  for (int c0 = c_first; c0 < width; c0 += 4 * kCombineNormThreads) {
+    const bool first = c0 == c_first;
+    const float4 xv = first ? x_first : *reinterpret_cast<const float4*>(xr + c0);
+    const float4 nw = first ? nw_first : *reinterpret_cast<const float4*>(norm_w + c0);
+    *reinterpret_cast<float4*>(out + (size_t)t * width + c0) =
+        make_float4((float)(xv.x * scale * nw.x), (float)(xv.y * scale * nw.y), (float)(xv.z * scale * nw.z),
+                    (float)(xv.w * scale * nw.w));
+  }
 }
 
 __global__ void gather_kernel(const float* src, const int32_t* idx, float* dst, int width) {
@@ -129,13 +151,17 @@ constexpr int kRouteThreads = 256;
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(
     const float* logits, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
     int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
+  pdl_trigger();
   __shared__ unsigned long long keys[kMaxRouteExperts];
   __shared__ unsigned long long sel[kMaxRouteK];
+  __shared__ uint64_t res[kMaxRouteExperts];  // the residency row, fetched while the exponentials run
   __shared__ float wmax[kRouteThreads / 32];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   logits += (size_t)blockIdx.x * E;
   ids += (size_t)blockIdx.x * K;
   weights += (size_t)blockIdx.x * K;
+  if (residency)
+    for (int e = tid; e < E; e += kRouteThreads) res[e] = residency[e];
 
   float m = -INFINITY;
   for (int e = tid; e < E; e += kRouteThreads) m = fmaxf(m, logits[e]);
@@ -167,18 +193,18 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(
   __syncthreads();
   if (warp != 0) return;
 
-  // Warp 0: lane l owns experts l, l+32, ...; it keeps its best key in a register.
+  // Warp 0: lane l owns experts l, l+32, ...; it keeps its best key in a register. A round's
+  // arg-max is two warp reductions (the hardware's 32-bit max): the largest probability bits, then
+  // among the lanes that hold them the largest index complement (every real key's is > 0).
   unsigned long long best = 0;
   for (int e = lane; e < E; e += 32) best = keys[e] > best ? keys[e] : best;
   for (int k = 0; k < K; k++) {
-    unsigned long long top = best;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const unsigned long long other = __shfl_xor_sync(0xffffffffu, top, o);
-      top = other > top ? other : top;
-    }
+    const unsigned hi = (unsigned)(best >> 32);
+    const unsigned top_hi = __reduce_max_sync(0xffffffffu, hi);
+    const unsigned top_lo = __reduce_max_sync(0xffffffffu, hi == top_hi ? (unsigned)best : 0u);
+    const unsigned long long top = ((unsigned long long)top_hi << 32) | top_lo;
     if (lane == 0) sel[k] = top;
-    const int e_top = (int)(0xFFFFFFFFu - (unsigned)(top & 0xFFFFFFFFu));
+    const int e_top = (int)(0xFFFFFFFFu - top_lo);
     if ((e_top & 31) == lane) {  // the owner drops it and finds its next best
       keys[e_top] = 0;
       best = 0;
@@ -201,7 +227,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(
       ids[k] = e;
       weights[k] = (float)wk;
       if (residency) {
-        const uint64_t addr = residency[e];
+        const uint64_t addr = res[e];
         slot_ptrs[(size_t)blockIdx.x * K + k] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
         miss = addr == 0;
       }

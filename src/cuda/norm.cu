@@ -48,6 +48,7 @@ __device__ __forceinline__ float4 scale4(float4 a, double scale, const float* __
 template <bool BLOCK, bool ADD>
 __global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w,
                                 float* out, int n_rows, int width, float eps) {
+  pdl_trigger();  // a decode product follows (it waits for this grid before reading)
   using G = RowGroup<BLOCK>;
   const int row = G::row();
   if (row >= n_rows) return;
@@ -75,6 +76,7 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const flo
 template <bool BLOCK>
 __global__ void gated_rms_norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w,
                                       float* out, int n_rows, int width, float eps) {
+  pdl_trigger();
   using G = RowGroup<BLOCK>;
   const int row = G::row();
   if (row >= n_rows) return;

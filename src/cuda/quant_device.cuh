@@ -213,17 +213,34 @@ struct Dequant<GgmlType::Q6_K> {
 // ksigns_iq2xs[i]: the 7 sign bits i and an eighth that makes the parity even.
 __device__ __forceinline__ uint8_t ksigns(int i) { return (uint8_t)(i | ((__popc(i) & 1) << 7)); }
 
-// The IQ2 grids hold only the magnitudes 8, 25 and 43, so the eight fp32 values ±db*g of a chunk
-// take three products and three fp32 -> fp64 conversions (a slow instruction) instead of eight.
-// Bit for bit what chunk8 gives: ±fl32(db * g).
-__device__ __forceinline__ void iq2_grid_values(float db, uint64_t grid, uint8_t signs, double* out) {
-  const double v8 = (double)(db * 8.0f), v25 = (double)(db * 25.0f), v43 = (double)(db * 43.0f);
-#pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const int g = (int)((grid >> (8 * j)) & 0xFF);
-    const double v = g == 8 ? v8 : (g == 25 ? v25 : v43);
-    out[j] = (signs >> j) & 1 ? -v : v;
-  }
+// ---- The IQ types in integer form, for the decode products (matvec.cu) ----------------------------
+// The eight values of a chunk are w_j = s * (u_j - b), exactly the fp32 values chunk8 gives, for an
+// fp32 scale s, a bias b and small unsigned bytes u_j. Exact because s * g needs at most 24 bits:
+// IQ2 s = d*(0.5+l)*0.25 has at most 16 significant bits (fp16 d, 2l+1 < 32) and |g| <= 43 six;
+// IQ1_M s = d*(2l+1) at most 15 and g + delta in {±1/8, ±7/8, ±9/8} at most 4. So a chunk's part of
+// a dot product is s * (Σ u_j x_j - b Σ x_j): products of small integers, which the kernel forms
+// from the bytes without a conversion instruction per weight.
+struct IqChunk {
+  uint2 u;  // u_0..u_3 in u.x, u_4..u_7 in u.y
+  float s, b;
+};
+// IQ2 bytes: u = 43 + sign * g for grid bytes g in {8, 25, 43} and sign bytes m (0 or 0xFF): per
+// byte 43 + g - (m & 2g), which stays in 0..86, so no carry or borrow crosses a byte.
+constexpr uint32_t kIq2Bias = 43;
+__device__ __forceinline__ uint32_t iq2_signed_bytes(uint32_t g, uint32_t m) {
+  return g + kIq2Bias * 0x01010101u - (m & (g << 1));
+}
+__device__ __forceinline__ uint2 iq2_signed_bytes(uint64_t grid, uint64_t masks) {
+  return make_uint2(iq2_signed_bytes((uint32_t)grid, (uint32_t)masks),
+                    iq2_signed_bytes((uint32_t)(grid >> 32), (uint32_t)(masks >> 32)));
+}
+// The byte masks of a 7-bit IQ2 sign code: byte j is 0xFF when ksigns(code) has bit j.
+__device__ __forceinline__ uint64_t iq2_sign_mask(int code) {
+  const int bits = code | ((__popc(code) & 1) << 7);
+  uint64_t m = 0;
+  for (int j = 0; j < 8; j++)
+    if ((bits >> j) & 1) m |= (uint64_t)0xFF << (8 * j);
+  return m;
 }
 
 // 8 groups of 32, each four 8-value grid points (byte indices) with 7-bit sign patterns and a
@@ -246,15 +263,22 @@ struct Dequant<GgmlType::IQ2_XXS> {
   }
   static constexpr int kGridEntries = 256;
   __device__ static const uint64_t* grid_table() { return g_iq2xxs_grid; }
-  // grid: the codebook (grid_table(), or a copy in shared memory).
-  __device__ static void chunk8d(const uint8_t* row, int c, double* out, const uint64_t* grid) {
+  // Integer form (IqChunk): the loads of a chunk, then its decode with the codebook and the sign
+  // masks (the kernel's shared-memory copies).
+  struct Raw {
+    uint32_t aux1;
+    uint16_t d;
+    uint8_t idx;
+  };
+  __device__ static Raw load(const uint8_t* row, int c) {
     const uint8_t* b = row + (c >> 5) * kBytes;
-    const int ib = (c & 31) >> 2, l = c & 3;
-    const uint8_t* q = b + 2 + 8 * ib;
-    const uint32_t aux1 = (uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16);
-    const float d = half_bits_to_f32(load_u16(b));
-    const float db = d * (0.5f + (float)(aux1 >> 28)) * 0.25f;
-    iq2_grid_values(db, grid[q[l]], ksigns((aux1 >> (7 * l)) & 127), out);
+    const uint8_t* q = b + 2 + 8 * ((c & 31) >> 2);
+    return {(uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16), load_u16(b), q[c & 3]};
+  }
+  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t* masks) {
+    const float d = half_bits_to_f32(r.d);
+    const float db = d * (0.5f + (float)(r.aux1 >> 28)) * 0.25f;
+    return {iq2_signed_bytes(grid[r.idx], masks[(r.aux1 >> (7 * (c & 3))) & 127]), db, (float)kIq2Bias};
   }
 };
 
@@ -277,14 +301,19 @@ struct Dequant<GgmlType::IQ2_XS> {
   }
   static constexpr int kGridEntries = 512;
   __device__ static const uint64_t* grid_table() { return g_iq2xs_grid; }
-  __device__ static void chunk8d(const uint8_t* row, int c, double* out, const uint64_t* grid) {
+  struct Raw {
+    uint16_t d, qs;
+    uint8_t sc;
+  };
+  __device__ static Raw load(const uint8_t* row, int c) {
     const uint8_t* b = row + (c >> 5) * kBytes;
-    const int ib = (c & 31) >> 2, l = c & 3;
-    const float d = half_bits_to_f32(load_u16(b));
-    const uint8_t s = b[66 + ib];
-    const float db = d * (0.5f + (float)((l < 2) ? (s & 0xF) : (s >> 4))) * 0.25f;
-    const uint16_t qs = load_u16(b + 2 + 2 * (4 * ib + l));
-    iq2_grid_values(db, grid[qs & 511], ksigns(qs >> 9), out);
+    const int ib = (c & 31) >> 2;
+    return {load_u16(b), load_u16(b + 2 + 2 * (4 * ib + (c & 3))), b[66 + ib]};
+  }
+  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t* masks) {
+    const float d = half_bits_to_f32(r.d);
+    const float db = d * (0.5f + (float)(((c & 3) < 2) ? (r.sc & 0xF) : (r.sc >> 4))) * 0.25f;
+    return {iq2_signed_bytes(grid[r.qs & 511], masks[r.qs >> 9]), db, (float)kIq2Bias};
   }
 };
 
@@ -311,35 +340,40 @@ struct Dequant<GgmlType::IQ1_M> {
 #pragma unroll
     for (int j = 0; j < 8; j++) out[j] = dl * ((float)(int8_t)((grid >> (8 * j)) & 0xFF) + delta);
   }
-  // The grid values are -1, 0 and 1: three distinct fp32 values per chunk, converted once each.
+  // Integer form: grid bytes g in {-1, 0, 1} as u = g + 1 ((g ^ 0x80) - 0x7F per byte: no borrows),
+  // w = dl * (g + delta) = dl * (u - (1 - delta)).
   static constexpr int kGridEntries = 2048;
   __device__ static const uint64_t* grid_table() { return g_iq1s_grid; }
-  __device__ static void chunk8d(const uint8_t* row, int c, double* out, const uint64_t* grid_tab) {
+  struct Raw {
+    uint2 sc;  // the four scale words (blocks of 56 bytes: 8-byte aligned)
+    uint8_t qh, qs;
+  };
+  __device__ static Raw load(const uint8_t* row, int c) {
     const uint8_t* b = row + (c >> 5) * kBytes;
     const int ib = (c & 31) >> 2, l = c & 3;
-    const uint8_t* sc8 = b + 48;
-    uint16_t sc[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) sc[i] = load_u16(sc8 + 2 * i);
-    const uint16_t scale = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+    return {load8_a4(b + 48), b[32 + 2 * ib + (l >> 1)], b[4 * ib + l]};
+  }
+  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t*) {
+    const int ib = (c & 31) >> 2, l = c & 3;
+    const uint32_t w0 = r.sc.x, w1 = r.sc.y;  // scale words 0, 1 and 2, 3
+    const uint16_t scale =
+        (uint16_t)(((w0 & 0xFFFF) >> 12) | ((w0 >> 24) & 0x00f0) | ((w1 >> 4) & 0x0f00) | ((w1 >> 16) & 0xf000));
     const float d = half_bits_to_f32(scale);
+    const uint32_t sw = ((ib < 4 ? w0 : w1) >> (16 * ((ib >> 1) & 1))) & 0xFFFF;
     const int shift = 6 * (ib % 2) + (l < 2 ? 0 : 3);
-    const float dl = d * (float)(2 * ((sc[ib / 2] >> shift) & 0x7) + 1);
-    const uint8_t qh = b[32 + 2 * ib + (l >> 1)];
-    const int idx = b[4 * ib + l] | (((l & 1) ? (qh << 4) : (qh << 8)) & 0x700);
-    const float delta = (qh & ((l & 1) ? 0x80 : 0x08)) ? -0.125f : 0.125f;
-    const uint64_t grid = grid_tab[idx];
-    const double vm = (double)(dl * (-1.0f + delta)), v0 = (double)(dl * delta), vp = (double)(dl * (1.0f + delta));
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const int g = (int)(int8_t)((grid >> (8 * j)) & 0xFF);
-      out[j] = g < 0 ? vm : (g == 0 ? v0 : vp);
-    }
+    const float dl = d * (float)(2 * ((sw >> shift) & 0x7) + 1);
+    const int idx = r.qs | (((l & 1) ? (r.qh << 4) : (r.qh << 8)) & 0x700);
+    const float delta = (r.qh & ((l & 1) ? 0x80 : 0x08)) ? -0.125f : 0.125f;
+    const uint64_t g = grid[idx];
+    const uint2 u = make_uint2(((uint32_t)g ^ 0x80808080u) - 0x7F7F7F7Fu,
+                               ((uint32_t)(g >> 32) ^ 0x80808080u) - 0x7F7F7F7Fu);
+    return {u, dl, 1.0f - delta};
   }
 };
 
-// Codebook entries of a type (0: none). A kernel may stage grid_table() in shared memory (the
-// lookups are random, which L1 serves one cache line at a time) and pass the copy to dequant8d.
+// Codebook entries of a type (0: none; the IQ types, which have the integer form). A kernel may
+// stage grid_table() in shared memory (the lookups are random, which L1 serves one cache line at a
+// time) and pass the copy to decode().
 template <GgmlType T>
 struct GridOf {
   static constexpr int kEntries = 0;
@@ -351,20 +385,6 @@ struct GridOf<T> {
   static constexpr int kEntries = Dequant<T>::kGridEntries;
   __device__ static const uint64_t* table() { return Dequant<T>::grid_table(); }
 };
-
-// Values 8c .. 8c+7 of a row as doubles (exactly the fp32 values of chunk8): the types with few
-// distinct values per chunk convert only those (chunk8d), the others convert all eight.
-template <GgmlType T>
-__device__ __forceinline__ void dequant8d(const uint8_t* row, int c, double* out, const uint64_t* grid) {
-  if constexpr (GridOf<T>::kEntries > 0) {
-    Dequant<T>::chunk8d(row, c, out, grid);
-  } else {
-    float v[8];
-    Dequant<T>::chunk8(row, c, v);
-#pragma unroll
-    for (int j = 0; j < 8; j++) out[j] = v[j];
-  }
-}
 
 // Calls f.template operator()<T>() for the weight types this backend runs; false for the others.
 // The list is the types of the project's recipes and fixtures (DESIGN.md §2, issue 6).

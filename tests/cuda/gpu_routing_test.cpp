@@ -156,8 +156,8 @@ TEST_F(CudaGpuRouting, FusedAttentionPrepEqualsTheSixKernels) {
 }
 
 TEST_F(CudaGpuRouting, FusedGateUpSwigluEqualsTwoExpertLaunchesAndSwiglu) {
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::IQ2_XXS, GgmlType::Q6_K}) {
-    const int rows = 96, cols = 512, n = 3;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::Q6_K}) {
+    const int rows = 97, cols = 512, n = 3;  // odd: the IQ types' warps take two pairs / four rows
     const size_t rb = row_size(t, cols);
     const size_t up_offset = (size_t)rows * rb + 256;  // a gap, as slots align each matrix
     std::vector<uint64_t> ptrs;

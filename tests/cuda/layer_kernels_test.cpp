@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/error.h"
 #include "cuda/kernels.h"
 #include "gpu_test_util.h"
 
@@ -144,6 +145,38 @@ TEST_F(CudaLayerKernels, GatedAttentionDecodeAndPrefill) {
     (void)n_keys;
     expect_all_near(to_host<float>(dout, q.size()), ref, 2e-5, "attention");
   }
+}
+
+// The decode step's fused L2 norm: recurrence with `norm` on raw q/k equals l2_norm, then the
+// plain recurrence, bit for bit (outputs and state), over several single-token steps.
+TEST_F(CudaLayerKernels, RecurrenceWithFusedL2NormEqualsL2NormThenRecurrence) {
+  const int nk = 2, nv = 4, d = 128, key_dim = nk * d, conv_dim = 2 * key_dim + nv * d, steps = 3;
+  const cuda::L2Norm norm{1e-6f, (float)(1.0 / std::sqrt((double)d))};
+  auto s0 = random_floats((size_t)nv * d * d, 40, 0.1f);
+  cuda::DeviceBuffer S1(s0.size() * 4), S2(s0.size() * 4);
+  RL_CUDA_CHECK(cudaMemcpy(S1.get(), s0.data(), s0.size() * 4, cudaMemcpyHostToDevice));
+  RL_CUDA_CHECK(cudaMemcpy(S2.get(), s0.data(), s0.size() * 4, cudaMemcpyHostToDevice));
+  for (int step = 0; step < steps; step++) {
+    auto qkv = random_floats(conv_dim, 41 + step, 2.0f);
+    auto beta = random_floats(nv, 50 + step, 1.0f), g = random_floats(nv, 60 + step, 0.5f);
+    for (float& b : beta) b = std::fabs(b);
+    for (float& x : g) x = -std::fabs(x);
+    auto d1 = to_device(qkv), d2 = to_device(qkv), db = to_device(beta), dg = to_device(g);
+    cuda::DeviceBuffer o1(nv * d * 4), o2(nv * d * 4);
+    cuda::l2_norm(d1.f(), 1, 2 * nk, d, conv_dim, norm.eps, norm.q_scale, nullptr, nk);
+    cuda::deltanet_recurrence(d1.f(), d1.f() + key_dim, d1.f() + 2 * key_dim, conv_dim, db.f(), dg.f(), S1.f(), o1.f(),
+                              1, nk, nv, d, d, nullptr);
+    cuda::deltanet_recurrence(d2.f(), d2.f() + key_dim, d2.f() + 2 * key_dim, conv_dim, db.f(), dg.f(), S2.f(), o2.f(),
+                              1, nk, nv, d, d, nullptr, &norm);
+    EXPECT_EQ(to_host<float>(o1, nv * d), to_host<float>(o2, nv * d)) << "out, step " << step;
+    EXPECT_EQ(to_host<float>(S1, s0.size()), to_host<float>(S2, s0.size())) << "state, step " << step;
+    EXPECT_NE(to_host<float>(o1, nv * d), std::vector<float>(nv * d, 0.0f)) << "the step produced output";
+  }
+  // The fused form is for key heads of 128 values only.
+  cuda::DeviceBuffer dummy(4096 * 4);
+  EXPECT_THROW(cuda::deltanet_recurrence(dummy.f(), dummy.f(), dummy.f(), 64, dummy.f(), dummy.f(), dummy.f(),
+                                         dummy.f(), 1, 1, 1, 64, 64, nullptr, &norm),
+               Error);
 }
 
 // Conv + gates + recurrence, run as two calls (the state carries over) against one CPU pass.
