@@ -25,6 +25,7 @@ CudaOptions CudaOptions::from_env(int64_t cache_mib) {
   o.cache_mib = cache_mib;
   if (const char* e = std::getenv("RL_ENGINE_PRELOAD")) o.preload = std::string(e) != "0";
   if (const char* e = std::getenv("RL_ENGINE_PROFILE")) o.profile = std::string(e) == "1";
+  if (const char* e = std::getenv("RL_ENGINE_OVERLAP")) o.overlap_copies = std::string(e) != "0";
   if (const char* e = std::getenv("RL_ENGINE_SPECULATIVE")) {
     const std::string v = e;
     if (v == "0") o.speculation = Speculation::kOff;
@@ -101,13 +102,15 @@ class Arena {
 
 // ---- per-stage GPU timing (RL_ENGINE_PROFILE=1) ------------------------------------------------
 
-// kBackups: the GPU-routed token's state backups (compute stream). kCopies: expert copies, timed on
-// the copy stream and not part of the total (the expert kernels of the layer wait for them).
-enum Stage { kNorms, kProjections, kDeltaNet, kAttention, kRouter, kSharedExpert, kExperts, kLmHead, kBackups, kOther,
-             kCopies, kStageCount };
-const char* const kStageNames[kStageCount] = {"norms",   "projections", "deltanet", "attention",
-                                              "router",  "shared_exp",  "experts",  "lm_head",
-                                              "backups", "other",       "copies"};
+// kBackups: the GPU-routed token's state backups (compute stream). kCopyWait: the compute stream
+// idle until a layer's expert copies land (after its resident experts ran). kCopies: expert copies,
+// timed on the copy stream and not part of the total; copies minus copy_wait is the copy time that
+// overlapped compute.
+enum Stage { kNorms, kProjections, kDeltaNet, kAttention, kRouter, kSharedExpert, kExperts, kLmHead, kBackups,
+             kCopyWait, kOther, kCopies, kStageCount };
+const char* const kStageNames[kStageCount] = {"norms",   "projections", "deltanet",  "attention",
+                                              "router",  "shared_exp",  "experts",   "lm_head",
+                                              "backups", "copy_wait",   "other",     "copies"};
 
 class Profiler {
  public:
@@ -200,8 +203,9 @@ class CudaBackendImpl final : public CudaBackend {
   // layer's input norm or the output norm, fused into the combine).
   void moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace, const float* next_norm, float* h_out);
   void run_expert_batch(int L, std::span<const int> experts, std::span<const int> group_rows,
-                        std::span<const int> group_offset, int T);
-  void copy_misses(int L, const ExpertCache::Reservation& r);
+                        std::span<const int> group_offset, int T, int row0 = 0);
+  // Enqueues the misses' copies; with wait, the compute stream waits for them.
+  void copy_misses(int L, const ExpertCache::Reservation& r, bool wait = true);
   void sync_residency_rows();
   void project(const DMat& w, const float* x, int T, float* y);
   struct Projection {
@@ -634,7 +638,7 @@ void CudaBackendImpl::sync_residency_rows() {
 
 // Enqueues the copies of a reservation's misses on the copy stream, after the expert kernels that
 // last read those slots, and makes the compute stream wait for them.
-void CudaBackendImpl::copy_misses(int L, const ExpertCache::Reservation& r) {
+void CudaBackendImpl::copy_misses(int L, const ExpertCache::Reservation& r, bool wait) {
   if (r.n_misses() == 0) return;
   loads_this_pass_ = true;
   // A file truncated after open would make the mapping's tail unreadable: refuse before copying.
@@ -665,7 +669,7 @@ void CudaBackendImpl::copy_misses(int L, const ExpertCache::Reservation& r) {
   RL_CUDA_CHECK(cudaEventRecord(stop, copy_stream_));
   pending_copy_bytes_.push_back(bytes);
   RL_CUDA_CHECK(cudaEventRecord(copies_done_, copy_stream_));
-  RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, copies_done_, 0));
+  if (wait) RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, copies_done_, 0));
 }
 
 void CudaBackendImpl::preload_all() {
@@ -760,7 +764,7 @@ void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const fl
 // rows [group_offset[g], +group_rows[g]) of the gathered activations (prefill) or, for one token,
 // the shared input h (decode).
 void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std::span<const int> group_rows,
-                                       std::span<const int> group_offset, int T) {
+                                       std::span<const int> group_offset, int T, int row0) {
   const Config& c = config();
   const MoeDev& moe = layers_[L].moe;
   const int n = (int)experts.size();
@@ -771,11 +775,12 @@ void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std:
   const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
   const int ff = c.n_ff_exp, n_embd = c.n_embd;
   if (T == 1) {
-    // Decode: group g is selection g; its output row is g.
+    // Decode: group g's output row is row0 + g.
+    const size_t r0 = (size_t)row0;
     matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, h_.f(),
-                           g_buf_.f(), u_buf_.f(), n, stream_);
-    matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f(), ff, y_buf_.f(), n,
-                   stream_);
+                           g_buf_.f() + r0 * ff, u_buf_.f() + r0 * ff, n, stream_);
+    matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f() + r0 * ff, ff,
+                   y_buf_.f() + r0 * n_embd, n, stream_);
   } else {
     auto [off_h, off_d] = stage<int>(2 * n);
     int max_cnt = 0;
@@ -833,25 +838,65 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
     trace->ids(fmt::format("ffn_moe_topk-{}", L), T, K, ids_h);
   }
 
-  // Assignments: row a of the expert outputs holds (token, selection) assign[t][k] == a.
-  auto [assign_h, assign_d] = stage<int32_t>((size_t)T * K);
-  std::vector<int> experts, rows, offsets;
+  // The distinct experts: the selections in order (decode), or ascending with the (token,
+  // selection) pairs i = t*K + k of each, tokens in order (prefill: each expert's weights are read
+  // once per chunk).
+  std::vector<int> experts;
+  std::vector<std::vector<int>> pairs;
   if (T == 1) {
     experts.assign(ids_h, ids_h + K);
-    for (int k = 0; k < K; k++) assign_h[k] = k;
   } else {
-    // Grouped by expert (ascending id), tokens in order within a group: each resident expert's
-    // weights are read once per chunk.
     std::vector<std::vector<int>> by_expert(E);
     for (int i = 0; i < T * K; i++) by_expert[ids_h[i]].push_back(i);
+    for (int e = 0; e < E; e++)
+      if (!by_expert[e].empty()) experts.push_back(e), pairs.push_back(std::move(by_expert[e]));
+  }
+
+  // With copy overlap (and all the layer's experts in one reservation): reserve first, start the
+  // copies, and order the experts resident ones first, so their kernels run while the misses are
+  // copied; the missed experts' kernels wait for the copies.
+  const bool overlap = opts_.overlap_copies && (int)experts.size() <= cache_->n_slots();
+  size_t n_resident = 0;
+  bool any_miss = false;
+  if (overlap) {
+    const ExpertCache::Reservation& r = cache_->reserve(L, experts);
+    try {
+      copy_misses(L, r, false);
+    } catch (...) {
+      cache_->abort();
+      sync_residency_rows();
+      throw;
+    }
+    std::vector<size_t> order(experts.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_partition(order.begin(), order.end(), [&](size_t g) { return r.entries[g].hit; });
+    for (size_t g : order) n_resident += r.entries[g].hit ? 1 : 0;
+    any_miss = n_resident < experts.size();
+    cache_->commit();
+    sync_residency_rows();
+    std::vector<int> ex2;
+    std::vector<std::vector<int>> pairs2;
+    for (size_t g : order) {
+      ex2.push_back(experts[g]);
+      if (T > 1) pairs2.push_back(std::move(pairs[g]));
+    }
+    experts = std::move(ex2);
+    pairs = std::move(pairs2);
+  }
+
+  // Assignments: row a of the expert outputs holds (token, selection) assign[t][k] == a.
+  auto [assign_h, assign_d] = stage<int32_t>((size_t)T * K);
+  std::vector<int> rows, offsets;
+  if (T == 1) {
+    for (int k = 0; k < K; k++)
+      assign_h[k] = (int32_t)(std::find(experts.begin(), experts.end(), ids_h[k]) - experts.begin());
+  } else {
     auto [gather_h, gather_d] = stage<int32_t>((size_t)T * K);
     int a = 0;
-    for (int e = 0; e < E; e++) {
-      if (by_expert[e].empty()) continue;
-      experts.push_back(e);
+    for (const std::vector<int>& p : pairs) {
       offsets.push_back(a);
-      rows.push_back((int)by_expert[e].size());
-      for (int i : by_expert[e]) {
+      rows.push_back((int)p.size());
+      for (int i : p) {
         gather_h[a] = i / K;
         assign_h[i] = a++;
       }
@@ -862,27 +907,42 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   }
   RL_CUDA_CHECK(cudaMemcpyAsync(assign_d, assign_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                 stream_));
-
-  // Reserve, copy the misses, run: in batches of at most n_slots distinct experts.
-  const int batch = std::min<int>((int)experts.size(), cache_->n_slots());
-  for (size_t b0 = 0; b0 < experts.size(); b0 += batch) {
-    const size_t n = std::min(experts.size() - b0, (size_t)batch);
+  // Experts b0 .. b0+n-1 of the list (their rows are contiguous in the gathered order).
+  auto run = [&](size_t b0, size_t n) {
+    if (n == 0) return;
     std::span<const int> ex(experts.data() + b0, n);
-    const ExpertCache::Reservation& r = cache_->reserve(L, ex);
-    try {
-      copy_misses(L, r);
-    } catch (...) {
-      cache_->abort();
-      sync_residency_rows();
-      throw;
-    }
-    cache_->commit();
-    sync_residency_rows();
     if (T == 1)
-      run_expert_batch(L, ex, {}, {}, 1);
+      run_expert_batch(L, ex, {}, {}, 1, (int)b0);
     else
-      run_expert_batch(L, ex, std::span<const int>(rows.data() + b0, n),
-                       std::span<const int>(offsets.data() + b0, n), T);
+      run_expert_batch(L, ex, std::span<const int>(rows.data() + b0, n), std::span<const int>(offsets.data() + b0, n),
+                       T);
+  };
+
+  if (overlap) {
+    run(0, n_resident);
+    if (any_miss) {
+      profiler_.mark(kCopyWait, stream_);
+      RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, copies_done_, 0));
+      profiler_.mark(kExperts, stream_);
+    }
+    run(n_resident, experts.size() - n_resident);
+  } else {
+    // Reserve, copy the misses, run: in batches of at most n_slots distinct experts.
+    const size_t batch = std::min(experts.size(), (size_t)cache_->n_slots());
+    for (size_t b0 = 0; b0 < experts.size(); b0 += batch) {
+      const size_t n = std::min(experts.size() - b0, batch);
+      const ExpertCache::Reservation& r = cache_->reserve(L, std::span<const int>(experts.data() + b0, n));
+      try {
+        copy_misses(L, r);
+      } catch (...) {
+        cache_->abort();
+        sync_residency_rows();
+        throw;
+      }
+      cache_->commit();
+      sync_residency_rows();
+      run(b0, n);
+    }
   }
   moe_combine_norm(x, y_buf_.f(), assign_d, w_d, K, sh_out_.f(), sh_scalar_.f(), T, n_embd, next_norm, c.rms_eps, h_out,
                    stream_);

@@ -52,7 +52,10 @@ struct CudaOptions {
   // Bounded caches (2, 3) are off by default: their discard-and-recompute path has not run on a
   // GPU yet (docs/perf/cuda.md).
   Speculation speculation = Speculation::kFullyResident;
-  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE and RL_ENGINE_SPECULATIVE.
+  // Synchronous path: a layer's resident experts run while its misses are copied, the missed ones
+  // after the copies (RL_ENGINE_OVERLAP=0: all of them after the copies).
+  bool overlap_copies = true;
+  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE and RL_ENGINE_OVERLAP.
   static CudaOptions from_env(int64_t cache_mib);
 };
 

@@ -147,6 +147,41 @@ TEST(CudaBackend, GpuRoutedDecodeEqualsSynchronousPath) {
   }
 }
 
+// Copy overlap (the resident experts' kernels before the copies land, the missed ones after) only
+// moves where each expert's rows sit: the logits and the cache's decisions must be the same as
+// with every expert waiting for the copies, prefill and decode, on bounded caches.
+TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  const int n_vocab = model->config().n_vocab;
+  for (double fraction : {0.5, 0.1}) {
+    SCOPED_TRACE("budget fraction " + std::to_string(fraction));
+    cuda::CudaOptions on, off;
+    on.cache_mib = off.cache_mib = budget_mib(*model, fraction);
+    on.speculation = off.speculation = cuda::CudaOptions::Speculation::kOff;
+    off.overlap_copies = false;
+    auto with = cuda::make_cuda_backend(model, on), without = cuda::make_cuda_backend(model, off);
+    auto a = with->new_session(128), b = without->new_session(128);
+    const auto toks = prompt(40, n_vocab, 5);
+    std::vector<float> all_a, all_b;
+    auto la = a->prefill(toks, &all_a), lb = b->prefill(toks, &all_b);
+    ASSERT_EQ(all_a, all_b);
+    for (int step = 0; step < 16; step++) {
+      const int32_t next = argmax_token(lb);
+      la = a->decode(next);
+      lb = b->decode(next);
+      ASSERT_EQ(la, lb) << "step " << step;
+    }
+    const auto sa = with->stats().cache, sb = without->stats().cache;
+    EXPECT_GT(sa.misses, 0u) << "no copies: the overlap was not exercised";
+    EXPECT_EQ(sa.hits, sb.hits);
+    EXPECT_EQ(sa.misses, sb.misses);
+    EXPECT_EQ(sa.bytes_copied, sb.bytes_copied);
+  }
+}
+
 TEST(CudaBackend, SnapshotRestoreAndChunkedPrefill) {
   RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
