@@ -919,10 +919,21 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   };
 
   if (overlap) {
+    // The cache already lists the missed experts as resident: if anything throws before the compute
+    // stream waits for their copies, finish the copies before the error leaves, so no later kernel
+    // reads a slot that is still being written.
+    struct CopyGuard {
+      cudaStream_t stream;
+      bool armed;
+      ~CopyGuard() {
+        if (armed) cudaStreamSynchronize(stream);
+      }
+    } guard{copy_stream_, any_miss};
     run(0, n_resident);
     if (any_miss) {
       profiler_.mark(kCopyWait, stream_);
       RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, copies_done_, 0));
+      guard.armed = false;
       profiler_.mark(kExperts, stream_);
     }
     run(n_resident, experts.size() - n_resident);
@@ -1229,6 +1240,7 @@ bool CudaBackendImpl::decode_gpu_routed(SessionState& st, int32_t token, float* 
     // kernel holds the GPU while the host enqueues the whole token, so the GPU then runs it back
     // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
     upload_token_position(token, st.position);
+    allocate_state_backups(st);  // before the spin: an allocation would stall the queued work
     gpu_spin(20'000'000, stream_);
     profiler_.mark(kBackups, stream_);
     copy_recurrent_states(st, true);

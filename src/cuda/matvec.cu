@@ -15,8 +15,10 @@
 // what keeps the router's top-k identical when two experts' logits nearly tie.
 //
 // The IQ types (the routed and shared experts) take their integer form instead (quant_device.cuh:
-// w_j = s * (u_j - b) exactly, u_j a byte): a chunk adds s * (Σ u_j x_j - b Σ x_j), every product
-// still exact in double. The byte u_j becomes the double u_j * 2^-1074 by placing it in the low
+// w_j = s * (u_j - b) exactly, u_j a byte): a chunk adds s * (Σ u_j x_j - b Σ x_j). Every product
+// is still exact in double; the sums round differently (Σ x_j, b Σ x_j and their difference, which
+// cancel in part), by up to ~3e-14 of the chunk's magnitude instead of ~1e-15 — far below an fp32
+// rounding step, which is what the tests hold the products to. The byte u_j becomes the double u_j * 2^-1074 by placing it in the low
 // word of a zero double (one byte permute, no conversion instruction), and x is scaled by 2^512 so
 // that the products u_j x_j 2^-562 are far above the subnormal range and keep all their bits;
 // their sum is scaled back by 2^562, an exact power of two. These warps take 4 rows (2 SwiGLU
@@ -115,7 +117,8 @@ bool integer_form(GgmlType t) {
   return r;
 }
 
-// This lane's part of R rows' dot products in the integer form: chunks c0, c0 + step, ... Each
+// This lane's part of R rows' dot products in the integer form (exact products, double sums; see
+// the top of the file): chunks c0, c0 + step, ... Each
 // step's weight bytes and x are loaded one step ahead, so the loads of the next chunk are in flight
 // while this one is summed.
 template <GgmlType T, int R>
@@ -165,19 +168,19 @@ __device__ __forceinline__ void lane_dot(const uint8_t* const (&wr)[R], const fl
   if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
     // Units of 32 values (4 chunks); lane and warp offsets map to units as they do to chunks.
     for (int u = c0; u < n_chunks / 4; u += step) kquant_unit<T, R>(wr, x, u, acc);
-    return;
-  }
+  } else {
 #pragma unroll 2
-  for (int c = c0; c < n_chunks; c += step) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + 8 * c));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(x + 8 * c + 4));
-    const double xd[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    for (int c = c0; c < n_chunks; c += step) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(x + 8 * c));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(x + 8 * c + 4));
+      const double xd[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      float v[8];
-      Dequant<T>::chunk8(wr[r], c, v);
+      for (int r = 0; r < R; r++) {
+        float v[8];
+        Dequant<T>::chunk8(wr[r], c, v);
 #pragma unroll
-      for (int j = 0; j < 8; j++) acc[r] = fma((double)v[j], xd[j], acc[r]);
+        for (int j = 0; j < 8; j++) acc[r] = fma((double)v[j], xd[j], acc[r]);
+      }
     }
   }
 }
@@ -358,7 +361,16 @@ void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, int rows_per_warp
 bool pdl_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("RL_ENGINE_PDL");
-    return !(e && std::string(e) == "0");
+    if (e && std::string(e) == "0") return false;
+    // pdl_wait is compiled only for sm_90 and later: never launch early on an older device (a
+    // build carrying older PTX, JIT-compiled).
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
   }();
   return on;
 }

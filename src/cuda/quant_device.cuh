@@ -218,8 +218,8 @@ __device__ __forceinline__ uint8_t ksigns(int i) { return (uint8_t)(i | ((__popc
 // fp32 scale s, a bias b and small unsigned bytes u_j. Exact because s * g needs at most 24 bits:
 // IQ2 s = d*(0.5+l)*0.25 has at most 16 significant bits (fp16 d, 2l+1 < 32) and |g| <= 43 six;
 // IQ1_M s = d*(2l+1) at most 15 and g + delta in {±1/8, ±7/8, ±9/8} at most 4. So a chunk's part of
-// a dot product is s * (Σ u_j x_j - b Σ x_j): products of small integers, which the kernel forms
-// from the bytes without a conversion instruction per weight.
+// a dot product is s * (Σ u_j x_j - b Σ x_j): exact products of small integers, which the kernel
+// forms from the bytes without a conversion instruction per weight (the sums then round in double).
 struct IqChunk {
   uint2 u;  // u_0..u_3 in u.x, u_4..u_7 in u.y
   float s, b;
