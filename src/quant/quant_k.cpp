@@ -90,19 +90,6 @@ inline void dequantize_block_q3_K(const BlockQ3_K& b, float* y) {
 
 // ---- Q4_K / Q5_K: 8 sub-blocks of 32, 6-bit scale and min per sub-block --------------------
 
-// (scale, min) of sub-block s from the 12 packed bytes: sub-blocks 0..3 keep 6 bits in bytes
-// 0..3 (scale) and 4..7 (min); sub-blocks 4..7 keep 4 low bits in bytes 8..11 and borrow the top
-// 2 bits of bytes 0..7.
-inline void scale_min_k4(int s, const uint8_t* packed, int* scale, int* min) {
-  if (s < 4) {
-    *scale = packed[s] & 63;
-    *min = packed[s + 4] & 63;
-  } else {
-    *scale = (packed[s + 4] & 0x0F) | ((packed[s - 4] >> 6) << 4);
-    *min = (packed[s + 4] >> 4) | ((packed[s] >> 6) << 4);
-  }
-}
-
 // Scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K/Q5_K block, as ggml forms them.
 struct ChunkScales {
   float d1, m1, d2, m2;
@@ -110,10 +97,10 @@ struct ChunkScales {
 inline ChunkScales chunk_scales_k4(int chunk, const uint8_t* packed, float d, float dmin) {
   int sc, m;
   ChunkScales c;
-  scale_min_k4(2 * chunk, packed, &sc, &m);
+  k4_scale_min(2 * chunk, packed, &sc, &m);
   c.d1 = d * (float)sc;
   c.m1 = dmin * (float)m;
-  scale_min_k4(2 * chunk + 1, packed, &sc, &m);
+  k4_scale_min(2 * chunk + 1, packed, &sc, &m);
   c.d2 = d * (float)sc;
   c.m2 = dmin * (float)m;
   return c;
