@@ -1,7 +1,8 @@
 // How many Q4_K / Q5_K sub-blocks of a GGUF file have every value d*sc*q - dmin*m exactly
 // representable in fp32 — the condition under which a K-quant dot product can be taken in the exact
 // factored form (d*sc) * Σ q x - (dmin*m) * Σ x that the GPU's IQ products use (docs/perf/cuda.md).
-// A study tool, not a benchmark: it reads the blocks and counts.
+// A study tool, not a benchmark: it reads the blocks and counts, by the definition (every q) and by
+// quant.h's constant-time test k_quant_factorable (the one a loader would use, per tensor).
 //
 //   build-x/kquant_exactness MODEL.gguf [MODEL.gguf ...]
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include "common/fp16.h"
 #include "gguf/gguf.h"
 #include "quant/blocks.h"
+#include "quant/quant.h"
 
 namespace {
 
@@ -35,7 +37,8 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; i++) {
       auto file = rl::GgufFile::open(argv[i]);
-      long long sub = 0, sub_exact = 0, blocks = 0, blocks_exact = 0, tensors = 0, tensors_exact = 0;
+      long long sub = 0, sub_exact = 0, blocks = 0, blocks_exact = 0, tensors = 0, tensors_exact = 0,
+                tensors_fast = 0;
       for (const rl::GgufTensorInfo& t : file->tensors()) {
         if (t.type != rl::GgmlType::Q4_K && t.type != rl::GgmlType::Q5_K) continue;
         const bool q5 = t.type == rl::GgmlType::Q5_K;
@@ -56,9 +59,11 @@ int main(int argc, char** argv) {
           blocks++, blocks_exact += all, tensor_exact = tensor_exact && all;
         }
         tensors++, tensors_exact += tensor_exact;
+        tensors_fast += rl::k_quant_factorable(t.type, t.data, t.nbytes / block_bytes);
       }
-      std::printf("%s: Q4_K/Q5_K tensors wholly exact %lld / %lld, super-blocks %lld / %lld, sub-blocks %lld / %lld\n",
-                  argv[i], tensors_exact, tensors, blocks_exact, blocks, sub_exact, sub);
+      std::printf("%s: Q4_K/Q5_K tensors wholly exact %lld / %lld (constant-time test: %lld), super-blocks %lld / %lld, "
+                  "sub-blocks %lld / %lld\n",
+                  argv[i], tensors_exact, tensors, tensors_fast, blocks_exact, blocks, sub_exact, sub);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kquant_exactness: %s\n", e.what());

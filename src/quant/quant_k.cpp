@@ -9,9 +9,17 @@
 // 6-bit sub-block scale, q has at most 5 bits, so dl*q is exact in fp32 and the only rounding is
 // the subtraction's, fused or not. test_quant checks it on the zoo.
 
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
 #include "common/fp16.h"
 #include "quant/block_dot.h"
 #include "quant/blocks.h"
+#include "quant/quant.h"
 #include "quant/quant_kernels.h"
 
 namespace rl {
@@ -204,5 +212,45 @@ RL_DEFINE_K_ROW_FUNCTIONS(q5_K, BlockQ5_K)
 RL_DEFINE_K_ROW_FUNCTIONS(q6_K, BlockQ6_K)
 
 #undef RL_DEFINE_K_ROW_FUNCTIONS
+
+namespace {
+// The exponent of the lowest set bit of a nonzero double.
+int lowest_bit_exponent(double v) {
+  int e = 0;
+  const double fr = std::frexp(std::fabs(v), &e);  // v = fr * 2^e, 0.5 <= fr < 1
+  const uint64_t mant = (uint64_t)std::ldexp(fr, 53);  // exact: 53-bit integer
+  return e - 53 + std::countr_zero(mant);
+}
+}  // namespace
+
+bool k_sub_block_factorable(float d, float dmin, int sc, int m, int q_max) {
+  const double a = (double)(d * (float)sc), b = (double)(dmin * (float)m);  // both exact in fp32
+  if (!std::isfinite(a) || !std::isfinite(b)) return false;
+  if (a == 0.0 && b == 0.0) return true;
+  int unit = INT32_MAX;
+  if (a != 0.0) unit = std::min(unit, lowest_bit_exponent(a));
+  if (b != 0.0) unit = std::min(unit, lowest_bit_exponent(b));
+  const double largest = std::max(std::fabs(b), std::fabs(a * q_max - b));  // exact in double
+  return unit >= -149 && std::ldexp(largest, -unit) < 16777216.0;
+}
+
+bool k_quant_factorable(GgmlType type, const void* blocks, size_t n_blocks) {
+  if (type != GgmlType::Q4_K && type != GgmlType::Q5_K) return false;
+  const bool q5 = type == GgmlType::Q5_K;
+  const size_t block_bytes = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  const uint8_t* p = static_cast<const uint8_t*>(blocks);
+  for (size_t i = 0; i < n_blocks; i++, p += block_bytes) {
+    uint16_t dh, mh;  // d, dmin and the 12 scale bytes lead both layouts
+    std::memcpy(&dh, p, 2);
+    std::memcpy(&mh, p + 2, 2);
+    const float d = fp16_to_f32(dh), dmin = fp16_to_f32(mh);
+    for (int s = 0; s < 8; s++) {
+      int sc, m;
+      k4_scale_min(s, p + 4, &sc, &m);
+      if (!k_sub_block_factorable(d, dmin, sc, m, q5 ? 31 : 15)) return false;
+    }
+  }
+  return true;
+}
 
 }  // namespace rl
