@@ -1,8 +1,9 @@
 // How many Q4_K / Q5_K sub-blocks of a GGUF file have every value d*sc*q - dmin*m exactly
 // representable in fp32 — the condition under which a K-quant dot product can be taken in the exact
 // factored form (d*sc) * Σ q x - (dmin*m) * Σ x that the GPU's IQ products use (docs/perf/cuda.md).
-// A study tool, not a benchmark: it reads the blocks and counts, by the definition (every q) and by
-// quant.h's constant-time test k_quant_factorable (the one a loader would use, per tensor).
+// Counted with quant.h's constant-time test (k_sub_block_factorable: it never accepts a sub-block
+// that rounds, so the counts are lower bounds), per sub-block, super-block and tensor. A study
+// tool, not a benchmark.
 //
 //   build-x/kquant_exactness MODEL.gguf [MODEL.gguf ...]
 #include <cstdio>
@@ -14,21 +15,6 @@
 #include "quant/blocks.h"
 #include "quant/quant.h"
 
-namespace {
-
-// True when A*q - B is an fp32 value for every q in 0..q_max (A = d*sc, B = dmin*m, both exact in
-// fp32: an fp16 times a 6-bit integer).
-bool sub_block_exact(float d, float dmin, int sc, int m, int q_max) {
-  const float a = d * (float)sc, b = dmin * (float)m;
-  for (int q = 0; q <= q_max; q++) {
-    const double e = (double)a * q - (double)b;  // exact in double
-    if ((double)(float)e != e) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s MODEL.gguf [MODEL.gguf ...]\n", argv[0]);
@@ -37,8 +23,7 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; i++) {
       auto file = rl::GgufFile::open(argv[i]);
-      long long sub = 0, sub_exact = 0, blocks = 0, blocks_exact = 0, tensors = 0, tensors_exact = 0,
-                tensors_fast = 0;
+      long long sub = 0, sub_exact = 0, blocks = 0, blocks_exact = 0, tensors = 0, tensors_exact = 0;
       for (const rl::GgufTensorInfo& t : file->tensors()) {
         if (t.type != rl::GgmlType::Q4_K && t.type != rl::GgmlType::Q5_K) continue;
         const bool q5 = t.type == rl::GgmlType::Q5_K;
@@ -53,17 +38,15 @@ int main(int argc, char** argv) {
           for (int s = 0; s < 8; s++) {
             int sc, m;
             rl::k4_scale_min(s, blk + 4, &sc, &m);
-            const bool ok = sub_block_exact(rl::fp16_to_f32(dh), rl::fp16_to_f32(mh), sc, m, q5 ? 31 : 15);
+            const bool ok = rl::k_sub_block_factorable(rl::fp16_to_f32(dh), rl::fp16_to_f32(mh), sc, m, q5 ? 31 : 15);
             sub++, sub_exact += ok, all = all && ok;
           }
           blocks++, blocks_exact += all, tensor_exact = tensor_exact && all;
         }
         tensors++, tensors_exact += tensor_exact;
-        tensors_fast += rl::k_quant_factorable(t.type, t.data, t.nbytes / block_bytes);
       }
-      std::printf("%s: Q4_K/Q5_K tensors wholly exact %lld / %lld (constant-time test: %lld), super-blocks %lld / %lld, "
-                  "sub-blocks %lld / %lld\n",
-                  argv[i], tensors_exact, tensors, tensors_fast, blocks_exact, blocks, sub_exact, sub);
+      std::printf("%s: Q4_K/Q5_K tensors wholly exact %lld / %lld, super-blocks %lld / %lld, sub-blocks %lld / %lld\n",
+                  argv[i], tensors_exact, tensors, blocks_exact, blocks, sub_exact, sub);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kquant_exactness: %s\n", e.what());
