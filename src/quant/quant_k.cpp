@@ -214,12 +214,13 @@ RL_DEFINE_K_ROW_FUNCTIONS(q6_K, BlockQ6_K)
 #undef RL_DEFINE_K_ROW_FUNCTIONS
 
 namespace {
-// The exponent of the lowest set bit of a nonzero double.
+// The exponent of the lowest set bit of a nonzero finite double, from its bits (normal doubles:
+// every value here is an fp32 value, so never a double subnormal).
 int lowest_bit_exponent(double v) {
-  int e = 0;
-  const double fr = std::frexp(std::fabs(v), &e);  // v = fr * 2^e, 0.5 <= fr < 1
-  const uint64_t mant = (uint64_t)std::ldexp(fr, 53);  // exact: 53-bit integer
-  return e - 53 + std::countr_zero(mant);
+  const uint64_t bits = std::bit_cast<uint64_t>(v);
+  const int e = (int)((bits >> 52) & 0x7FF);
+  const uint64_t mant = (bits & ((uint64_t{1} << 52) - 1)) | (uint64_t{1} << 52);
+  return e - 1075 + std::countr_zero(mant);
 }
 }  // namespace
 
@@ -230,8 +231,10 @@ bool k_sub_block_factorable(float d, float dmin, int sc, int m, int q_max) {
   int unit = INT32_MAX;
   if (a != 0.0) unit = std::min(unit, lowest_bit_exponent(a));
   if (b != 0.0) unit = std::min(unit, lowest_bit_exponent(b));
+  if (unit < -149) return false;
+  // Every value is a multiple of 2^unit; they fit fp32 when the largest is below 2^(unit + 24).
   const double largest = std::max(std::fabs(b), std::fabs(a * q_max - b));  // exact in double
-  return unit >= -149 && std::ldexp(largest, -unit) < 16777216.0;
+  return largest < std::bit_cast<double>((uint64_t)(unit + 24 + 1023) << 52);
 }
 
 bool k_quant_factorable(GgmlType type, const void* blocks, size_t n_blocks) {
