@@ -1,5 +1,7 @@
 #include "common/format.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace rl {
@@ -25,6 +27,13 @@ std::string to_hex(std::string_view bytes) {
     s.push_back(digits[c & 15]);
   }
   return s;
+}
+
+size_t marker_prefix_tail(std::string_view text, std::string_view marker) {
+  if (marker.empty()) return 0;
+  for (size_t k = std::min(marker.size() - 1, text.size()); k > 0; k--)
+    if (text.substr(text.size() - k) == marker.substr(0, k)) return k;
+  return 0;
 }
 
 }  // namespace rl

@@ -633,26 +633,22 @@ ParsedReply ChatTemplate::parse_tool_calls(std::string_view text, const ojson& t
 }
 
 ParsedReply ChatTemplate::parse_reply(std::string_view text, const ojson& tools) const {
-  ParsedReply r;
-  std::string content;
+  std::string reasoning, content;
   if (size_t close = text.find("</think>"); close != std::string_view::npos) {
     std::string_view before = text.substr(0, close);
     if (size_t open = before.rfind("<think>"); open != std::string_view::npos) before = before.substr(open + 7);
-    r.reasoning_content = strip_chars(before, '\n', true, true);
+    reasoning = strip_chars(before, '\n', true, true);
     content = strip_chars(text.substr(close + 8), '\n', true, false);
   } else if (format_ == ChatFormat::Qwen3Thinking) {
-    r.reasoning_content = strip_chars(text, '\n', true, true);  // still thinking when it stopped
+    reasoning = strip_chars(text, '\n', true, true);  // still thinking when it stopped
   } else if (starts_with(py_strip(text), "<think>")) {
     std::string t = py_strip(text);
-    r.reasoning_content = strip_chars(std::string_view(t).substr(7), '\n', true, true);
+    reasoning = strip_chars(std::string_view(t).substr(7), '\n', true, true);
   } else {
     content = std::string(text);
   }
-
-  ParsedReply calls = parse_tool_calls(content, tools);
-  r.tool_calls = std::move(calls.tool_calls);
-  content = std::move(calls.content);
-  r.content = std::move(content);
+  ParsedReply r = parse_tool_calls(content, tools);
+  r.reasoning_content = std::move(reasoning);
   return r;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "common/error.h"
+#include "common/format.h"
 #include "model/session.h"
 #include "tokenizer/tokenizer.h"
 
@@ -53,14 +54,7 @@ std::string StopMatcher::push(std::string_view text) {
   }
   // Hold the longest tail of the text that a stop string starts with.
   size_t keep = 0;
-  for (const std::string& s : stops_) {
-    for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
-      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
-        keep = k;
-        break;
-      }
-    }
-  }
+  for (const std::string& s : stops_) keep = std::max(keep, marker_prefix_tail(held_, s));
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;

@@ -5,6 +5,8 @@
 #include <string_view>
 #include <utility>
 
+#include "common/format.h"
+
 namespace rl {
 
 class ReasoningSplitter {
@@ -26,12 +28,7 @@ class ReasoningSplitter {
       return {std::move(reasoning), strip_leading(std::move(rest))};
     }
     // Hold back a tail that may be the start of </think>.
-    size_t keep = 0;
-    for (size_t k = std::min(kEnd.size() - 1, held_.size()); k > 0; k--)
-      if (held_.compare(held_.size() - k, k, kEnd.substr(0, k)) == 0) {
-        keep = k;
-        break;
-      }
+    const size_t keep = marker_prefix_tail(held_, kEnd);
     std::string reasoning = held_.substr(0, held_.size() - keep);
     held_.erase(0, held_.size() - keep);
     return {std::move(reasoning), std::string()};

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <utility>
 
+#include "common/format.h"
+
 namespace rl {
 
 class ToolCallSplitter {
@@ -27,12 +29,7 @@ class ToolCallSplitter {
       in_call_ = true;
       end = p;
     } else {
-      // A tail that may be the start of the marker.
-      for (size_t k = std::min(kOpen.size() - 1, held_.size()); k > 0; k--)
-        if (held_.compare(held_.size() - k, k, kOpen.substr(0, k)) == 0) {
-          end = held_.size() - k;
-          break;
-        }
+      end -= marker_prefix_tail(held_, kOpen);  // a tail that may be the start of the marker
     }
     while (end > 0 && is_space(held_[end - 1])) --end;
     std::string out = held_.substr(0, end);
