@@ -74,9 +74,9 @@ Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE st
   app.add_option("--port", a->server.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--api-key", a->server.api_key, "require 'Authorization: Bearer KEY' on API calls");
   app.add_option("--max-queue", a->server.max_queue, "requests that may wait for the model; more get 503")
-      ->check(CLI::Range(0, 4096));
+      ->check(CLI::Range(0, ServerConfig::kMaxQueue));
   app.add_option("--timeout", a->server.request_timeout_s, "seconds a request may run")
-      ->check(CLI::Range(1e-3, 7 * 24 * 3600.0));
+      ->check(CLI::Range(1e-3, ServerConfig::kMaxTimeoutSeconds));
   app.add_option("--max-body", a->server.max_body_bytes, "largest request body in bytes");
   app.add_option("--prompt-cache-mib", a->cache_mib_prompt, "memory for kept session states (state reuse)")
       ->check(CLI::NonNegativeNumber);

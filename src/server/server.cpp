@@ -37,10 +37,9 @@ namespace {
 constexpr auto kPollInterval = std::chrono::milliseconds(100);
 // Alternatives reported per token at most (OpenAI's limit for top_logprobs).
 constexpr int kMaxTopLogprobs = 20;
-// Limits that keep a configuration from overflowing the clock or spawning thousands of threads.
-constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
-constexpr int kMaxQueue = 4096;
-constexpr int kMaxHttpThreads = 512;
+constexpr double kMaxTimeoutSeconds = ServerConfig::kMaxTimeoutSeconds;
+constexpr int kMaxQueue = ServerConfig::kMaxQueue;
+constexpr int kMaxHttpThreads = 512;  // HTTP threads at most when sized from max_queue
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())

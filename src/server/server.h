@@ -39,8 +39,12 @@ struct ServerConfig {
   int port = 8080;                 // 0: any free port (see Server::port())
   std::string api_key;             // empty: no authentication
   int n_ctx = 4096;                // context of the served session (prompt + generation)
-  int max_queue = 16;              // requests waiting for the model beyond the one running (<= 4096)
-  double request_timeout_s = 600;  // a generation that runs longer ends with an error (<= 7 days)
+  // Limits that keep a configuration from overflowing the clock or spawning thousands of threads.
+  static constexpr int kMaxQueue = 4096;
+  static constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
+
+  int max_queue = 16;              // requests waiting for the model beyond the one running (<= kMaxQueue)
+  double request_timeout_s = 600;  // a generation that runs longer ends with an error (<= kMaxTimeoutSeconds)
   size_t max_body_bytes = 8u << 20;
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
   bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
