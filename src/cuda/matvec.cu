@@ -39,12 +39,13 @@ namespace {
 
 constexpr int kWarps = 8;  // 256 threads per block
 
-struct Jobs {
-  MatvecJob job[kMaxMatvecJobs];
+// One launch's jobs, passed by value as the kernel's parameter.
+template <class Job>
+struct JobList {
+  Job job[kMaxMatvecJobs];
 };
-struct GateUpJobs {
-  GateUpJob job[kMaxMatvecJobs];
-};
+using Jobs = JobList<MatvecJob>;
+using GateUpJobs = JobList<GateUpJob>;
 
 // This lane's part of R rows' dot products with x: chunks c0, c0 + step, ... (double sums). x is
 // converted to double once per chunk for all R rows (the fp32 -> fp64 conversion is the slow
@@ -111,11 +112,6 @@ template <GgmlType T>
 constexpr int kMatvecRows = kIntegerForm<T> ? 4 : 2;
 template <GgmlType T>
 constexpr int kGateUpPairs = kIntegerForm<T> ? 2 : 1;
-bool integer_form(GgmlType t) {
-  bool r = false;
-  dispatch_type(t, [&]<GgmlType T>() { r = kIntegerForm<T>; });
-  return r;
-}
 
 // This lane's part of R rows' dot products in the integer form (exact products, double sums; see
 // the top of the file): chunks c0, c0 + step, ... Each
@@ -331,30 +327,6 @@ const void* job_base(const GateUpJob& j) {
 size_t row_bytes_of(const MatvecJob& j) { return j.row_bytes; }
 size_t row_bytes_of(const GateUpJob& j) { return j.row_bytes_gate | j.row_bytes_up; }
 
-template <class Job, class Launch>
-void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, int rows_per_warp, cudaStream_t stream,
-                 Launch&& launch) {  // rows_per_warp: kMatvecRows<T> or kGateUpPairs<T>
-  check_cols(cols);
-  for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
-    const int m = std::min(n - j0, kMaxMatvecJobs);
-    int max_rows = 0, total_rows = 0;
-    for (int j = 0; j < m; j++) max_rows = std::max(max_rows, jobs[j0 + j].rows), total_rows += jobs[j0 + j].rows;
-    if (max_rows == 0) continue;
-    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K)  // 16-byte loads of the 4-bit values (kquant_unit)
-      for (int j = 0; j < m; j++) {
-        const Job& jb = jobs[j0 + j];
-        if (reinterpret_cast<uintptr_t>(job_base(jb)) % 16 != 0 || row_bytes_of(jb) % 16 != 0)
-          throw_error(std::string("matvec: ") + type_name(t) + " weights must be 16-byte aligned");
-      }
-    const int W = warps_per_row(total_rows / rows_per_warp, cols);
-    const int rows_per_block = kWarps / W * rows_per_warp;
-    const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
-    const bool ok = dispatch_type(t, [&]<GgmlType T>() { launch.template operator()<T>(W, grid, jobs + j0, m); });
-    if (!ok) throw_error(std::string("matvec: weight type ") + type_name(t) + " is not supported by the CUDA backend");
-    RL_CUDA_LAUNCH_CHECK();
-  }
-}
-
 // Products are launched as programmatic dependents (math_device.cuh, pdl_wait): their blocks may
 // start, and stage their tables, while the previous kernel finishes. RL_ENGINE_PDL=0 launches them
 // the ordinary way.
@@ -387,13 +359,45 @@ void launch_product(void (*kernel)(Args, int), dim3 grid, const Args& jobs, int 
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, jobs, cols));
 }
+// The kernel of a job kind for type T and W warps per row, and the rows (pairs) a warp takes.
 template <GgmlType T, int W>
-void launch_matvec(dim3 grid, const Jobs& j, int cols, cudaStream_t stream) {
-  launch_product<Jobs>(matvec_kernel<T, W>, grid, j, cols, stream);
-}
+auto kernel_of(const MatvecJob*) { return matvec_kernel<T, W>; }
 template <GgmlType T, int W>
-void launch_gate_up(dim3 grid, const GateUpJobs& j, int cols, cudaStream_t stream) {
-  launch_product<GateUpJobs>(gate_up_kernel<T, W>, grid, j, cols, stream);
+auto kernel_of(const GateUpJob*) { return gate_up_kernel<T, W>; }
+template <GgmlType T>
+constexpr int rows_per_warp(const MatvecJob*) { return kMatvecRows<T>; }
+template <GgmlType T>
+constexpr int rows_per_warp(const GateUpJob*) { return kGateUpPairs<T>; }
+
+// Launches a job list (at most kMaxMatvecJobs jobs a launch), W chosen from the total rows.
+template <class Job>
+void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream) {
+  check_cols(cols);
+  for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
+    const int m = std::min(n - j0, kMaxMatvecJobs);
+    int max_rows = 0, total_rows = 0;
+    for (int j = 0; j < m; j++) max_rows = std::max(max_rows, jobs[j0 + j].rows), total_rows += jobs[j0 + j].rows;
+    if (max_rows == 0) continue;
+    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K)  // 16-byte loads of the 4-bit values (kquant_unit)
+      for (int j = 0; j < m; j++) {
+        const Job& jb = jobs[j0 + j];
+        if (reinterpret_cast<uintptr_t>(job_base(jb)) % 16 != 0 || row_bytes_of(jb) % 16 != 0)
+          throw_error(std::string("matvec: ") + type_name(t) + " weights must be 16-byte aligned");
+      }
+    const bool ok = dispatch_type(t, [&]<GgmlType T>() {
+      constexpr const Job* kind = nullptr;
+      constexpr int R = rows_per_warp<T>(kind);
+      const int W = warps_per_row(total_rows / R, cols);
+      const int rows_per_block = kWarps / W * R;
+      const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
+      JobList<Job> list{};
+      std::copy(jobs + j0, jobs + j0 + m, list.job);
+      launch_product(W == 1 ? kernel_of<T, 1>(kind) : W == 2 ? kernel_of<T, 2>(kind) : kernel_of<T, 4>(kind), grid,
+                     list, cols, stream);
+    });
+    if (!ok) throw_error(std::string("matvec: weight type ") + type_name(t) + " is not supported by the CUDA backend");
+    RL_CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace
@@ -410,23 +414,11 @@ struct TypeProbe {
 bool weight_type_supported(GgmlType t) { return dispatch_type(t, TypeProbe{}); }
 
 void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream) {
-  launch_jobs(t, cols, jobs, n, integer_form(t) ? kMatvecRows<GgmlType::IQ2_XS> : kMatvecRows<GgmlType::Q4_K>, stream, [&]<GgmlType T>(int W, dim3 grid, const MatvecJob* js, int m) {
-    Jobs j{};
-    std::copy(js, js + m, j.job);
-    if (W == 1) launch_matvec<T, 1>(grid, j, cols, stream);
-    else if (W == 2) launch_matvec<T, 2>(grid, j, cols, stream);
-    else launch_matvec<T, 4>(grid, j, cols, stream);
-  });
+  launch_jobs(t, cols, jobs, n, stream);
 }
 
 void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream) {
-  launch_jobs(t, cols, jobs, n, integer_form(t) ? kGateUpPairs<GgmlType::IQ2_XS> : kGateUpPairs<GgmlType::Q4_K>, stream, [&]<GgmlType T>(int W, dim3 grid, const GateUpJob* js, int m) {
-    GateUpJobs j{};
-    std::copy(js, js + m, j.job);
-    if (W == 1) launch_gate_up<T, 1>(grid, j, cols, stream);
-    else if (W == 2) launch_gate_up<T, 2>(grid, j, cols, stream);
-    else launch_gate_up<T, 4>(grid, j, cols, stream);
-  });
+  launch_jobs(t, cols, jobs, n, stream);
 }
 
 void matvec(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x,
