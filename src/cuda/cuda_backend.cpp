@@ -206,6 +206,10 @@ class CudaBackendImpl final : public CudaBackend {
                         std::span<const int> group_offset, int T, int row0 = 0);
   // Enqueues the misses' copies; with wait, the compute stream waits for them.
   void copy_misses(int L, const ExpertCache::Reservation& r, bool wait = true);
+  // Reserves experts of layer L, copies the misses (copy_misses), commits and brings the device
+  // residency rows up to date; aborts the reservation when a copy fails. `resident`, when given,
+  // receives whether each expert was already resident (request order).
+  void reserve_and_copy(int L, std::span<const int> experts, bool wait, std::vector<char>* resident = nullptr);
   void sync_residency_rows();
   void project(const DMat& w, const float* x, int T, float* y);
   struct Projection {
@@ -672,6 +676,23 @@ void CudaBackendImpl::copy_misses(int L, const ExpertCache::Reservation& r, bool
   if (wait) RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, copies_done_, 0));
 }
 
+void CudaBackendImpl::reserve_and_copy(int L, std::span<const int> experts, bool wait, std::vector<char>* resident) {
+  const ExpertCache::Reservation& r = cache_->reserve(L, experts);
+  try {
+    copy_misses(L, r, wait);
+  } catch (...) {
+    cache_->abort();
+    sync_residency_rows();
+    throw;
+  }
+  if (resident) {
+    resident->clear();
+    for (const ExpertCache::Entry& e : r.entries) resident->push_back(e.hit);
+  }
+  cache_->commit();
+  sync_residency_rows();
+}
+
 void CudaBackendImpl::preload_all() {
   const Config& c = config();
   const auto t0 = std::chrono::steady_clock::now();
@@ -679,14 +700,7 @@ void CudaBackendImpl::preload_all() {
   std::iota(all.begin(), all.end(), 0);
   const bool tty = isatty(2);
   for (int L = 0; L < c.n_layer; L++) {
-    const ExpertCache::Reservation& r = cache_->reserve(L, all);
-    try {
-      copy_misses(L, r);
-    } catch (...) {
-      cache_->abort();
-      throw;
-    }
-    cache_->commit();
+    reserve_and_copy(L, all, true);
     RL_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
     if (tty || L + 1 == c.n_layer) {
       const int width = 30, done = (L + 1) * width / c.n_layer;
@@ -695,7 +709,6 @@ void CudaBackendImpl::preload_all() {
       if (L + 1 == c.n_layer) std::fprintf(stderr, "\n");
     }
   }
-  sync_residency_rows();
   RL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   stats_.preload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The preload is not part of any request's statistics.
@@ -859,21 +872,13 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   size_t n_resident = 0;
   bool any_miss = false;
   if (overlap) {
-    const ExpertCache::Reservation& r = cache_->reserve(L, experts);
-    try {
-      copy_misses(L, r, false);
-    } catch (...) {
-      cache_->abort();
-      sync_residency_rows();
-      throw;
-    }
+    std::vector<char> resident;
+    reserve_and_copy(L, experts, false, &resident);
     std::vector<size_t> order(experts.size());
     std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_partition(order.begin(), order.end(), [&](size_t g) { return r.entries[g].hit; });
-    for (size_t g : order) n_resident += r.entries[g].hit ? 1 : 0;
+    std::stable_partition(order.begin(), order.end(), [&](size_t g) { return resident[g] != 0; });
+    n_resident = (size_t)std::count(resident.begin(), resident.end(), 1);
     any_miss = n_resident < experts.size();
-    cache_->commit();
-    sync_residency_rows();
     std::vector<int> ex2;
     std::vector<std::vector<int>> pairs2;
     for (size_t g : order) {
@@ -942,16 +947,7 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
     const size_t batch = std::min(experts.size(), (size_t)cache_->n_slots());
     for (size_t b0 = 0; b0 < experts.size(); b0 += batch) {
       const size_t n = std::min(experts.size() - b0, batch);
-      const ExpertCache::Reservation& r = cache_->reserve(L, std::span<const int>(experts.data() + b0, n));
-      try {
-        copy_misses(L, r);
-      } catch (...) {
-        cache_->abort();
-        sync_residency_rows();
-        throw;
-      }
-      cache_->commit();
-      sync_residency_rows();
+      reserve_and_copy(L, std::span<const int>(experts.data() + b0, n), true);
       run(b0, n);
     }
   }
