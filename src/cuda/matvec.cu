@@ -17,8 +17,9 @@
 // The IQ types (the routed and shared experts) take their integer form instead (quant_device.cuh:
 // w_j = s * (u_j - b) exactly, u_j a byte): a chunk adds s * (Σ u_j x_j - b Σ x_j). Every product
 // is still exact in double; the sums round differently (Σ x_j, b Σ x_j and their difference, which
-// cancel in part), by up to ~3e-14 of the chunk's magnitude instead of ~1e-15 — far below an fp32
-// rounding step, which is what the tests hold the products to. The byte u_j becomes the double u_j * 2^-1074 by placing it in the low
+// cancel in part), by up to ~3e-14 of the chunk's magnitude instead of ~1e-15 by a bound worked out
+// on paper (not measured) — far below an fp32 rounding step, and the tests hold every product to the
+// fp32 rounding of the exact sum. The byte u_j becomes the double u_j * 2^-1074 by placing it in the low
 // word of a zero double (one byte permute, no conversion instruction), and x is scaled by 2^512 so
 // that the products u_j x_j 2^-562 are far above the subnormal range and keep all their bits;
 // their sum is scaled back by 2^562, an exact power of two. These warps take 4 rows (2 SwiGLU
