@@ -1,6 +1,6 @@
 // Prefill products: Y = X·Wᵀ for a batch of tokens, weights of any supported type.
 //
-// FP64 tensor cores (DMMA, mma.m8n8k4 f64). The arithmetic is the oracle's: an fp32 weight times
+// FP64 tensor cores (DMMA, mma.m16n8k4 f64 on compute capability 9.0, see dmma_16x8x4). The arithmetic is the oracle's: an fp32 weight times
 // an fp32 activation is exact in double, the products are summed in double (in DMMA's order, which
 // the oracle does not fix), only the sum is rounded to fp32. No reduced-precision format is used.
 //
@@ -34,6 +34,7 @@ constexpr int kTileK = 32;     // columns per step: 4 chunks of 8, one per lane 
 // Tiles: tokens per block and 8-row tiles per warp (a block covers 64·row tiles weight rows).
 constexpr int kDenseTokens = 64, kDenseRowTiles = 2;
 constexpr int kExpertTokens = 16, kExpertRowTiles = 2;
+static_assert(kDenseRowTiles % 2 == 0 && kExpertRowTiles % 2 == 0, "row tiles go in pairs (dmma_16x8x4)");
 
 // The staged activations are [kTileK][BT] doubles, element (k, t) at k·(BT+4) + 2·(k/4) + t. A
 // fragment load reads k = 8q + j, t = t0 + g: the pitch BT+4 ≡ 4 (mod 16 doubles) puts j in the
@@ -47,13 +48,28 @@ __device__ __forceinline__ int x_index(int k, int t) {
 template <int BT>
 constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
 
-// D (8×8) += A (8×4, row-major) · B (4×8, column-major), all double, one warp.
-// Fragments (PTX ISA, matching CuTe's SM80_8x8x4_F64F64F64F64_TN), with g = lane/4, q = lane%4:
-// a = A[g][q], b = B[q][g], d = {D[g][2q], D[g][2q+1]}.
-__device__ __forceinline__ void dmma_8x8x4(double (&d)[2], double a, double b) {
+// Two stacked 8×8 tiles: D0 += A0·B and D1 += A1·B, A0/A1 8×4 (row-major), B 4×8 (column-major),
+// all double, one warp. Fragments (PTX ISA), with g = lane/4, q = lane%4: a0 = A0[g][q],
+// a1 = A1[g][q], b = B[q][g], d0 = {D0[g][2q], D0[g][2q+1]}, d1 likewise. On compute capability
+// 9.0 this is one mma.m16n8k4 (A = A0 over A1, D = D0 over D1, the same fragments): Hopper runs
+// the 16-row FP64 shape at about twice the rate of the legacy m8n8k4 (which is capped near half of
+// the FP64 tensor peak there); before 9.0 it is two m8n8k4. Each D element is the same sum of four
+// exact double products plus the accumulator either way.
+__device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], double a0, double a1,
+                                            double b) {
+#if __CUDA_ARCH__ >= 900
+  asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};"
+      : "+d"(d0[0]), "+d"(d0[1]), "+d"(d1[0]), "+d"(d1[1])
+      : "d"(a0), "d"(a1), "d"(b));
+#else
   asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-      : "+d"(d[0]), "+d"(d[1])
-      : "d"(a), "d"(b));
+      : "+d"(d0[0]), "+d"(d0[1])
+      : "d"(a0), "d"(b));
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+      : "+d"(d1[0]), "+d"(d1[1])
+      : "d"(a1), "d"(b));
+#endif
 }
 
 template <GgmlType T, int BT, int RT>
@@ -79,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
-  const int fg = lane >> 2, fq = lane & 3;  // fragment coordinates (see dmma_8x8x4)
+  const int fg = lane >> 2, fq = lane & 3;  // fragment coordinates (see dmma_16x8x4)
   const int warp_r = warp * (RT * 8);       // first tile row of this warp
   double acc[RT][TT][2] = {};
 
@@ -129,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(
         if (s < active) {
           const double b = xb[x_index<BT>(8 * fq + j, 8 * s + fg)];
 #pragma unroll
-          for (int i = 0; i < RT; i++) dmma_8x8x4(acc[i][s], a[i], b);
+          for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], a[i], a[i + 1], b);
         }
       }
     }
