@@ -98,16 +98,22 @@ __global__ void conv_gates_kernel(const float* x, size_t x_stride, float* out, f
     gates_one(ba, dt_bias, ssm_a, beta, g, T, nk, nv, (blockIdx.x - conv_blocks) * blockDim.x + threadIdx.x);
 }
 
-constexpr int kRecurrenceWarps = 8;  // rows of S per block
+constexpr int kRecurrenceWarps = 8;  // rows of S per block (all of one value head: dv % 8 == 0)
+constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a time
 
 // One warp per row of S (value head j, row r): lane l keeps the DK/32 consecutive state values
 // starting at l*DK/32 in registers for the whole chunk, so the state is read and written once per
 // call with coalesced accesses, and the 32*dv*nv rows of a layer run in parallel. Each token is a
 // dependent step: decay, s·k (double, warp sum), the delta, the update and s·q (double, warp sum).
-// The next token's k and q are loaded before the current step's sums, so the loads overlap them.
 //
-// NORM (decode, DK = 128): q and k arrive as the conv wrote them and each warp L2-normalises its
-// head's k and q itself (q then scaled by q_scale), with l2_norm_kernel's arithmetic on the same
+// The state values are fp32 values (the oracle stores the state as fp32 after each step) held in
+// double registers: each update rounds to fp32 and back, and the products take them as they are.
+// The block's warps share a head, so k and q are converted to double once per block, kStepGroup
+// tokens at a time, into shared memory (warp w stages tokens w, w + 8, ...), instead of once per
+// warp: fp32<->fp64 conversions run at a quarter of the fp64 rate and were this kernel's limit.
+//
+// NORM (decode, DK = 128): q and k arrive as the conv wrote them and the staging warp
+// L2-normalises them (q then scaled by q_scale) with l2_norm_kernel's arithmetic on the same
 // partition (lane l: values 4l..4l+3, a warp tree of double sums): bit for bit what l2_norm followed
 // by the plain recurrence gives, one launch fewer per layer. The normalised values are not stored.
 __device__ __forceinline__ void l2_normalise4(float (&x)[4], float eps, float scale) {
@@ -128,68 +134,69 @@ __global__ void __launch_bounds__(32 * kRecurrenceWarps)
                       float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps) {
   constexpr int P = DK / 32;
   static_assert(!NORM || P == 4, "the fused L2 norm takes four values per lane");
-  const int gw = blockIdx.x * kRecurrenceWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (gw >= nv * dv) return;
+  __shared__ double ks[kStepGroup][DK], qs[kStepGroup][DK];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gw = blockIdx.x * kRecurrenceWarps + warp;  // < nv * dv: the launcher's grid is exact
   const int j = gw / dv, row = gw % dv;
   const int kh = j / (nv / nk);
-  float s[P];
+  double s[P];
   float* Sr = S + (size_t)gw * DK + lane * P;
 #pragma unroll
   for (int i = 0; i < P; i++) s[i] = Sr[i];
   const size_t koff = (size_t)kh * DK + lane * P, voff = (size_t)j * dv + row;
-  auto load_kq = [&](int t, float (&kk)[P], float (&qq)[P]) {
+  for (int t0 = 0; t0 < T; t0 += kStepGroup) {
+    const int n = min(kStepGroup, T - t0);
+    __syncthreads();  // the previous group's k and q are no longer read
+    for (int i = warp; i < n; i += kRecurrenceWarps) {
+      float kk[P], qq[P];
 #pragma unroll
-    for (int i = 0; i < P; i++) kk[i] = k[(size_t)t * stride + koff + i], qq[i] = q[(size_t)t * stride + koff + i];
-    if constexpr (NORM) {
-      l2_normalise4(kk, eps, 1.0f);
-      l2_normalise4(qq, eps, q_scale);
+      for (int e = 0; e < P; e++)
+        kk[e] = k[(size_t)(t0 + i) * stride + koff + e], qq[e] = q[(size_t)(t0 + i) * stride + koff + e];
+      if constexpr (NORM) {
+        l2_normalise4(kk, eps, 1.0f);
+        l2_normalise4(qq, eps, q_scale);
+      }
+#pragma unroll
+      for (int e = 0; e < P; e++) ks[i][lane * P + e] = kk[e], qs[i][lane * P + e] = qq[e];
     }
-  };
-  float kc[P], qc[P];
-  load_kq(0, kc, qc);
-  // Tokens in groups of 32: lane l fetches token t0+l's decay exp(g), beta and v up front, and the
-  // steps take them by shuffle, so the exponential and the scalar loads leave the dependent chain.
-  for (int t0 = 0; t0 < T; t0 += 32) {
+    // Lane l fetches token t0+l's decay exp(g), beta and v up front, and the steps take them by
+    // shuffle, so the exponential and the scalar loads leave the dependent chain.
     const int tl = t0 + lane;
     double dec_l = 0.0, b_l = 0.0;
     float v_l = 0.f;
-    if (tl < T) {
+    if (lane < n) {
       dec_l = exp((double)g[(size_t)tl * nv + j]);
       b_l = beta[(size_t)tl * nv + j];
       v_l = v[(size_t)tl * stride + voff];
     }
-    const int n = min(32, T - t0);
+    __syncthreads();
     for (int i = 0; i < n; i++) {
-      const int t = t0 + i;
-      float kn[P], qn[P];
-      if (t + 1 < T) load_kq(t + 1, kn, qn);
       const double decay = __shfl_sync(0xffffffffu, dec_l, i);
       const double bt = __shfl_sync(0xffffffffu, b_l, i);
       const float vt = __shfl_sync(0xffffffffu, v_l, i);
+      double kd[P], qd[P];
+#pragma unroll
+      for (int e = 0; e < P; e++) kd[e] = ks[i][lane * P + e], qd[e] = qs[i][lane * P + e];
       double sk = 0.0;
 #pragma unroll
       for (int e = 0; e < P; e++) {
-        s[e] = (float)(s[e] * decay);
-        sk = fma((double)s[e], (double)kc[e], sk);
+        s[e] = (double)(float)(s[e] * decay);
+        sk = fma(s[e], kd[e], sk);
       }
       sk = warp_sum_d(sk);
       const double d = ((double)vt - sk) * bt;
       double o = 0.0;
 #pragma unroll
       for (int e = 0; e < P; e++) {
-        s[e] = (float)fma(d, (double)kc[e], (double)s[e]);
-        o = fma((double)s[e], (double)qc[e], o);
+        s[e] = (double)(float)fma(d, kd[e], s[e]);
+        o = fma(s[e], qd[e], o);
       }
       o = warp_sum_d(o);
-      if (lane == 0) out[(size_t)t * nv * dv + voff] = (float)o;
-      if (t + 1 < T) {
-#pragma unroll
-        for (int e = 0; e < P; e++) kc[e] = kn[e], qc[e] = qn[e];
-      }
+      if (lane == 0) out[(size_t)(t0 + i) * nv * dv + voff] = (float)o;
     }
   }
 #pragma unroll
-  for (int i = 0; i < P; i++) Sr[i] = s[i];
+  for (int i = 0; i < P; i++) Sr[i] = (float)s[i];
 }
 
 }  // namespace
@@ -236,7 +243,10 @@ void deltanet_recurrence(const float* q, const float* k, const float* v, size_t 
                          const float* beta, const float* g, float* S, float* out, int T, int nk,
                          int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm) {
   if (T == 0) return;
-  const unsigned blocks = (unsigned)((nv * dv + kRecurrenceWarps - 1) / kRecurrenceWarps);
+  if (dv % kRecurrenceWarps != 0)
+    throw_error("deltanet: value head dim " + std::to_string(dv) + " is not a multiple of " +
+                std::to_string(kRecurrenceWarps));
+  const unsigned blocks = (unsigned)(nv * dv / kRecurrenceWarps);
   const float q_scale = norm ? norm->q_scale : 1.0f, eps = norm ? norm->eps : 0.0f;
   auto launch = [&](auto kernel) {
     kernel<<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale,

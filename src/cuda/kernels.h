@@ -64,9 +64,10 @@ void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const
                             int cols, const float* x, float* act, float* scratch, int n, cudaStream_t stream);
 
 // ---- matmul.cu: prefill products (T tokens) -----------------------------------------------------
-// Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows].
+// Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows]. token_tile (16, 32 or 64) forces the
+// tokens per block (tests); 0 picks by the matrix's and the GPU's size.
 void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
-            float* y, cudaStream_t stream);
+            float* y, cudaStream_t stream, int token_tile = 0);
 // Grouped by expert: group g (of n) multiplies rows [row_off[g], row_off[g] + row_cnt[g]) of X by
 // W_g = slot_ptrs[g] + w_offset into the same rows of Y. slot_ptrs, row_off, row_cnt live on the
 // device; max_cnt bounds row_cnt (sizes the grid).

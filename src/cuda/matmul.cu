@@ -14,7 +14,7 @@
 // but slow, so each element is converted once per block), double-buffered so that one barrier per
 // step suffices.
 //
-// Dense products use 64-token tiles. Experts see about T·k/n_expert tokens each (≈10 for a
+// Dense products use 64-, 32- or 16-token tiles (matmul() picks by block count). Experts see about T·k/n_expert tokens each (≈10 for a
 // 512-token chunk of the 80B model), so they use 16-token tiles (measured on an H200 faster than
 // 32-token ones for such groups); in every tile, 8-token sub-tiles that lie wholly past the
 // group's last token are neither staged nor multiplied. Prefetching the next step's global reads
@@ -32,7 +32,7 @@ constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileK = 32;     // columns per step: 4 chunks of 8, one per lane of a fragment row
 // Tiles: tokens per block and 8-row tiles per warp (a block covers 64·row tiles weight rows).
-constexpr int kDenseTokens = 64, kDenseRowTiles = 2;
+constexpr int kDenseTokens = 64, kMidTokens = 32, kDenseRowTiles = 2;
 constexpr int kExpertTokens = 16, kExpertRowTiles = 2;
 static_assert(kDenseRowTiles % 2 == 0 && kExpertRowTiles % 2 == 0, "row tiles go in pairs (dmma_16x8x4)");
 
@@ -72,6 +72,35 @@ __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], do
 #endif
 }
 
+// The IQ types' weights enter the products in their integer form (quant_device.cuh), scaled:
+// w_j = s·(u_j − b) is formed as fma(u_j·2^-1074, s·2^474, −b·s·2^-600) = w_j·2^-600 — the byte
+// u_j placed in the low word of a double is the subnormal u_j·2^-1074, the product and the sum
+// are exact (w_j has at most 24 significant bits), so fma returns w_j·2^-600 exactly — and the
+// activations are staged as x·2^600 (exact), so every product w_j·x is the same exact value as
+// before. One fma per weight replaces an int→fp32 and an fp32→fp64 conversion, which run at a
+// quarter of the fp64 rate and limited the expert products. Other types: chunk8, then to double.
+template <GgmlType T>
+constexpr double kXScale = kIntegerForm<T> ? 0x1p600 : 1.0;
+
+template <GgmlType T, class Tables>
+__device__ __forceinline__ void weight_chunk(const uint8_t* row, int c, const Tables& tab, double (&w)[8]) {
+  if constexpr (kIntegerForm<T>) {
+    using Q = Dequant<T>;
+    const IqChunk k = Q::decode(Q::load(row, c), c, tab.grid, tab.masks);
+    const double s = (double)k.s * 0x1p474, nb = -((double)k.b * (double)k.s) * 0x1p-600;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      w[j] = fma(__hiloint2double(0, (int)__byte_perm(k.u.x, 0, 0x4440 | j)), s, nb);
+      w[4 + j] = fma(__hiloint2double(0, (int)__byte_perm(k.u.y, 0, 0x4440 | j)), s, nb);
+    }
+  } else {
+    float v[8];
+    Dequant<T>::chunk8(row, c, v);
+#pragma unroll
+    for (int j = 0; j < 8; j++) w[j] = (double)v[j];
+  }
+}
+
 template <GgmlType T, int BT, int RT>
 __global__ void __launch_bounds__(kThreads) matmul_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
@@ -85,6 +114,10 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(
   const int cnt = row_cnt ? row_cnt[g] : n_tokens;
   const int tile_t = blockIdx.y * BT;
   if (tile_t >= cnt) return;  // the whole token tile is past this group's end
+  // The codebook in shared memory when it fits beside the activation tiles (IQ1_M's 16 KiB does
+  // not beside 64-token tiles).
+  constexpr bool kStageTables = sizeof xs + GridOf<T>::kEntries * 8 + 1024 <= 48 * 1024;
+  const SharedTables<T, kStageTables> tab;
   // Tokens of this tile that exist; sub-tiles j < active hold at least one of them (block-uniform).
   const int tile_n = min(BT, cnt - tile_t);
   const int active = (tile_n + 7) / 8;
@@ -118,34 +151,31 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(
       const int t = i / (kTileK / 4), part = i % (kTileK / 4);
       float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
       if (t < tile_n) a = *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part);
-      xb[x_index<BT>(4 * part + 0, t)] = (double)a.x;
-      xb[x_index<BT>(4 * part + 1, t)] = (double)a.y;
-      xb[x_index<BT>(4 * part + 2, t)] = (double)a.z;
-      xb[x_index<BT>(4 * part + 3, t)] = (double)a.w;
+      xb[x_index<BT>(4 * part + 0, t)] = (double)a.x * kXScale<T>;
+      xb[x_index<BT>(4 * part + 1, t)] = (double)a.y * kXScale<T>;
+      xb[x_index<BT>(4 * part + 2, t)] = (double)a.z * kXScale<T>;
+      xb[x_index<BT>(4 * part + 3, t)] = (double)a.w * kXScale<T>;
     }
-    float v[RT][8];
+    double v[RT][8];
 #pragma unroll
     for (int i = 0; i < RT; i++) {
       if (w_valid[i]) {
-        Dequant<T>::chunk8(wrow[i], k0 / 8 + fq, v[i]);
+        weight_chunk<T>(wrow[i], k0 / 8 + fq, tab, v[i]);
       } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) v[i][j] = 0.f;
+        for (int j = 0; j < 8; j++) v[i][j] = 0.0;
       }
     }
     __syncthreads();
     // mma j covers the step's columns j, 8+j, 16+j, 24+j: lane (g, q) supplies column 8q + j.
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-      double a[RT];
-#pragma unroll
-      for (int i = 0; i < RT; i++) a[i] = (double)v[i][j];
 #pragma unroll
       for (int s = 0; s < TT; s++) {
         if (s < active) {
           const double b = xb[x_index<BT>(8 * fq + j, 8 * s + fg)];
 #pragma unroll
-          for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], a[i], a[i + 1], b);
+          for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], v[i][j], v[i + 1][j], b);
         }
       }
     }
@@ -201,15 +231,33 @@ __global__ void get_rows_kernel(const uint8_t* w, size_t row_bytes, int cols, co
 RL_QUANT_TABLES_UPLOADER(upload_quant_tables_matmul)
 
 void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
-            float* y, cudaStream_t stream) {
-  // Matrices of at most 1024 rows (router, shared expert, small projections) give too few blocks
-  // with 64-token tiles to fill the GPU; 16-token tiles give four times as many.
-  if (rows <= 1024 && T > kExpertTokens)
+            float* y, cudaStream_t stream, int token_tile) {
+  if (token_tile != 0 && token_tile != kExpertTokens && token_tile != kMidTokens && token_tile != kDenseTokens)
+    throw_error("matmul: token tile " + std::to_string(token_tile) + " (expected 16, 32 or 64)");
+  // The largest token tile that still fills the GPU: 64-token tiles when they give two blocks per
+  // SM, else 32-token tiles when they give one, else 16 (small matrices — router, shared expert —
+  // and short chunks). Smaller tiles dequantise each weight for fewer tokens, but too few blocks
+  // leave SMs idle or alone with one block's latency.
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    RL_CUDA_CHECK(cudaGetDevice(&dev));
+    RL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  const long row_blocks = (rows + kWarps * kDenseRowTiles * 8 - 1) / (kWarps * kDenseRowTiles * 8);
+  auto blocks = [&](int bt) { return row_blocks * ((T + bt - 1) / bt); };
+  if (token_tile == 0) token_tile = blocks(kDenseTokens) >= 2L * sms ? kDenseTokens
+                                    : blocks(kMidTokens) >= sms     ? kMidTokens
+                                                                    : kExpertTokens;
+  if (token_tile == kDenseTokens)
+    launch<kDenseTokens, kDenseRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
+                                         stream);
+  else if (token_tile == kMidTokens)
+    launch<kMidTokens, kDenseRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
+                                       stream);
+  else
     launch<kExpertTokens, kExpertRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
                                            stream);
-  else
-    launch<kDenseTokens, kDenseRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr,
-                                         1, T, y, stream);
 }
 
 void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,

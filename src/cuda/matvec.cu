@@ -106,9 +106,7 @@ __device__ __forceinline__ void kquant_unit(const uint8_t* const (&wr)[R], const
   }
 }
 
-// The types that take the integer form (quant_device.cuh), and how many rows a warp computes.
-template <GgmlType T>
-constexpr bool kIntegerForm = GridOf<T>::kEntries > 0;
+// How many rows a warp computes (the integer form: quant_device.cuh).
 template <GgmlType T>
 constexpr int kMatvecRows = kIntegerForm<T> ? 4 : 2;
 template <GgmlType T>
@@ -181,30 +179,6 @@ __device__ __forceinline__ void lane_dot(const uint8_t* const (&wr)[R], const fl
     }
   }
 }
-
-// The type's codebook copied to shared memory (IQ types), and the IQ2 sign masks, for all the
-// block's lookups.
-template <GgmlType T>
-constexpr bool kSignMasks = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS;
-template <GgmlType T>
-struct SharedTables {
-  static constexpr int kN = GridOf<T>::kEntries;
-  const uint64_t* grid = nullptr;
-  const uint64_t* masks = nullptr;
-  __device__ SharedTables() {
-    if constexpr (kN > 0) {
-      __shared__ uint64_t g[kN];
-      for (int i = threadIdx.x; i < kN; i += blockDim.x) g[i] = GridOf<T>::table()[i];
-      grid = g;
-      if constexpr (kSignMasks<T>) {
-        __shared__ uint64_t m[128];
-        for (int i = threadIdx.x; i < 128; i += blockDim.x) m[i] = iq2_sign_mask(i);
-        masks = m;
-      }
-      __syncthreads();
-    }
-  }
-};
 
 // This lane's part of R rows' dot products, in the type's form.
 template <GgmlType T, int R>

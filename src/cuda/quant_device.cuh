@@ -386,6 +386,40 @@ struct GridOf<T> {
   __device__ static const uint64_t* table() { return Dequant<T>::grid_table(); }
 };
 
+// The types that take the integer form.
+template <GgmlType T>
+constexpr bool kIntegerForm = GridOf<T>::kEntries > 0;
+
+// The type's codebook copied to shared memory (IQ types), and the IQ2 sign masks, for all the
+// block's lookups; every thread of the block must construct it (it ends with a barrier). kStage =
+// false leaves the codebook in global memory (for kernels whose shared memory has no room for it);
+// the IQ2 sign masks, 1 KiB, are always staged.
+template <GgmlType T>
+constexpr bool kSignMasks = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS;
+template <GgmlType T, bool kStage = true>
+struct SharedTables {
+  static constexpr int kN = GridOf<T>::kEntries;
+  const uint64_t* grid = nullptr;
+  const uint64_t* masks = nullptr;
+  __device__ SharedTables() {
+    if constexpr (kN > 0) {
+      if constexpr (kStage) {
+        __shared__ uint64_t g[kN];
+        for (int i = threadIdx.x; i < kN; i += blockDim.x) g[i] = GridOf<T>::table()[i];
+        grid = g;
+      } else {
+        grid = GridOf<T>::table();
+      }
+      if constexpr (kSignMasks<T>) {
+        __shared__ uint64_t m[128];
+        for (int i = threadIdx.x; i < 128; i += blockDim.x) m[i] = iq2_sign_mask(i);
+        masks = m;
+      }
+      __syncthreads();
+    }
+  }
+};
+
 // Calls f.template operator()<T>() for the weight types this backend runs; false for the others.
 // The list is the types of the project's recipes and fixtures (DESIGN.md §2, issue 6).
 template <class F>

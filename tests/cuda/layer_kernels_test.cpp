@@ -184,7 +184,9 @@ TEST_F(CudaLayerKernels, DeltaNetConvGatesAndRecurrence) {
   struct Case {
     int nk, nv, d, T1, T2;
   };
-  for (Case cs : {Case{2, 4, 64, 5, 1}, Case{2, 4, 128, 1, 9}, Case{2, 4, 128, 12, 2}, Case{2, 4, 64, 2, 2}}) {
+  // 37 and 20 tokens: several of the recurrence's 16-token staging groups, the last one partial.
+  for (Case cs : {Case{2, 4, 64, 5, 1}, Case{2, 4, 128, 1, 9}, Case{2, 4, 128, 12, 2}, Case{2, 4, 64, 2, 2},
+                  Case{2, 4, 128, 37, 20}, Case{2, 4, 64, 20, 37}}) {
     SCOPED_TRACE(cs.d);
     const int K = 4, key_dim = cs.nk * cs.d, conv_dim = 2 * key_dim + cs.nv * cs.d, T = cs.T1 + cs.T2;
     const int r = cs.nv / cs.nk;
