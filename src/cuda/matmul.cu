@@ -17,9 +17,8 @@
 // Dense products use 64-, 32- or 16-token tiles (matmul() picks by block count). Experts see about T·k/n_expert tokens each (≈10 for a
 // 512-token chunk of the 80B model), so they use 16-token tiles (measured on an H200 faster than
 // 32-token ones for such groups); in every tile, 8-token sub-tiles that lie wholly past the
-// group's last token are neither staged nor multiplied. Prefetching the next step's global reads
-// into registers was tried and measured slower (it costs occupancy), so the overlap comes from
-// the several blocks resident per SM.
+// group's last token are neither staged nor multiplied. The next step's activations (and the IQ
+// types' raw weight fields) are read into registers during the current step.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/quant_device.cuh"
@@ -82,27 +81,49 @@ __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], do
 template <GgmlType T>
 constexpr double kXScale = kIntegerForm<T> ? 0x1p600 : 1.0;
 
-template <GgmlType T, class Tables>
-__device__ __forceinline__ void weight_chunk(const uint8_t* row, int c, const Tables& tab, double (&w)[8]) {
-  if constexpr (kIntegerForm<T>) {
-    using Q = Dequant<T>;
-    const IqChunk k = Q::decode(Q::load(row, c), c, tab.grid, tab.masks);
-    const double s = (double)k.s * 0x1p474, nb = -((double)k.b * (double)k.s) * 0x1p-600;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      w[j] = fma(__hiloint2double(0, (int)__byte_perm(k.u.x, 0, 0x4440 | j)), s, nb);
-      w[4 + j] = fma(__hiloint2double(0, (int)__byte_perm(k.u.y, 0, 0x4440 | j)), s, nb);
-    }
-  } else {
+// A lane's weights of one chunk: fetch() issues the reads, decode() forms a Chunk whose value(j)
+// is the A operand of the step's mma j. The integer form keeps its raw fields in registers between
+// the two, so a step's reads can be issued a step ahead, and its Chunk is the bytes and the scale,
+// each value formed by one fma right before its mma; other types read in decode() (chunk8) and
+// hold the eight fp32 values.
+template <GgmlType T>
+struct WeightFetch {
+  struct Chunk {
     float v[8];
-    Dequant<T>::chunk8(row, c, v);
-#pragma unroll
-    for (int j = 0; j < 8; j++) w[j] = (double)v[j];
+    __device__ double value(int j) const { return (double)v[j]; }
+  };
+  __device__ void fetch(const uint8_t*, int) {}
+  template <class Tables>
+  __device__ Chunk decode(const uint8_t* row, int c, const Tables&) const {
+    Chunk k;
+    Dequant<T>::chunk8(row, c, k.v);
+    return k;
   }
-}
+  __device__ static Chunk zero() { return {}; }
+};
+template <GgmlType T>
+  requires kIntegerForm<T>
+struct WeightFetch<T> {
+  using Q = Dequant<T>;
+  struct Chunk {
+    uint2 u;
+    double s, nb;  // s·2^474 and −b·s·2^-600
+    __device__ double value(int j) const {
+      return fma(__hiloint2double(0, (int)__byte_perm(j < 4 ? u.x : u.y, 0, 0x4440 | (j & 3))), s, nb);
+    }
+  };
+  typename Q::Raw raw;
+  __device__ void fetch(const uint8_t* row, int c) { raw = Q::load(row, c); }
+  template <class Tables>
+  __device__ Chunk decode(const uint8_t*, int c, const Tables& tab) const {
+    const IqChunk k = Q::decode(raw, c, tab.grid, tab.masks);
+    return {k.u, (double)k.s * 0x1p474, -((double)k.b * (double)k.s) * 0x1p-600};
+  }
+  __device__ static Chunk zero() { return {make_uint2(0, 0), 0.0, 0.0}; }
+};
 
 template <GgmlType T, int BT, int RT>
-__global__ void __launch_bounds__(kThreads) matmul_kernel(
+__global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
     int cols, const float* x, const int* row_off, const int* row_cnt, int n_tokens, float* y) {
   constexpr int kTileRows = kWarps * RT * 8;
@@ -142,40 +163,70 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(
     wrow[i] = base + (size_t)(w_valid[i] ? r : 0) * row_bytes;
   }
 
+  // A step's global reads (activations, and the integer form's weight fields) are issued together,
+  // and with tiles of up to 32 tokens a step ahead, before the previous step's products, so their
+  // latency overlaps those (64-token tiles have no registers to spare for that: their accumulators
+  // take 64).
+  constexpr bool kAhead = BT <= kMidTokens;
+  constexpr int kXItems = (BT * (kTileK / 4) + kThreads - 1) / kThreads;  // float4 pieces per thread
+  const int n_items = active * 8 * (kTileK / 4);
+  float4 xr[kAhead ? kXItems : 1];
+  WeightFetch<T> wf[RT];
+  auto fetch = [&](int k0) {  // (kAhead)
+#pragma unroll
+    for (int u = 0; u < kXItems; u++) {
+      const int i = tid + u * kThreads, t = i / (kTileK / 4), part = i % (kTileK / 4);
+      xr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < n_items && t < tile_n) xr[u] = *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part);
+    }
+#pragma unroll
+    for (int i = 0; i < RT; i++)
+      if (w_valid[i]) wf[i].fetch(wrow[i], k0 / 8 + fq);
+  };
+  if (kAhead) fetch(0);
   int buf = 0;
   for (int k0 = 0; k0 < cols; k0 += kTileK, buf ^= 1) {
     // Activations of the active sub-tiles: active·8 × 32 floats in float4 pieces, 8 per token;
     // tokens past the end (inside the last partial sub-tile) are zero.
     double* xb = xs[buf];
-    for (int i = tid; i < active * 8 * (kTileK / 4); i += kThreads) {
+    auto stage = [&](int i, float4 a) {
       const int t = i / (kTileK / 4), part = i % (kTileK / 4);
-      float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (t < tile_n) a = *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part);
       xb[x_index<BT>(4 * part + 0, t)] = (double)a.x * kXScale<T>;
       xb[x_index<BT>(4 * part + 1, t)] = (double)a.y * kXScale<T>;
       xb[x_index<BT>(4 * part + 2, t)] = (double)a.z * kXScale<T>;
       xb[x_index<BT>(4 * part + 3, t)] = (double)a.w * kXScale<T>;
-    }
-    double v[RT][8];
+    };
+    if constexpr (kAhead) {
 #pragma unroll
-    for (int i = 0; i < RT; i++) {
-      if (w_valid[i]) {
-        weight_chunk<T>(wrow[i], k0 / 8 + fq, tab, v[i]);
-      } else {
+      for (int u = 0; u < kXItems; u++)
+        if (tid + u * kThreads < n_items) stage(tid + u * kThreads, xr[u]);
+    } else {
 #pragma unroll
-        for (int j = 0; j < 8; j++) v[i][j] = 0.0;
+      for (int i = 0; i < RT; i++)
+        if (w_valid[i]) wf[i].fetch(wrow[i], k0 / 8 + fq);
+      for (int i = tid; i < n_items; i += kThreads) {
+        const int t = i / (kTileK / 4), part = i % (kTileK / 4);
+        stage(i, t < tile_n ? *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part)
+                            : make_float4(0.f, 0.f, 0.f, 0.f));
       }
     }
+    typename WeightFetch<T>::Chunk v[RT];
+#pragma unroll
+    for (int i = 0; i < RT; i++) v[i] = w_valid[i] ? wf[i].decode(wrow[i], k0 / 8 + fq, tab) : WeightFetch<T>::zero();
+    if (kAhead && k0 + kTileK < cols) fetch(k0 + kTileK);
     __syncthreads();
     // mma j covers the step's columns j, 8+j, 16+j, 24+j: lane (g, q) supplies column 8q + j.
 #pragma unroll
     for (int j = 0; j < 8; j++) {
+      double a[RT];
+#pragma unroll
+      for (int i = 0; i < RT; i++) a[i] = v[i].value(j);
 #pragma unroll
       for (int s = 0; s < TT; s++) {
         if (s < active) {
           const double b = xb[x_index<BT>(8 * fq + j, 8 * s + fg)];
 #pragma unroll
-          for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], v[i][j], v[i + 1][j], b);
+          for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], a[i], a[i + 1], b);
         }
       }
     }
@@ -234,10 +285,11 @@ void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, con
             float* y, cudaStream_t stream, int token_tile) {
   if (token_tile != 0 && token_tile != kExpertTokens && token_tile != kMidTokens && token_tile != kDenseTokens)
     throw_error("matmul: token tile " + std::to_string(token_tile) + " (expected 16, 32 or 64)");
-  // The largest token tile that still fills the GPU: 64-token tiles when they give two blocks per
-  // SM, else 32-token tiles when they give one, else 16 (small matrices — router, shared expert —
-  // and short chunks). Smaller tiles dequantise each weight for fewer tokens, but too few blocks
-  // leave SMs idle or alone with one block's latency.
+  // The largest token tile that gives at least half a block per SM: 64 tokens, else 32, else 16
+  // (small matrices — router, shared expert — and short chunks). Smaller tiles dequantise each
+  // weight for fewer tokens; too few blocks leave SMs idle. (On the H200, 2048-row products of a
+  // 512-token chunk, 128 blocks, took as long with 64-token tiles as with 32, and 4096-row ones,
+  // 256 blocks, 27 % less with 64.)
   static const int sms = [] {
     int dev = 0, n = 0;
     RL_CUDA_CHECK(cudaGetDevice(&dev));
@@ -246,9 +298,9 @@ void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, con
   }();
   const long row_blocks = (rows + kWarps * kDenseRowTiles * 8 - 1) / (kWarps * kDenseRowTiles * 8);
   auto blocks = [&](int bt) { return row_blocks * ((T + bt - 1) / bt); };
-  if (token_tile == 0) token_tile = blocks(kDenseTokens) >= 2L * sms ? kDenseTokens
-                                    : blocks(kMidTokens) >= sms     ? kMidTokens
-                                                                    : kExpertTokens;
+  if (token_tile == 0) token_tile = 2 * blocks(kDenseTokens) >= sms ? kDenseTokens
+                                    : 2 * blocks(kMidTokens) >= sms   ? kMidTokens
+                                                                      : kExpertTokens;
   if (token_tile == kDenseTokens)
     launch<kDenseTokens, kDenseRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
                                          stream);
