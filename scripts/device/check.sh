@@ -15,7 +15,9 @@
 #   NCU=1 adds per-kernel GPU times with Nsight Compute over a short bench ($OUT/ncu-kernels.csv.gz;
 #   NCU_PREFILL sets its prefill tokens, NCU_COUNT the most kernels profiled).
 #   NCU_DETAIL=1 adds Nsight Compute's detailed sections for the decode products and the prefill
-#   kernels (NCU_DECODE_RE / NCU_PREFILL_RE pick kernels by name, NCU_*_COUNT how many).
+#   kernels (NCU_DECODE_RE / NCU_PREFILL_RE pick kernels by name, NCU_*_COUNT how many,
+#   NCU_PREFILL_SKIP how many matching launches to pass over first: the bench's 16-token prompt
+#   and decode come before its prefill).
 #   SASS=1 writes the decode products' machine code (cuobjdump) to $OUT.
 #   BENCH_ENV_B="VAR=value ..." repeats the all-resident bench under those variables (A/B).
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
@@ -131,7 +133,7 @@ if [ "${NCU_DETAIL:-0}" = 1 ]; then
     "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 16 --json
   "$NCU_BIN" --import /tmp/rl-ncu-d.ncu-rep --csv --page details > "$OUT/ncu-detail-decode.csv" 2>&1
   step ncu-detail-prefill timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_PREFILL_RE:-matmul_kernel|recurrence|gated_attention}" \
-    --launch-count ${NCU_PREFILL_COUNT:-40} -o /tmp/rl-ncu-p -f \
+    --launch-skip ${NCU_PREFILL_SKIP:-0} --launch-count ${NCU_PREFILL_COUNT:-40} -o /tmp/rl-ncu-p -f \
     "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 512 --json
   "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page details > "$OUT/ncu-detail-prefill.csv" 2>&1
   gzip -f "$OUT"/ncu-detail-*.csv

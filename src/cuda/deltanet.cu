@@ -131,18 +131,6 @@ __device__ __forceinline__ void l2_normalise4(float (&x)[4], float eps, float sc
   for (int i = 0; i < 4; i++) x[i] = __fmul_rn((float)(x[i] * inv), scale);
 }
 
-// (double)(float)x without the two conversions: Veltkamp's split x·(2^29 + 1) keeps the top 24
-// bits of x rounded to nearest, ties to even — the fp32 rounding — wherever fp32 is normal
-// (checked against the conversions on every normal binade, ties and carries included); zero, the
-// fp32 subnormal range and beyond take the conversions. The _rn intrinsics keep the compiler from
-// fusing the product into the difference.
-__device__ __forceinline__ double round_to_fp32(double x) {
-  const double g = __dmul_rn(x, 536870913.0);
-  const double h = __dsub_rn(g, __dsub_rn(g, x));
-  const double a = fabs(x);
-  return a >= 0x1p-126 && a < 0x1p127 ? h : (double)(float)x;
-}
-
 template <int DK, bool NORM>
 __global__ void __launch_bounds__(32 * kRecurrenceWarps)
     recurrence_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
