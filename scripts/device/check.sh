@@ -14,7 +14,8 @@
 #   BENCH_REPS=N sets the all-resident bench's --reps (default 3).
 #   NCU=1 adds per-kernel GPU times with Nsight Compute over a short bench ($OUT/ncu-kernels.csv.gz;
 #   NCU_PREFILL sets its prefill tokens, NCU_COUNT the most kernels profiled).
-#   NCU_DETAIL=1 adds Nsight Compute's detailed sections for the decode products and the prefill
+#   NCU_DETAIL=1 (or =decode, =prefill for one of them) adds Nsight Compute's detailed sections
+#   for the decode products and the prefill
 #   kernels (NCU_DECODE_RE / NCU_PREFILL_RE pick kernels by name, NCU_*_COUNT how many,
 #   NCU_PREFILL_SKIP how many matching launches to pass over first: the bench's 16-token prompt
 #   and decode come before its prefill).
@@ -126,16 +127,16 @@ if [ "${NCU:-0}" = 1 ]; then
 fi
 # Nsight Compute detail sections (occupancy, stall reasons, pipes, memory) for the decode products
 # and the prefill kernels: $OUT/ncu-detail-{decode,prefill}.csv.gz.
-if [ "${NCU_DETAIL:-0}" = 1 ]; then
+if [ "${NCU_DETAIL:-0}" != 0 ]; then
   NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  step ncu-detail-decode timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_DECODE_RE:-gate_up_kernel|matvec_kernel|route_kernel|combine_norm}" \
+  [ "$NCU_DETAIL" = prefill ] || step ncu-detail-decode timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_DECODE_RE:-gate_up_kernel|matvec_kernel|route_kernel|combine_norm}" \
     --launch-count ${NCU_DECODE_COUNT:-150} -o /tmp/rl-ncu-d -f \
     "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 16 --json
-  "$NCU_BIN" --import /tmp/rl-ncu-d.ncu-rep --csv --page details > "$OUT/ncu-detail-decode.csv" 2>&1
-  step ncu-detail-prefill timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_PREFILL_RE:-matmul_kernel|recurrence|gated_attention}" \
+  [ "$NCU_DETAIL" = prefill ] || "$NCU_BIN" --import /tmp/rl-ncu-d.ncu-rep --csv --page details > "$OUT/ncu-detail-decode.csv" 2>&1
+  [ "$NCU_DETAIL" = decode ] || step ncu-detail-prefill timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_PREFILL_RE:-matmul_kernel|recurrence|gated_attention}" \
     --launch-skip ${NCU_PREFILL_SKIP:-0} --launch-count ${NCU_PREFILL_COUNT:-40} -o /tmp/rl-ncu-p -f \
     "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 512 --json
-  "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page details > "$OUT/ncu-detail-prefill.csv" 2>&1
+  [ "$NCU_DETAIL" = decode ] || "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page details > "$OUT/ncu-detail-prefill.csv" 2>&1
   gzip -f "$OUT"/ncu-detail-*.csv
 fi
 rm -f $M80
