@@ -1,5 +1,6 @@
 // Gated causal attention with GQA over an fp32 KV cache, for one token (decode) or a chunk
-// (prefill). One block per (query token, head) streams the keys in steps of kTile = 32: each warp
+// (prefill). One block per head and QT query tokens (1 for decode, 4 for a chunk) streams the keys
+// in steps of kTile = 32: each warp
 // scores four keys, one warp takes the step's maximum and the 32 exponentials (once per key, not
 // once per thread), then every thread folds the step into its output dim with an online softmax
 // (running max and sum), so no score buffer of context length is needed. Scores, softmax and the
@@ -78,73 +79,115 @@ __global__ void __launch_bounds__(32) attention_prep_kernel(
 
 constexpr int kKeysPerWarp = 4;
 constexpr int kTile = kWarps * kKeysPerWarp;  // keys per step
+constexpr int kPrefillQueries = 4;            // query tokens per block for T > 1
 
+// QT consecutive query tokens of one head per block (prefill: 4; decode: 1). Every key and value
+// is read and converted once per block for all QT queries; each query keeps its own running max,
+// sum and output, and sees only its own keys: for query i, keys past its position are left out of
+// the step (a step wholly past it multiplies by exp(0) = 1 and adds nothing), so each query's
+// arithmetic is exactly what a block of its own would do.
+template <int QT>
 __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
-    const float* q, const float* gate, const float* kc, const float* vc, float* out, int n_head,
+    const float* q, const float* gate, const float* kc, const float* vc, float* out, int T, int n_head,
     int n_kv, int hd, int pos0, const int32_t* pos_dev, double scale) {
   pdl_trigger();  // the output projection follows
   if (pos_dev) pos0 = pos_dev[0];
-  const int h = blockIdx.x, t = blockIdx.y;
+  const int h = blockIdx.x, t0 = blockIdx.y * QT, nq = min(QT, T - t0);
   const int kvh = h / (n_head / n_kv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ float qs[kMaxHeadDim];
-  __shared__ double scores[kTile];
-  __shared__ double probs[kTile];
-  __shared__ double step[2];  // the step's new running max and the correction exp(m - m_new)
-  const float* qh = q + ((size_t)t * n_head + h) * hd;
-  for (int i = threadIdx.x; i < hd; i += kThreads) qs[i] = qh[i];
+  __shared__ double qs[QT][kMaxHeadDim];
+  __shared__ double scores[QT][kTile];
+  __shared__ double probs[QT][kTile];
+  __shared__ double step[QT][2];  // each query's new running max and the correction exp(m - m_new)
+  for (int i = threadIdx.x; i < QT * hd; i += kThreads) {
+    const int qi = i / hd, c = i % hd;
+    qs[qi][c] = qi < nq ? (double)q[((size_t)(t0 + qi) * n_head + h) * hd + c] : 0.0;
+  }
   __syncthreads();
 
-  const int n_keys = pos0 + t + 1;
+  int n_keys[QT];  // query i sees keys 0 .. pos0 + t0 + i
+#pragma unroll
+  for (int i = 0; i < QT; i++) n_keys[i] = pos0 + t0 + min(i, nq - 1) + 1;
+  const int n_all = n_keys[QT - 1];
   const size_t kv_row = (size_t)n_kv * hd;
   const int d = threadIdx.x;
-  double m = -INFINITY, l = 0.0, acc = 0.0;
-  for (int j0 = 0; j0 < n_keys; j0 += kTile) {
-    // Scores: warp w takes keys j0 + 4w .. j0 + 4w + 3, the four dot products side by side.
-    double s[kKeysPerWarp] = {};
+  double m[QT], l[QT], acc[QT];
+#pragma unroll
+  for (int i = 0; i < QT; i++) m[i] = -INFINITY, l[i] = 0.0, acc[i] = 0.0;
+  for (int j0 = 0; j0 < n_all; j0 += kTile) {
+    // Scores: warp w takes keys j0 + 4w .. j0 + 4w + 3, the four dot products side by side, for
+    // every query.
+    double s[kKeysPerWarp][QT] = {};
 #pragma unroll
     for (int kk = 0; kk < kKeysPerWarp; kk++) {
-      const int j = min(j0 + warp * kKeysPerWarp + kk, n_keys - 1);
+      const int j = min(j0 + warp * kKeysPerWarp + kk, n_all - 1);
       const float* kj = kc + (size_t)j * kv_row + (size_t)kvh * hd;
-      for (int i = lane; i < hd; i += 32) s[kk] = fma((double)qs[i], (double)kj[i], s[kk]);
+      for (int c = lane; c < hd; c += 32) {
+        const double kd = kj[c];
+#pragma unroll
+        for (int i = 0; i < QT; i++) s[kk][i] = fma(qs[i][c], kd, s[kk][i]);
+      }
     }
 #pragma unroll
-    for (int kk = 0; kk < kKeysPerWarp; kk++) {
-      s[kk] = warp_sum_d(s[kk]);
-      if (lane == 0) scores[warp * kKeysPerWarp + kk] = s[kk] * scale;
-    }
+    for (int kk = 0; kk < kKeysPerWarp; kk++)
+#pragma unroll
+      for (int i = 0; i < QT; i++) {
+        const double v = warp_sum_d(s[kk][i]);
+        if (lane == 0) scores[i][warp * kKeysPerWarp + kk] = v * scale;
+      }
     __syncthreads();
-    const int n = min(kTile, n_keys - j0);
-    // Warp 0: the step's max, then each key's exponential once (lane i: key j0 + i).
-    if (warp == 0) {
-      double tmax = lane < n ? scores[lane] : -INFINITY;
+    // Warp i (< QT): query i's step maximum, then each of its keys' exponential once (lane: key
+    // j0 + lane).
+    if (warp < QT) {
+      const int i = warp;
+      double mi = m[0];  // m[i] and n_keys[i] without indexing registers by a run-time value
+      int nk = n_keys[0];
+#pragma unroll
+      for (int k = 1; k < QT; k++)
+        if (i == k) mi = m[k], nk = n_keys[k];
+      const int n = min(kTile, nk - j0);
+      double tmax = lane < n ? scores[i][lane] : -INFINITY;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) tmax = fmax(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-      const double m_new = fmax(m, tmax);
-      probs[lane] = lane < n ? exp(scores[lane] - m_new) : 0.0;
-      if (lane == 0) step[0] = m_new, step[1] = exp(m - m_new);
+      const double m_new = fmax(mi, tmax);
+      probs[i][lane] = lane < n ? exp(scores[i][lane] - m_new) : 0.0;
+      if (lane == 0) step[i][0] = m_new, step[i][1] = exp(mi - m_new);
     }
     __syncthreads();
-    const double correction = step[1];
-    m = step[0];
-    l *= correction;
-    acc *= correction;
+    int n[QT];
+#pragma unroll
+    for (int i = 0; i < QT; i++) {
+      const double correction = step[i][1];
+      m[i] = step[i][0];
+      l[i] *= correction;
+      acc[i] *= correction;
+      n[i] = min(kTile, n_keys[i] - j0);
+    }
+    const int n_step = min(kTile, n_all - j0);
     float vv[kTile];
 #pragma unroll
     for (int w = 0; w < kTile; w++)
-      vv[w] = w < n && d < hd ? vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d] : 0.0f;
+      vv[w] = w < n_step && d < hd ? vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d] : 0.0f;
     // The sums in key order.
 #pragma unroll
     for (int w = 0; w < kTile; w++) {
-      if (w < n) {
-        l += probs[w];
-        if (d < hd) acc = fma(probs[w], (double)vv[w], acc);
+      const double vd = vv[w];
+#pragma unroll
+      for (int i = 0; i < QT; i++) {
+        if (w < n[i]) {
+          l[i] += probs[i][w];
+          if (d < hd) acc[i] = fma(probs[i][w], vd, acc[i]);
+        }
       }
     }
   }
   if (d < hd) {
-    const size_t o = ((size_t)t * n_head + h) * hd + d;
-    out[o] = __fmul_rn((float)(acc / l), sigmoid_f(gate[o]));
+#pragma unroll
+    for (int i = 0; i < QT; i++) {
+      if (i >= nq) break;
+      const size_t o = ((size_t)(t0 + i) * n_head + h) * hd + d;
+      out[o] = __fmul_rn((float)(acc[i] / l[i]), sigmoid_f(gate[o]));
+    }
   }
 }
 
@@ -179,9 +222,13 @@ void gated_attention(const float* q, const float* gate, const float* k_cache, co
     throw_error("attention: " + std::to_string(n_head) + " heads do not group over " +
                 std::to_string(n_kv) + " KV heads");
   if (T == 0) return;
-  gated_attention_kernel<<<dim3(n_head, T), kThreads, 0, stream>>>(q, gate, k_cache, v_cache, out,
-                                                                  n_head, n_kv, hd, pos0, pos_dev,
-                                                                  (double)scale);
+  if (T == 1)
+    gated_attention_kernel<1><<<dim3(n_head, 1), kThreads, 0, stream>>>(q, gate, k_cache, v_cache, out, T, n_head,
+                                                                       n_kv, hd, pos0, pos_dev, (double)scale);
+  else
+    gated_attention_kernel<kPrefillQueries><<<dim3(n_head, (T + kPrefillQueries - 1) / kPrefillQueries), kThreads, 0,
+                                              stream>>>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0,
+                                                        pos_dev, (double)scale);
   RL_CUDA_LAUNCH_CHECK();
 }
 

@@ -98,23 +98,19 @@ __global__ void conv_gates_kernel(const float* x, size_t x_stride, float* out, f
     gates_one(ba, dt_bias, ssm_a, beta, g, T, nk, nv, (blockIdx.x - conv_blocks) * blockDim.x + threadIdx.x);
 }
 
-constexpr int kRecurrenceWarps = 8;
-constexpr int kRowLanes = 16;                                     // lanes per row of S
-constexpr int kRecurrenceRows = kRecurrenceWarps * 32 / kRowLanes;  // rows of S per block
-constexpr int kStepGroup = 16;  // tokens whose k, q, v, decay and beta a block stages at a time
+constexpr int kRecurrenceWarps = 8;  // rows of S per block (all of one value head: dv % 8 == 0)
+constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a time
 
-// Half a warp per row of S (value head j, row r): lane l of the half keeps the DK/16 consecutive
-// state values starting at l*DK/16 in registers for the whole chunk, so the state is read and
-// written once per call with coalesced accesses, and the dv*nv rows of a layer run in parallel
-// (a block's 16 rows are of one head: dv % 16 == 0). Each token is a dependent step: decay, s·k
-// (double, a tree over the 16 lanes), the delta, the update and s·q (likewise).
+// One warp per row of S (value head j, row r): lane l keeps the DK/32 consecutive state values
+// starting at l*DK/32 in registers for the whole chunk, so the state is read and written once per
+// call with coalesced accesses, and the 32*dv*nv rows of a layer run in parallel. Each token is a
+// dependent step: decay, s·k (double, warp sum), the delta, the update and s·q (double, warp sum).
 //
 // The state values are fp32 values (the oracle stores the state as fp32 after each step) held in
-// double registers: each update is rounded to fp32 in place (round_to_fp32). The block converts
-// k and q to double once per token into shared memory (warp w stages tokens w, w + 8, ...), with
-// each token's decay exp(g), beta and the rows' v, instead of every row converting them: fp32 <->
-// fp64 conversions and shuffles, both at a quarter of the fp64 rate or less, were this kernel's
-// limit.
+// double registers: each update rounds to fp32 and back, and the products take them as they are.
+// The block's warps share a head, so k and q are converted to double once per block, kStepGroup
+// tokens at a time, into shared memory (warp w stages tokens w, w + 8, ...), instead of once per
+// warp: fp32<->fp64 conversions run at a quarter of the fp64 rate and were this kernel's limit.
 //
 // NORM (decode, DK = 128): q and k arrive as the conv wrote them and the staging warp
 // L2-normalises them (q then scaled by q_scale) with l2_norm_kernel's arithmetic on the same
@@ -136,72 +132,71 @@ __global__ void __launch_bounds__(32 * kRecurrenceWarps)
     recurrence_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       size_t stride, const float* __restrict__ beta, const float* __restrict__ g, float* S,
                       float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps) {
-  constexpr int P = DK / kRowLanes;  // state values per lane
-  constexpr int PS = DK / 32;        // k, q values per lane when staging
-  static_assert(!NORM || PS == 4, "the fused L2 norm takes four values per lane");
-  __shared__ double ks[kStepGroup][DK], qs[kStepGroup][DK], dec_s[kStepGroup], beta_s[kStepGroup];
-  __shared__ float v_s[kStepGroup][kRecurrenceRows];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rl = lane % kRowLanes;
-  const int row0 = blockIdx.x * kRecurrenceRows;  // first row (of nv*dv) of the block: the grid is exact
-  const int gr = row0 + threadIdx.x / kRowLanes;  // this half-warp's row
-  const int j = row0 / dv, kh = j / (nv / nk);
+  constexpr int P = DK / 32;
+  static_assert(!NORM || P == 4, "the fused L2 norm takes four values per lane");
+  __shared__ double ks[kStepGroup][DK], qs[kStepGroup][DK];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gw = blockIdx.x * kRecurrenceWarps + warp;  // < nv * dv: the launcher's grid is exact
+  const int j = gw / dv, row = gw % dv;
+  const int kh = j / (nv / nk);
   double s[P];
-  float* Sr = S + (size_t)gr * DK + rl * P;
+  float* Sr = S + (size_t)gw * DK + lane * P;
 #pragma unroll
-  for (int e = 0; e < P; e++) s[e] = Sr[e];
-  const size_t koff = (size_t)kh * DK + lane * PS;
+  for (int i = 0; i < P; i++) s[i] = Sr[i];
+  const size_t koff = (size_t)kh * DK + lane * P, voff = (size_t)j * dv + row;
   for (int t0 = 0; t0 < T; t0 += kStepGroup) {
     const int n = min(kStepGroup, T - t0);
-    __syncthreads();  // the previous group is no longer read
+    __syncthreads();  // the previous group's k and q are no longer read
     for (int i = warp; i < n; i += kRecurrenceWarps) {
-      float kk[PS], qq[PS];
+      float kk[P], qq[P];
 #pragma unroll
-      for (int e = 0; e < PS; e++)
+      for (int e = 0; e < P; e++)
         kk[e] = k[(size_t)(t0 + i) * stride + koff + e], qq[e] = q[(size_t)(t0 + i) * stride + koff + e];
       if constexpr (NORM) {
         l2_normalise4(kk, eps, 1.0f);
         l2_normalise4(qq, eps, q_scale);
       }
 #pragma unroll
-      for (int e = 0; e < PS; e++) ks[i][lane * PS + e] = kk[e], qs[i][lane * PS + e] = qq[e];
+      for (int e = 0; e < P; e++) ks[i][lane * P + e] = kk[e], qs[i][lane * P + e] = qq[e];
     }
-    for (int i = threadIdx.x; i < n * kRecurrenceRows; i += blockDim.x) {
-      const int t = i / kRecurrenceRows, r = i % kRecurrenceRows;
-      v_s[t][r] = v[(size_t)(t0 + t) * stride + row0 + r];
-    }
-    if ((int)threadIdx.x < n) {
-      dec_s[threadIdx.x] = exp((double)g[(size_t)(t0 + threadIdx.x) * nv + j]);
-      beta_s[threadIdx.x] = beta[(size_t)(t0 + threadIdx.x) * nv + j];
+    // Lane l fetches token t0+l's decay exp(g), beta and v up front, and the steps take them by
+    // shuffle, so the exponential and the scalar loads leave the dependent chain.
+    const int tl = t0 + lane;
+    double dec_l = 0.0, b_l = 0.0;
+    float v_l = 0.f;
+    if (lane < n) {
+      dec_l = exp((double)g[(size_t)tl * nv + j]);
+      b_l = beta[(size_t)tl * nv + j];
+      v_l = v[(size_t)tl * stride + voff];
     }
     __syncthreads();
     for (int i = 0; i < n; i++) {
-      const double decay = dec_s[i], bt = beta_s[i];
-      const float vt = v_s[i][threadIdx.x / kRowLanes];
+      const double decay = __shfl_sync(0xffffffffu, dec_l, i);
+      const double bt = __shfl_sync(0xffffffffu, b_l, i);
+      const float vt = __shfl_sync(0xffffffffu, v_l, i);
       double kd[P], qd[P];
 #pragma unroll
-      for (int e = 0; e < P; e++) kd[e] = ks[i][rl * P + e], qd[e] = qs[i][rl * P + e];
+      for (int e = 0; e < P; e++) kd[e] = ks[i][lane * P + e], qd[e] = qs[i][lane * P + e];
       double sk = 0.0;
 #pragma unroll
       for (int e = 0; e < P; e++) {
-        s[e] = round_to_fp32(s[e] * decay);
+        s[e] = (double)(float)(s[e] * decay);
         sk = fma(s[e], kd[e], sk);
       }
-#pragma unroll
-      for (int o = kRowLanes / 2; o > 0; o >>= 1) sk += __shfl_xor_sync(0xffffffffu, sk, o);
+      sk = warp_sum_d(sk);
       const double d = ((double)vt - sk) * bt;
       double o = 0.0;
 #pragma unroll
       for (int e = 0; e < P; e++) {
-        s[e] = round_to_fp32(fma(d, kd[e], s[e]));
+        s[e] = (double)(float)fma(d, kd[e], s[e]);
         o = fma(s[e], qd[e], o);
       }
-#pragma unroll
-      for (int m = kRowLanes / 2; m > 0; m >>= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
-      if (rl == 0) out[(size_t)(t0 + i) * nv * dv + gr] = (float)o;
+      o = warp_sum_d(o);
+      if (lane == 0) out[(size_t)(t0 + i) * nv * dv + voff] = (float)o;
     }
   }
 #pragma unroll
-  for (int e = 0; e < P; e++) Sr[e] = (float)s[e];
+  for (int i = 0; i < P; i++) Sr[i] = (float)s[i];
 }
 
 }  // namespace
@@ -248,10 +243,10 @@ void deltanet_recurrence(const float* q, const float* k, const float* v, size_t 
                          const float* beta, const float* g, float* S, float* out, int T, int nk,
                          int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm) {
   if (T == 0) return;
-  if (dv % kRecurrenceRows != 0)
+  if (dv % kRecurrenceWarps != 0)
     throw_error("deltanet: value head dim " + std::to_string(dv) + " is not a multiple of " +
-                std::to_string(kRecurrenceRows));
-  const unsigned blocks = (unsigned)(nv * dv / kRecurrenceRows);
+                std::to_string(kRecurrenceWarps));
+  const unsigned blocks = (unsigned)(nv * dv / kRecurrenceWarps);
   const float q_scale = norm ? norm->q_scale : 1.0f, eps = norm ? norm->eps : 0.0f;
   auto launch = [&](auto kernel) {
     kernel<<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale,

@@ -28,18 +28,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// (double)(float)x without the two conversions: Veltkamp's split x·(2^29 + 1) keeps the top 24
-// bits of x rounded to nearest, ties to even — the fp32 rounding — wherever fp32 is normal
-// (tests/cuda/round_test.cu checks it against them on every binade, ties and carries included); zero, the
-// fp32 subnormal range and beyond take the conversions. The _rn intrinsics keep the compiler from
-// fusing the product into the difference.
-__device__ __forceinline__ double round_to_fp32(double x) {
-  const double g = __dmul_rn(x, 536870913.0);
-  const double h = __dsub_rn(g, __dsub_rn(g, x));
-  const double a = fabs(x);
-  return a >= 0x1p-126 && a < 0x1p127 ? h : (double)(float)x;
-}
-
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
