@@ -64,10 +64,11 @@ void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const
                             int cols, const float* x, float* act, float* scratch, int n, cudaStream_t stream);
 
 // ---- matmul.cu: prefill products (T tokens) -----------------------------------------------------
-// Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows]. token_tile (16, 32 or 64) forces the
-// tokens per block (tests); 0 picks by the matrix's and the GPU's size.
+// Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows]. token_tile (16, 32 or 64) and k_splits
+// (1, 2 or 4 blocks summing parts of the columns; more than 1 needs compute capability 9.0) force
+// the kernel's shape (tests); 0 picks by the matrix's and the GPU's size.
 void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
-            float* y, cudaStream_t stream, int token_tile = 0);
+            float* y, cudaStream_t stream, int token_tile = 0, int k_splits = 0);
 // Grouped by expert: group g (of n) multiplies rows [row_off[g], row_off[g] + row_cnt[g]) of X by
 // W_g = slot_ptrs[g] + w_offset into the same rows of Y. slot_ptrs, row_off, row_cnt live on the
 // device; max_cnt bounds row_cnt (sizes the grid).

@@ -19,6 +19,8 @@
 // 32-token ones for such groups); in every tile, 8-token sub-tiles that lie wholly past the
 // group's last token are neither staged nor multiplied. The next step's activations (and the IQ
 // types' raw weight fields) are read into registers during the current step.
+#include <cooperative_groups.h>
+
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/quant_device.cuh"
@@ -122,7 +124,12 @@ struct WeightFetch<T> {
   __device__ static Chunk zero() { return {make_uint2(0, 0), 0.0, 0.0}; }
 };
 
-template <GgmlType T, int BT, int RT>
+// S > 1 (dense products whose grid would leave SMs idle): the columns are split over a cluster of S
+// blocks (blockIdx.x = row block · S + split), each summing its share; block 0 of the cluster then
+// adds the others' partial sums in split order through distributed shared memory, one 8-token
+// sub-tile at a time through the activation buffers (free by then), so the result does not
+// depend on scheduling.
+template <GgmlType T, int BT, int RT, int S>
 __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
     int cols, const float* x, const int* row_off, const int* row_cnt, int n_tokens, float* y) {
@@ -142,7 +149,11 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
   // Tokens of this tile that exist; sub-tiles j < active hold at least one of them (block-uniform).
   const int tile_n = min(BT, cnt - tile_t);
   const int active = (tile_n + 7) / 8;
-  const int r0 = blockIdx.x * kTileRows;
+  const int split = (int)blockIdx.x % S;
+  const int r0 = (int)blockIdx.x / S * kTileRows;
+  // This block's columns: whole steps of kTileK, split as evenly as they go.
+  const int steps = cols / kTileK, per = (steps + S - 1) / S;
+  const int k_begin = min(steps, split * per) * kTileK, k_end = min(steps, (split + 1) * per) * kTileK;
   const uint8_t* base = slot_ptrs ? slot_ptrs[g] + w_offset : w;
   const float* xg = x + (size_t)(t0_group + tile_t) * cols;
   float* yg = y + (size_t)t0_group * rows;
@@ -183,9 +194,9 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
     for (int i = 0; i < RT; i++)
       if (w_valid[i]) wf[i].fetch(wrow[i], k0 / 8 + fq);
   };
-  if (kAhead) fetch(0);
+  if (kAhead && k_begin < k_end) fetch(k_begin);
   int buf = 0;
-  for (int k0 = 0; k0 < cols; k0 += kTileK, buf ^= 1) {
+  for (int k0 = k_begin; k0 < k_end; k0 += kTileK, buf ^= 1) {
     // Activations of the active sub-tiles: active·8 × 32 floats in float4 pieces, 8 per token;
     // tokens past the end (inside the last partial sub-tile) are zero.
     double* xb = xs[buf];
@@ -213,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
     typename WeightFetch<T>::Chunk v[RT];
 #pragma unroll
     for (int i = 0; i < RT; i++) v[i] = w_valid[i] ? wf[i].decode(wrow[i], k0 / 8 + fq, tab) : WeightFetch<T>::zero();
-    if (kAhead && k0 + kTileK < cols) fetch(k0 + kTileK);
+    if (kAhead && k0 + kTileK < k_end) fetch(k0 + kTileK);
     __syncthreads();
     // mma j covers the step's columns j, 8+j, 16+j, 24+j: lane (g, q) supplies column 8q + j.
 #pragma unroll
@@ -230,6 +241,35 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
         }
       }
     }
+  }
+  if constexpr (S > 1) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    double* part = &xs[0][0];  // RT·2 doubles per thread: 8 KiB, within xs for every BT
+    static_assert(sizeof xs >= kThreads * RT * 2 * sizeof(double), "the partial sums fit in xs");
+#pragma unroll
+    for (int s = 0; s < TT; s++) {
+      if (s >= active) continue;  // block-uniform, and the same in every block of the cluster
+      cluster.sync();  // xs is no longer read (products, or the previous sub-tile's sums)
+      if (split != 0) {
+#pragma unroll
+        for (int i = 0; i < RT; i++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) part[(i * 2 + e) * kThreads + tid] = acc[i][s][e];
+      }
+      cluster.sync();
+      if (split == 0) {
+        for (int r = 1; r < S; r++) {
+          const double* remote = cluster.map_shared_rank(part, r);
+#pragma unroll
+          for (int i = 0; i < RT; i++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) acc[i][s][e] += remote[(i * 2 + e) * kThreads + tid];
+        }
+      }
+    }
+    cluster.sync();  // no block leaves while block 0 may still read its shared memory
+    if (split != 0) return;
   }
   // D fragment: row warp_r + 8i + fg, tokens 8s + 2fq + {0, 1}.
 #pragma unroll
@@ -248,18 +288,36 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
   }
 }
 
-template <int BT, int RT>
+template <int BT, int RT, int S = 1>
 void launch(GgmlType t, const void* w, const uint8_t* const* slot_ptrs, size_t w_offset,
             size_t row_bytes, int rows, int cols, const float* x, const int* row_off,
             const int* row_cnt, int n_groups, int max_tokens, float* y, cudaStream_t stream) {
   if (cols % kTileK != 0) throw_error("matmul: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kTileK));
   if (rows == 0 || n_groups == 0 || max_tokens == 0) return;
   constexpr int kTileRows = kWarps * RT * 8;
-  const dim3 grid((rows + kTileRows - 1) / kTileRows, (max_tokens + BT - 1) / BT, n_groups);
+  const dim3 grid((rows + kTileRows - 1) / kTileRows * S, (max_tokens + BT - 1) / BT, n_groups);
   const bool ok = dispatch_type(t, [&]<GgmlType T>() {
-    matmul_kernel<T, BT, RT><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(w), slot_ptrs,
-                                                              w_offset, row_bytes, rows, cols, x,
-                                                              row_off, row_cnt, max_tokens, y);
+    const uint8_t* wb = static_cast<const uint8_t*>(w);
+    if constexpr (S == 1) {
+      matmul_kernel<T, BT, RT, 1><<<grid, kThreads, 0, stream>>>(wb, slot_ptrs, w_offset, row_bytes, rows, cols, x,
+                                                                   row_off, row_cnt, max_tokens, y);
+    } else {
+      // Clusters of S blocks along x (the splits of one row block). Split blocks never return
+      // early: they are only launched for dense products (row_off null), whose tiles all hold tokens.
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kThreads);
+      cfg.stream = stream;
+      cudaLaunchAttribute attr;
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = S;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, matmul_kernel<T, BT, RT, S>, wb, slot_ptrs, w_offset, row_bytes, rows,
+                                       cols, x, row_off, row_cnt, max_tokens, y));
+    }
   });
   if (!ok) throw_error(std::string("matmul: weight type ") + type_name(t) + " is not supported by the CUDA backend");
   RL_CUDA_LAUNCH_CHECK();
@@ -277,39 +335,59 @@ __global__ void get_rows_kernel(const uint8_t* w, size_t row_bytes, int cols, co
   for (int j = 0; j < 8; j++) out[(size_t)t * cols + 8 * c + j] = v[j];
 }
 
+// A dense product with S column splits (1, 2 or 4).
+template <int BT, int RT>
+void launch_dense(int S, GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
+                  float* y, cudaStream_t stream) {
+  if (S == 4)
+    launch<BT, RT, 4>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y, stream);
+  else if (S == 2)
+    launch<BT, RT, 2>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y, stream);
+  else
+    launch<BT, RT, 1>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y, stream);
+}
+
 }  // namespace
 
 RL_QUANT_TABLES_UPLOADER(upload_quant_tables_matmul)
 
 void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
-            float* y, cudaStream_t stream, int token_tile) {
+            float* y, cudaStream_t stream, int token_tile, int k_splits) {
   if (token_tile != 0 && token_tile != kExpertTokens && token_tile != kMidTokens && token_tile != kDenseTokens)
     throw_error("matmul: token tile " + std::to_string(token_tile) + " (expected 16, 32 or 64)");
+  if (k_splits != 0 && k_splits != 1 && k_splits != 2 && k_splits != 4)
+    throw_error("matmul: " + std::to_string(k_splits) + " column splits (expected 1, 2 or 4)");
+  static const auto [sms, clusters] = [] {
+    int dev = 0, n = 0, major = 0;
+    RL_CUDA_CHECK(cudaGetDevice(&dev));
+    RL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    RL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return std::pair<int, bool>(n, major >= 9);
+  }();
   // The largest token tile that gives at least half a block per SM: 64 tokens, else 32, else 16
   // (small matrices — router, shared expert — and short chunks). Smaller tiles dequantise each
   // weight for fewer tokens; too few blocks leave SMs idle. (On the H200, 2048-row products of a
   // 512-token chunk, 128 blocks, took as long with 64-token tiles as with 32, and 4096-row ones,
-  // 256 blocks, 27 % less with 64.)
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    RL_CUDA_CHECK(cudaGetDevice(&dev));
-    RL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
+  // 256 blocks, 27 % less with 64.) Fewer blocks than SMs left: the columns are split over
+  // clusters of 2 or 4 blocks (compute capability 9.0), each split at least two steps long.
   const long row_blocks = (rows + kWarps * kDenseRowTiles * 8 - 1) / (kWarps * kDenseRowTiles * 8);
   auto blocks = [&](int bt) { return row_blocks * ((T + bt - 1) / bt); };
   if (token_tile == 0) token_tile = 2 * blocks(kDenseTokens) >= sms ? kDenseTokens
                                     : 2 * blocks(kMidTokens) >= sms   ? kMidTokens
                                                                       : kExpertTokens;
+  const int steps = cols / kTileK;
+  if (k_splits == 0) {
+    const long b = blocks(token_tile);
+    k_splits = !clusters || b >= sms ? 1 : 2 * b >= sms ? 2 : 4;
+    while (k_splits > 1 && 2 * k_splits > steps) k_splits /= 2;
+  }
+  if (k_splits > 1 && !clusters) throw_error("matmul: column splits need compute capability 9.0");
   if (token_tile == kDenseTokens)
-    launch<kDenseTokens, kDenseRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
-                                         stream);
+    launch_dense<kDenseTokens, kDenseRowTiles>(k_splits, t, w, row_bytes, rows, cols, x, T, y, stream);
   else if (token_tile == kMidTokens)
-    launch<kMidTokens, kDenseRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
-                                       stream);
+    launch_dense<kMidTokens, kDenseRowTiles>(k_splits, t, w, row_bytes, rows, cols, x, T, y, stream);
   else
-    launch<kExpertTokens, kExpertRowTiles>(t, w, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr, 1, T, y,
-                                           stream);
+    launch_dense<kExpertTokens, kExpertRowTiles>(k_splits, t, w, row_bytes, rows, cols, x, T, y, stream);
 }
 
 void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,

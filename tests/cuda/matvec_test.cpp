@@ -68,7 +68,8 @@ TEST_F(CudaKernels, MatvecMatchesCpuForEveryTypeAndShape) {
 }
 
 // Every output is the fp32 rounding of the exact sum (exact products, double sums), for every
-// type, token counts that leave partial tiles, and each token tile the kernel has (0: its own pick).
+// type, token counts that leave partial tiles, each token tile the kernel has, with and without
+// column splits (0, 0: its own pick; 512 columns in 4 splits are 4 steps each, 2048 in 2 are 32).
 TEST_F(CudaKernels, MatmulMatchesCpuForEveryTypeAndTokenCount) {
   const int token_counts[] = {2, 17, 64, 130};
   for (GgmlType t : kTypes) {
@@ -79,10 +80,11 @@ TEST_F(CudaKernels, MatmulMatchesCpuForEveryTypeAndTokenCount) {
       auto x = random_floats((size_t)T * s.cols, 8 + T);
       auto dw = to_device(w);
       auto dx = to_device(x);
-      for (int tile : {0, 16, 32, 64}) {
-        SCOPED_TRACE(std::string(type_name(t)) + " T=" + std::to_string(T) + " tile=" + std::to_string(tile));
+      for (auto [tile, splits] : {std::pair{0, 0}, {16, 1}, {32, 1}, {64, 1}, {16, 4}, {64, 2}}) {
+        SCOPED_TRACE(std::string(type_name(t)) + " T=" + std::to_string(T) + " tile=" + std::to_string(tile) +
+                     " splits=" + std::to_string(splits));
         cuda::DeviceBuffer dy((size_t)T * s.rows * sizeof(float));
-        cuda::matmul(t, dw.get(), rb, s.rows, s.cols, dx.f(), T, dy.f(), nullptr, tile);
+        cuda::matmul(t, dw.get(), rb, s.rows, s.cols, dx.f(), T, dy.f(), nullptr, tile, splits);
         auto y = to_host<float>(dy, (size_t)T * s.rows);
         for (int tok = 0; tok < T; tok++)
           for (int r = 0; r < s.rows; r++) {
