@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
   for (int j0 = 0; j0 < n_all; j0 += kTile) {
     // Scores: warp w takes keys j0 + 4w .. j0 + 4w + 3, the four dot products side by side, for
     // every query.
-    double s[kKeysPerWarp][QT] = {};
+    double s[kKeysPerWarp * QT] = {};  // key kk, query i at kk·QT + i
 #pragma unroll
     for (int kk = 0; kk < kKeysPerWarp; kk++) {
       const int j = min(j0 + warp * kKeysPerWarp + kk, n_all - 1);
@@ -125,16 +125,14 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
       for (int c = lane; c < hd; c += 32) {
         const double kd = kj[c];
 #pragma unroll
-        for (int i = 0; i < QT; i++) s[kk][i] = fma(qs[i][c], kd, s[kk][i]);
+        for (int i = 0; i < QT; i++) s[kk * QT + i] = fma(qs[i][c], kd, s[kk * QT + i]);
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < kKeysPerWarp; kk++)
-#pragma unroll
-      for (int i = 0; i < QT; i++) {
-        const double v = warp_sum_d(s[kk][i]);
-        if (lane == 0) scores[i][warp * kKeysPerWarp + kk] = v * scale;
-      }
+    {
+      int p;
+      const double v = warp_sum_scatter(s, lane, p);
+      if (lane % (32 / (kKeysPerWarp * QT)) == 0) scores[p % QT][warp * kKeysPerWarp + p / QT] = v * scale;
+    }
     __syncthreads();
     // Warp i (< QT): query i's step maximum, then each of its keys' exponential once (lane: key
     // j0 + lane).

@@ -768,6 +768,10 @@ void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const fl
     matvec_gate_up(gate.type, gate.cols, &j, 1, stream_);
     return;
   }
+  if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows) {
+    matmul_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, x, T, act, stream_);
+    return;
+  }
   project(gate, x, T, act);
   project(up, x, T, up_out);
   swiglu(act, up_out, act, (size_t)T * gate.rows, stream_);
@@ -803,15 +807,20 @@ void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std:
       max_cnt = std::max(max_cnt, group_rows[g]);
     }
     RL_CUDA_CHECK(cudaMemcpyAsync(off_d, off_h, 2 * n * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    matmul_experts(gv.type, ptr_d, 0, gv.row_bytes, ff, n_embd, xg_buf_.f(), off_d, off_d + n, n, max_cnt,
-                   g_buf_.f(), stream_);
-    matmul_experts(uv.type, ptr_d, moe.up_offset, uv.row_bytes, ff, n_embd, xg_buf_.f(), off_d, off_d + n, n,
-                   max_cnt, u_buf_.f(), stream_);
-    // SwiGLU over exactly this batch's rows (contiguous: groups are in gathered order).
-    const size_t row0 = (size_t)group_offset[0];
-    size_t rows = 0;
-    for (int g = 0; g < n; g++) rows += group_rows[g];
-    swiglu(g_buf_.f() + row0 * ff, u_buf_.f() + row0 * ff, g_buf_.f() + row0 * ff, rows * ff, stream_);
+    if (gv.type == uv.type && gv.row_bytes == uv.row_bytes) {
+      matmul_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xg_buf_.f(), off_d,
+                             off_d + n, n, max_cnt, g_buf_.f(), stream_);
+    } else {
+      matmul_experts(gv.type, ptr_d, 0, gv.row_bytes, ff, n_embd, xg_buf_.f(), off_d, off_d + n, n, max_cnt,
+                     g_buf_.f(), stream_);
+      matmul_experts(uv.type, ptr_d, moe.up_offset, uv.row_bytes, ff, n_embd, xg_buf_.f(), off_d, off_d + n, n,
+                     max_cnt, u_buf_.f(), stream_);
+      // SwiGLU over exactly this batch's rows (contiguous: groups are in gathered order).
+      const size_t row0 = (size_t)group_offset[0];
+      size_t rows = 0;
+      for (int g = 0; g < n; g++) rows += group_rows[g];
+      swiglu(g_buf_.f() + row0 * ff, u_buf_.f() + row0 * ff, g_buf_.f() + row0 * ff, rows * ff, stream_);
+    }
     matmul_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, g_buf_.f(), off_d, off_d + n, n,
                    max_cnt, y_buf_.f(), stream_);
   }

@@ -75,6 +75,14 @@ void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, con
 void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
                     int rows, int cols, const float* x, const int* row_off, const int* row_cnt,
                     int n, int max_cnt, float* y, cudaStream_t stream);
+// A SwiGLU pair in one product: act[t][r] = SiLU(gate[r,:] · X[t,:]) * (up[r,:] · X[t,:]), bit for
+// bit what the two products and swiglu give. gate and up have one type and one row size; for
+// experts they are slot_ptrs[g] + gate_offset / up_offset, over the groups as in matmul_experts.
+void matmul_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
+                    const float* x, int T, float* act, cudaStream_t stream);
+void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset, size_t up_offset,
+                            size_t row_bytes, int rows, int cols, const float* x, const int* row_off,
+                            const int* row_cnt, int n, int max_cnt, float* act, cudaStream_t stream);
 
 // out[t][:] = dequantised row ids[t] of W [n_rows][cols] (the token embedding).
 void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32_t* ids, int T,

@@ -34,6 +34,36 @@ __device__ __forceinline__ double warp_sum_d(double v) {
   return v;
 }
 
+// The warp sums of N values (N a power of two up to 32) at once: each halving step sends half of
+// the values still held to the partner lane and keeps the other half, so the N sums take
+// N - 1 + log2(32 / N) shuffles instead of 5 N. Returns the sum of v[p] over the warp, p set per
+// lane (lanes 32/N apart hold different p). Every sum is formed in warp_sum_d's tree, pair by pair
+// (each addition is own + partner, commutative), so each result is bit for bit warp_sum_d's.
+template <int N, int O = 16>
+__device__ __forceinline__ double warp_sum_scatter(const double (&v)[N], int lane, int& p) {
+  static_assert(N >= 1 && N <= 2 * O && (N & (N - 1)) == 0, "N is a power of two up to 32");
+  if constexpr (N == 1) {
+    double x = v[0];
+#pragma unroll
+    for (int o = O; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    if constexpr (O == 16) p = 0;
+    return x;
+  } else {
+    constexpr int h = N / 2;
+    const bool upper = (lane & O) != 0;
+    double half[h];
+#pragma unroll
+    for (int m = 0; m < h; m++) {
+      const double send = upper ? v[m] : v[m + h], keep = upper ? v[m + h] : v[m];
+      half[m] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    int q = 0;
+    const double r = warp_sum_scatter<h, O / 2>(half, lane, q);
+    p = (upper ? h : 0) + q;
+    return r;
+  }
+}
+
 // NeoX rotation of the pair (x[i], x[i + half]) of a head at position pos (rope.cu explains the
 // arithmetic: the angle in fp32 as pos * theta_scale^i, cos/sin correctly rounded, the oracle's
 // fused products).

@@ -23,6 +23,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
+#include "cuda/math_device.cuh"
 #include "cuda/quant_device.cuh"
 
 namespace rl::cuda {
@@ -129,11 +130,17 @@ struct WeightFetch<T> {
 // adds the others' partial sums in split order through distributed shared memory, one 8-token
 // sub-tile at a time through the activation buffers (free by then), so the result does not
 // depend on scheduling.
-template <GgmlType T, int BT, int RT, int S>
-__global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_kernel(
+//
+// GU (a SwiGLU pair of one type and row size): row tile 0 of each warp is rows of the gate matrix
+// (w, or slot + w_offset), row tile 1 the same rows of the up matrix (w2, or slot + w2_offset),
+// so a lane holds both sums of each of its outputs and writes y = SiLU(gate) · up, as swiglu does.
+template <GgmlType T, int BT, int RT, int S, bool GU>
+__global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
-    int cols, const float* x, const int* row_off, const int* row_cnt, int n_tokens, float* y) {
-  constexpr int kTileRows = kWarps * RT * 8;
+    int cols, const float* x, const int* row_off, const int* row_cnt, int n_tokens, float* y,
+    const uint8_t* w2, size_t w2_offset) {
+  static_assert(!GU || RT == 2, "a gate/up pair is the warp's two row tiles");
+  constexpr int kTileRows = kWarps * (GU ? 1 : RT) * 8;
   constexpr int TT = BT / 8;  // 8-token sub-tiles
   __shared__ double xs[2][kXTileDoubles<BT>];
 
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int fg = lane >> 2, fq = lane & 3;  // fragment coordinates (see dmma_16x8x4)
-  const int warp_r = warp * (RT * 8);       // first tile row of this warp
+  const int warp_r = warp * ((GU ? 1 : RT) * 8);  // first tile row of this warp
   double acc[RT][TT][2] = {};
 
   // Row tile i of this warp: lane reads chunk fq of row warp_r + 8i + fg (zeros past `rows`).
@@ -169,9 +176,10 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
   bool w_valid[RT];
 #pragma unroll
   for (int i = 0; i < RT; i++) {
-    const int r = r0 + warp_r + 8 * i + fg;
+    const int r = r0 + warp_r + (GU ? 0 : 8 * i) + fg;
     w_valid[i] = r < rows;
-    wrow[i] = base + (size_t)(w_valid[i] ? r : 0) * row_bytes;
+    const uint8_t* b = GU && i == 1 ? (slot_ptrs ? slot_ptrs[g] + w2_offset : w2) : base;
+    wrow[i] = b + (size_t)(w_valid[i] ? r : 0) * row_bytes;
   }
 
   // A step's global reads (activations, and the integer form's weight fields) are issued together,
@@ -279,28 +287,36 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 3 : 2) matmul_
     for (int e = 0; e < 2; e++) {
       const int t = tile_t + 8 * s + 2 * fq + e;
       if (t >= cnt) continue;
+      if constexpr (GU) {
+        const int r = r0 + warp_r + fg;
+        if (r < rows) yg[(size_t)t * rows + r] = __fmul_rn(silu_f((float)acc[0][s][e]), (float)acc[1][s][e]);
+      } else {
 #pragma unroll
-      for (int i = 0; i < RT; i++) {
-        const int r = r0 + warp_r + 8 * i + fg;
-        if (r < rows) yg[(size_t)t * rows + r] = (float)acc[i][s][e];
+        for (int i = 0; i < RT; i++) {
+          const int r = r0 + warp_r + 8 * i + fg;
+          if (r < rows) yg[(size_t)t * rows + r] = (float)acc[i][s][e];
+        }
       }
     }
   }
 }
 
-template <int BT, int RT, int S = 1>
+template <int BT, int RT, int S = 1, bool GU = false>
 void launch(GgmlType t, const void* w, const uint8_t* const* slot_ptrs, size_t w_offset,
             size_t row_bytes, int rows, int cols, const float* x, const int* row_off,
-            const int* row_cnt, int n_groups, int max_tokens, float* y, cudaStream_t stream) {
+            const int* row_cnt, int n_groups, int max_tokens, float* y, cudaStream_t stream,
+            const void* w2 = nullptr, size_t w2_offset = 0) {
   if (cols % kTileK != 0) throw_error("matmul: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kTileK));
   if (rows == 0 || n_groups == 0 || max_tokens == 0) return;
-  constexpr int kTileRows = kWarps * RT * 8;
+  constexpr int kTileRows = kWarps * (GU ? 1 : RT) * 8;
+  const uint8_t* wb2 = static_cast<const uint8_t*>(w2);
   const dim3 grid((rows + kTileRows - 1) / kTileRows * S, (max_tokens + BT - 1) / BT, n_groups);
   const bool ok = dispatch_type(t, [&]<GgmlType T>() {
     const uint8_t* wb = static_cast<const uint8_t*>(w);
     if constexpr (S == 1) {
-      matmul_kernel<T, BT, RT, 1><<<grid, kThreads, 0, stream>>>(wb, slot_ptrs, w_offset, row_bytes, rows, cols, x,
-                                                                   row_off, row_cnt, max_tokens, y);
+      matmul_kernel<T, BT, RT, 1, GU><<<grid, kThreads, 0, stream>>>(wb, slot_ptrs, w_offset, row_bytes, rows, cols,
+                                                                       x, row_off, row_cnt, max_tokens, y, wb2,
+                                                                       w2_offset);
     } else {
       // Clusters of S blocks along x (the splits of one row block). Split blocks never return
       // early: they are only launched for dense products (row_off null), whose tiles all hold tokens.
@@ -315,8 +331,8 @@ void launch(GgmlType t, const void* w, const uint8_t* const* slot_ptrs, size_t w
       attr.val.clusterDim.z = 1;
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
-      RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, matmul_kernel<T, BT, RT, S>, wb, slot_ptrs, w_offset, row_bytes, rows,
-                                       cols, x, row_off, row_cnt, max_tokens, y));
+      RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, matmul_kernel<T, BT, RT, S, false>, wb, slot_ptrs, w_offset, row_bytes,
+                                       rows, cols, x, row_off, row_cnt, max_tokens, y, wb2, w2_offset));
     }
   });
   if (!ok) throw_error(std::string("matmul: weight type ") + type_name(t) + " is not supported by the CUDA backend");
@@ -395,6 +411,19 @@ void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset
                     int n, int max_cnt, float* y, cudaStream_t stream) {
   launch<kExpertTokens, kExpertRowTiles>(t, nullptr, slot_ptrs, w_offset, row_bytes, rows, cols, x,
                                          row_off, row_cnt, n, max_cnt, y, stream);
+}
+
+void matmul_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
+                    const float* x, int T, float* act, cudaStream_t stream) {
+  launch<kExpertTokens, kExpertRowTiles, 1, true>(t, gate, nullptr, 0, row_bytes, rows, cols, x, nullptr, nullptr,
+                                                  1, T, act, stream, up, 0);
+}
+
+void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset, size_t up_offset,
+                            size_t row_bytes, int rows, int cols, const float* x, const int* row_off,
+                            const int* row_cnt, int n, int max_cnt, float* act, cudaStream_t stream) {
+  launch<kExpertTokens, kExpertRowTiles, 1, true>(t, nullptr, slot_ptrs, gate_offset, row_bytes, rows, cols, x,
+                                                  row_off, row_cnt, n, max_cnt, act, stream, nullptr, up_offset);
 }
 
 void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32_t* ids, int T,

@@ -1,6 +1,7 @@
 // matvec / matmul / get_rows against the CPU reference dot products and dequantisation
 // (quant/quant.h), for every weight type the backend runs, at several shapes.
 #include <cmath>
+#include <cstring>
 
 #include "cuda/kernels.h"
 #include "common/error.h"
@@ -147,6 +148,57 @@ TEST_F(CudaKernels, ExpertProductsReadSlotsThroughPointers) {
           auto [ref, mag] = reference_dot(t, ws[e].data() + r * rb, xs.data() + (size_t)row * cols, cols);
           test::expect_fp32_rounding(ys[(size_t)row * rows + r], ref, mag, "matmul_experts", row * rows + r);
         }
+  }
+}
+
+// The fused SwiGLU pair gives bit for bit the two products (same token tile) and swiglu: dense,
+// and for experts whose gate and up sit in one slot; rows not a multiple of the kernel's 64.
+TEST_F(CudaKernels, GateUpProductsEqualTwoProductsAndSwiglu) {
+  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::Q4_K, GgmlType::F32}) {
+    const int rows = 70, cols = 512, n = 3;
+    const size_t rb = row_size(t, cols), mat = rb * rows;
+    for (int T : {5, 37}) {
+      SCOPED_TRACE(std::string(type_name(t)) + " T=" + std::to_string(T));
+      auto gate = random_rows(t, rows, cols, 40 + T), up = random_rows(t, rows, cols, 41 + T);
+      auto x = random_floats((size_t)T * cols, 42 + T);
+      auto dg = to_device(gate), du = to_device(up), dx = to_device(x);
+      cuda::DeviceBuffer da((size_t)T * rows * 4), db((size_t)T * rows * 4), dc((size_t)T * rows * 4);
+      cuda::matmul_gate_up(t, dg.get(), du.get(), rb, rows, cols, dx.f(), T, da.f(), nullptr);
+      cuda::matmul(t, dg.get(), rb, rows, cols, dx.f(), T, db.f(), nullptr, 16, 1);
+      cuda::matmul(t, du.get(), rb, rows, cols, dx.f(), T, dc.f(), nullptr, 16, 1);
+      cuda::swiglu(db.f(), dc.f(), db.f(), (size_t)T * rows, nullptr);
+      const auto fused = to_host<float>(da, (size_t)T * rows), two = to_host<float>(db, (size_t)T * rows);
+      for (size_t i = 0; i < fused.size(); i++) ASSERT_EQ(fused[i], two[i]) << "dense, value " << i;
+
+      // Experts: slot e holds gate_e at +0 and up_e at +mat; groups of T tokens each.
+      std::vector<uint8_t> pool((size_t)n * 2 * mat);
+      std::vector<std::vector<uint8_t>> gs, us;
+      for (int e = 0; e < n; e++) {
+        gs.push_back(random_rows(t, rows, cols, 60 + e)), us.push_back(random_rows(t, rows, cols, 70 + e));
+        std::memcpy(pool.data() + (size_t)e * 2 * mat, gs[e].data(), mat);
+        std::memcpy(pool.data() + (size_t)e * 2 * mat + mat, us[e].data(), mat);
+      }
+      auto dpool = to_device(pool);
+      std::vector<const uint8_t*> ptrs(n);
+      for (int e = 0; e < n; e++) ptrs[e] = dpool.get<uint8_t>() + (size_t)e * 2 * mat;
+      auto dptrs = to_device(ptrs);
+      std::vector<int> offcnt;
+      for (int e = 0; e < n; e++) offcnt.push_back(e * T);
+      for (int e = 0; e < n; e++) offcnt.push_back(T);
+      auto doc = to_device(offcnt);
+      auto xe = random_floats((size_t)n * T * cols, 43 + T);
+      auto dxe = to_device(xe);
+      const size_t out = (size_t)n * T * rows;
+      cuda::DeviceBuffer ea(out * 4), eb(out * 4), ec(out * 4);
+      const auto* p = dptrs.get<const uint8_t*>();
+      const int* oc = doc.get<int>();
+      cuda::matmul_experts_gate_up(t, p, 0, mat, rb, rows, cols, dxe.f(), oc, oc + n, n, T, ea.f(), nullptr);
+      cuda::matmul_experts(t, p, 0, rb, rows, cols, dxe.f(), oc, oc + n, n, T, eb.f(), nullptr);
+      cuda::matmul_experts(t, p, mat, rb, rows, cols, dxe.f(), oc, oc + n, n, T, ec.f(), nullptr);
+      cuda::swiglu(eb.f(), ec.f(), eb.f(), out, nullptr);
+      const auto efused = to_host<float>(ea, out), etwo = to_host<float>(eb, out);
+      for (size_t i = 0; i < out; i++) ASSERT_EQ(efused[i], etwo[i]) << "experts, value " << i;
+    }
   }
 }
 
