@@ -152,30 +152,28 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
       if (lane == 0) step[i][0] = m_new, step[i][1] = exp(mi - m_new);
     }
     __syncthreads();
-    int n[QT];
 #pragma unroll
     for (int i = 0; i < QT; i++) {
       const double correction = step[i][1];
       m[i] = step[i][0];
       l[i] *= correction;
       acc[i] *= correction;
-      n[i] = min(kTile, n_keys[i] - j0);
     }
     const int n_step = min(kTile, n_all - j0);
     float vv[kTile];
 #pragma unroll
     for (int w = 0; w < kTile; w++)
       vv[w] = w < n_step && d < hd ? vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d] : 0.0f;
-    // The sums in key order.
+    // The sums in key order. A key past query i's last (or past the step's end) has probs 0 and,
+    // past the step's end, v 0: adding p·v = ±0 and p = 0 leaves l and acc exactly as they were
+    // (acc starts at +0 and so is never -0), so no branch per key and query is needed.
 #pragma unroll
     for (int w = 0; w < kTile; w++) {
       const double vd = vv[w];
 #pragma unroll
       for (int i = 0; i < QT; i++) {
-        if (w < n[i]) {
-          l[i] += probs[i][w];
-          if (d < hd) acc[i] = fma(probs[i][w], vd, acc[i]);
-        }
+        l[i] += probs[i][w];
+        acc[i] = fma(probs[i][w], vd, acc[i]);
       }
     }
   }
