@@ -20,7 +20,6 @@
 // group's last token are neither staged nor multiplied. The next step's activations (and the IQ
 // types' raw weight fields) are read into registers during the current step.
 #include <cooperative_groups.h>
-#include <type_traits>
 
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
@@ -50,11 +49,6 @@ __device__ __forceinline__ int x_index(int k, int t) {
 }
 template <int BT>
 constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
-// x_index<BT>(8q + j, 8s + g) = x_index<BT>(8q, g) + x_offset<BT>(j, s) for j < 8.
-template <int BT>
-__device__ __forceinline__ constexpr int x_offset(int j, int s) {
-  return j * (BT + 4) + 2 * (j >> 2) + 8 * s;
-}
 
 // Two stacked 8×8 tiles: D0 += A0·B and D1 += A1·B, A0/A1 8×4 (row-major), B 4×8 (column-major),
 // all double, one warp. Fragments (PTX ISA), with g = lane/4, q = lane%4: a0 = A0[g][q],
@@ -241,29 +235,20 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
     if (kAhead && k0 + kTileK < k_end) fetch(k0 + kTileK);
     __syncthreads();
     // mma j covers the step's columns j, 8+j, 16+j, 24+j: lane (g, q) supplies column 8q + j.
-    // Every sub-tile active (the common case) takes a branch-free copy of the loop, so each A
-    // value is formed once per mma j rather than once per sub-tile.
-    const double* xq = xb + x_index<BT>(8 * fq, fg);  // (8q + j, 8s + g) is xq[x_offset<BT>(j, s)]
-    auto products = [&](auto all) {
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
-        double a[RT];
+    for (int j = 0; j < 8; j++) {
+      double a[RT];
 #pragma unroll
-        for (int i = 0; i < RT; i++) a[i] = v[i].value(j);
+      for (int i = 0; i < RT; i++) a[i] = v[i].value(j);
 #pragma unroll
-        for (int s = 0; s < TT; s++) {
-          if (all || s < active) {
-            const double b = xq[x_offset<BT>(j, s)];
+      for (int s = 0; s < TT; s++) {
+        if (s < active) {
+          const double b = xb[x_index<BT>(8 * fq + j, 8 * s + fg)];
 #pragma unroll
-            for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], a[i], a[i + 1], b);
-          }
+          for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], a[i], a[i + 1], b);
         }
       }
-    };
-    if (active == TT)
-      products(std::true_type{});
-    else
-      products(std::false_type{});
+    }
   }
   if constexpr (S > 1) {
     namespace cg = cooperative_groups;
