@@ -110,7 +110,8 @@ constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a
 // double registers: each update rounds to fp32 and back, and the products take them as they are.
 // The block's warps share a head, so k and q are converted to double once per block, kStepGroup
 // tokens at a time, into shared memory (warp w stages tokens w, w + 8, ...), instead of once per
-// warp: fp32<->fp64 conversions run at a quarter of the fp64 rate and were this kernel's limit.
+// warp (fp32<->fp64 conversions run at a quarter of the fp64 rate): 25.9 -> 22.6 ms per 512-token
+// chunk of the 80B model on the H200. The state's two roundings per value and step remain.
 //
 // NORM (decode, DK = 128): q and k arrive as the conv wrote them and the staging warp
 // L2-normalises them (q then scaled by q_scale) with l2_norm_kernel's arithmetic on the same

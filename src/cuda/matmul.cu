@@ -1,24 +1,28 @@
 // Prefill products: Y = X·Wᵀ for a batch of tokens, weights of any supported type.
 //
-// FP64 tensor cores (DMMA, mma.m16n8k4 f64 on compute capability 9.0, see dmma_16x8x4). The arithmetic is the oracle's: an fp32 weight times
-// an fp32 activation is exact in double, the products are summed in double (in DMMA's order, which
-// the oracle does not fix), only the sum is rounded to fp32. No reduced-precision format is used.
+// FP64 tensor cores (DMMA, mma.m16n8k4 f64 on compute capability 9.0, see dmma_16x8x4). The
+// arithmetic is the oracle's: an fp32 weight times an fp32 activation is exact in double, the
+// products are summed in double (in DMMA's order, which the oracle does not fix), only the sum is
+// rounded to fp32. No reduced-precision format is used. (The IQ types enter as w·2^-600 against
+// x·2^600: the same exact products, see WeightFetch.)
 //
-// A block computes RT·64 weight rows × BT tokens, stepping through the columns kTileK = 32 at a
-// time. Each of the 8 warps owns RT·8 rows and all BT tokens, as RT × BT/8 accumulator tiles of
-// 8×8. The weights never pass through shared memory: lane (g, q) = (lane/4, lane%4) dequantises
-// chunk q (columns 8q..8q+7 of the step) of row g of each of its row tiles, and those eight values
-// are exactly its A fragments for the step's eight k4 mma's once the step's columns are taken in
-// the order j, 8+j, 16+j, 24+j for mma j (a permutation of the sum, applied to both operands). The
-// activations are staged once per step in shared memory as double (fp32→fp64 conversion is exact
-// but slow, so each element is converted once per block), double-buffered so that one barrier per
-// step suffices.
+// A block computes RT·64 weight rows × BT tokens (a SwiGLU pair: 64 rows of each matrix),
+// stepping through the columns kTileK = 32 at a time. Each of the 8 warps owns RT·8 rows and all
+// BT tokens, as RT × BT/8 accumulator tiles of 8×8. The weights never pass through shared memory:
+// lane (g, q) = (lane/4, lane%4) dequantises chunk q (columns 8q..8q+7 of the step) of row g of
+// each of its row tiles, and those eight values are exactly its A fragments for the step's eight
+// k4 mma's once the step's columns are taken in the order j, 8+j, 16+j, 24+j for mma j (a
+// permutation of the sum, applied to both operands). The activations are staged once per step in
+// shared memory as double (fp32→fp64 conversion is exact but slow, so each element is converted
+// once per block), double-buffered so that one barrier per step suffices.
 //
-// Dense products use 64-, 32- or 16-token tiles (matmul() picks by block count). Experts see about T·k/n_expert tokens each (≈10 for a
-// 512-token chunk of the 80B model), so they use 16-token tiles (measured on an H200 faster than
-// 32-token ones for such groups); in every tile, 8-token sub-tiles that lie wholly past the
-// group's last token are neither staged nor multiplied. The next step's activations (and the IQ
-// types' raw weight fields) are read into registers during the current step.
+// Dense products use 64-, 32- or 16-token tiles (matmul() picks by block count) and, when even
+// then the grid leaves SMs idle, split their columns over clusters of 2 or 4 blocks. Experts see
+// about T·k/n_expert tokens each (≈10 for a 512-token chunk of the 80B model), so they use
+// 16-token tiles (measured on an H200 faster than 32-token ones for such groups); in every tile,
+// 8-token sub-tiles that lie wholly past the group's last token are neither staged nor
+// multiplied. With tiles of up to 32 tokens the next step's activations (and the IQ types' raw
+// weight fields) are read into registers during the current step.
 #include <cooperative_groups.h>
 
 #include "cuda/cuda_check.h"
@@ -53,10 +57,10 @@ constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
 // Two stacked 8×8 tiles: D0 += A0·B and D1 += A1·B, A0/A1 8×4 (row-major), B 4×8 (column-major),
 // all double, one warp. Fragments (PTX ISA), with g = lane/4, q = lane%4: a0 = A0[g][q],
 // a1 = A1[g][q], b = B[q][g], d0 = {D0[g][2q], D0[g][2q+1]}, d1 likewise. On compute capability
-// 9.0 this is one mma.m16n8k4 (A = A0 over A1, D = D0 over D1, the same fragments): Hopper runs
-// the 16-row FP64 shape at about twice the rate of the legacy m8n8k4 (which is capped near half of
-// the FP64 tensor peak there); before 9.0 it is two m8n8k4. Each D element is the same sum of four
-// exact double products plus the accumulator either way.
+// 9.0 this is one mma.m16n8k4 (A = A0 over A1, D = D0 over D1, the same fragments): on the H200
+// it took a 512-token chunk's products from 254 to 205 ms of kernels against the legacy m8n8k4
+// pair (docs/perf/cuda.md, fourth session); before 9.0 it is two m8n8k4. Each D element is the
+// same sum of four exact double products plus the accumulator either way.
 __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], double a0, double a1,
                                             double b) {
 #if __CUDA_ARCH__ >= 900
@@ -79,8 +83,9 @@ __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], do
 // u_j placed in the low word of a double is the subnormal u_j·2^-1074, the product and the sum
 // are exact (w_j has at most 24 significant bits), so fma returns w_j·2^-600 exactly — and the
 // activations are staged as x·2^600 (exact), so every product w_j·x is the same exact value as
-// before. One fma per weight replaces an int→fp32 and an fp32→fp64 conversion, which run at a
-// quarter of the fp64 rate and limited the expert products. Other types: chunk8, then to double.
+// before. One fma per weight replaces an int→fp32 and an fp32→fp64 conversion (which run at a
+// quarter of the fp64 rate; measured, they were not what limits the expert products). Other
+// types: chunk8, then to double.
 template <GgmlType T>
 constexpr double kXScale = kIntegerForm<T> ? 0x1p600 : 1.0;
 
