@@ -1,8 +1,8 @@
 // Gated causal attention with GQA over an fp32 KV cache, for one token (decode) or a chunk
 // (prefill). One block per head and QT query tokens (1 for decode, 4 for a chunk) streams the keys
-// in steps of kTile = 32: each warp
-// scores four keys, one warp takes the step's maximum and the 32 exponentials (once per key, not
-// once per thread), then every thread folds the step into its output dim with an online softmax
+// in steps of kTile = 32: each warp scores four keys for every query, warp i takes query i's step
+// maximum and 32 exponentials (once per key, not once per thread), then every thread folds the
+// step into its output dim with an online softmax
 // (running max and sum), so no score buffer of context length is needed. Scores, softmax and the
 // weighted sum are in double, as in the oracle (cpu/forward.cpp attention_layer).
 #include "cuda/cuda_check.h"
@@ -165,8 +165,10 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
     for (int w = 0; w < kTile; w++)
       vv[w] = w < n_step && d < hd ? vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d] : 0.0f;
     // The sums in key order. A key past query i's last (or past the step's end) has probs 0 and,
-    // past the step's end, v 0: adding p·v = ±0 and p = 0 leaves l and acc exactly as they were
-    // (acc starts at +0 and so is never -0), so no branch per key and query is needed.
+    // past the step's end, v 0, so adding p and p·v = ±0 leaves l and acc as they were (at most
+    // the sign of a zero acc changes) and no branch per key and query is needed. The keys past
+    // query i but in the block's range are later tokens' values: were one of them Inf or NaN,
+    // 0·v would carry it into query i's output, which its own decode call would not see.
 #pragma unroll
     for (int w = 0; w < kTile; w++) {
       const double vd = vv[w];

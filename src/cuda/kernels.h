@@ -76,7 +76,8 @@ void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset
                     int rows, int cols, const float* x, const int* row_off, const int* row_cnt,
                     int n, int max_cnt, float* y, cudaStream_t stream);
 // A SwiGLU pair in one product: act[t][r] = SiLU(gate[r,:] · X[t,:]) * (up[r,:] · X[t,:]), bit for
-// bit what the two products and swiglu give. gate and up have one type and one row size; for
+// bit what the two products with 16-token tiles and no column split, then swiglu, give (matmul's
+// own pick may split the columns, which moves a sum's rounding, not its exactness). gate and up have one type and one row size; for
 // experts they are slot_ptrs[g] + gate_offset / up_offset, over the groups as in matmul_experts.
 void matmul_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
                     const float* x, int T, float* act, cudaStream_t stream);

@@ -163,7 +163,8 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
   const int active = (tile_n + 7) / 8;
   const int split = (int)blockIdx.x % S;
   const int r0 = (int)blockIdx.x / S * kTileRows;
-  // This block's columns: whole steps of kTileK, split as evenly as they go.
+  // This block's columns: whole steps of kTileK, ceil(steps / S) a split; the last splits may be
+  // shorter or empty (an empty one adds zeros and still takes part in every cluster barrier).
   const int steps = cols / kTileK, per = (steps + S - 1) / S;
   const int k_begin = min(steps, split * per) * kTileK, k_end = min(steps, (split + 1) * per) * kTileK;
   const uint8_t* base = slot_ptrs ? slot_ptrs[g] + w_offset : w;
@@ -313,6 +314,7 @@ void launch(GgmlType t, const void* w, const uint8_t* const* slot_ptrs, size_t w
             const void* w2 = nullptr, size_t w2_offset = 0) {
   if (cols % kTileK != 0) throw_error("matmul: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kTileK));
   if (rows == 0 || n_groups == 0 || max_tokens == 0) return;
+  static_assert(!GU || S == 1, "SwiGLU pairs have no column-split launch");
   constexpr int kTileRows = kWarps * (GU ? 1 : RT) * 8;
   const uint8_t* wb2 = static_cast<const uint8_t*>(w2);
   const dim3 grid((rows + kTileRows - 1) / kTileRows * S, (max_tokens + BT - 1) / BT, n_groups);
@@ -390,7 +392,7 @@ void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, con
   // weight for fewer tokens; too few blocks leave SMs idle. (On the H200, 2048-row products of a
   // 512-token chunk, 128 blocks, took as long with 64-token tiles as with 32, and 4096-row ones,
   // 256 blocks, 27 % less with 64.) Fewer blocks than SMs left: the columns are split over
-  // clusters of 2 or 4 blocks (compute capability 9.0), each split at least two steps long.
+  // clusters of 2 or 4 blocks (compute capability 9.0), at most one split per two steps.
   const long row_blocks = (rows + kWarps * kDenseRowTiles * 8 - 1) / (kWarps * kDenseRowTiles * 8);
   auto blocks = [&](int bt) { return row_blocks * ((T + bt - 1) / bt); };
   if (token_tile == 0) token_tile = 2 * blocks(kDenseTokens) >= sms ? kDenseTokens

@@ -98,6 +98,29 @@ TEST_F(CudaKernels, MatmulMatchesCpuForEveryTypeAndTokenCount) {
 }
 
 // Experts addressed through slot pointers: three experts in shuffled slots, uneven token groups.
+// Column splits that do not divide the steps (types with 32-value blocks only: 288 columns are
+// 9 steps, in splits of 3, 3, 3, 0 and 5, 4): still the fp32 rounding of the exact sum.
+TEST_F(CudaKernels, MatmulUnevenColumnSplits) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::Q8_0}) {
+    const int rows = 40, cols = 288, T = 21;
+    const size_t rb = row_size(t, cols);
+    auto w = random_rows(t, rows, cols, 90);
+    auto x = random_floats((size_t)T * cols, 91);
+    auto dw = to_device(w), dx = to_device(x);
+    for (int splits : {2, 4}) {
+      SCOPED_TRACE(std::string(type_name(t)) + " splits=" + std::to_string(splits));
+      cuda::DeviceBuffer dy((size_t)T * rows * sizeof(float));
+      cuda::matmul(t, dw.get(), rb, rows, cols, dx.f(), T, dy.f(), nullptr, 16, splits);
+      auto y = to_host<float>(dy, (size_t)T * rows);
+      for (int tok = 0; tok < T; tok++)
+        for (int r = 0; r < rows; r++) {
+          auto [ref, mag] = reference_dot(t, w.data() + r * rb, x.data() + (size_t)tok * cols, cols);
+          test::expect_fp32_rounding(y[(size_t)tok * rows + r], ref, mag, "out", tok * rows + r);
+        }
+    }
+  }
+}
+
 TEST_F(CudaKernels, ExpertProductsReadSlotsThroughPointers) {
   for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::Q4_K}) {
     SCOPED_TRACE(type_name(t));
