@@ -12,8 +12,9 @@
 #
 #   ONLY_MAIN_BENCH=1 runs only the all-resident bench (no profile, sync or 8 GiB runs).
 #   BENCH_REPS=N sets the all-resident bench's --reps (default 3).
-#   NCU=1 adds per-kernel GPU times with Nsight Compute over a short bench ($OUT/ncu-kernels.csv.gz;
-#   NCU_PREFILL sets its prefill tokens, NCU_COUNT the most kernels profiled).
+#   NCU=1 adds per-kernel GPU times with Nsight Compute over a short bench ($OUT/ncu-kernels.csv.gz,
+#   summarised per forward pass in $OUT/ncu-summary.txt by ncu_summary.py; NCU_PREFILL sets its
+#   prefill tokens, NCU_COUNT the most kernels profiled).
 #   NCU_DETAIL=1 (or =decode, =prefill for one of them) adds Nsight Compute's detailed sections
 #   for the decode products and the prefill
 #   kernels (NCU_DECODE_RE / NCU_PREFILL_RE pick kernels by name, NCU_*_COUNT how many,
@@ -124,6 +125,9 @@ if [ "${NCU:-0}" = 1 ]; then
   "$NCU_BIN" --import /tmp/rl-ncu.ncu-rep --csv --print-units base --page raw \
     --metrics gpu__time_duration.sum > "$OUT/ncu-kernels.csv" 2> "$OUT/ncu-import.err"
   gzip -f "$OUT/ncu-kernels.csv"
+  # Per pass (prompt, decode tokens, prefill chunks): totals by kernel kind, the largest kernels.
+  command -v python3 > /dev/null && python3 "$ROOT/scripts/device/ncu_summary.py" "$OUT/ncu-kernels.csv.gz" \
+    > "$OUT/ncu-summary.txt" 2>&1
 fi
 # Nsight Compute detail sections (occupancy, stall reasons, pipes, memory) for the decode products
 # and the prefill kernels: $OUT/ncu-detail-{decode,prefill}.csv.gz.
