@@ -236,7 +236,7 @@ __device__ __forceinline__ uint2 iq2_signed_bytes(uint64_t grid, uint64_t masks)
 }
 // The byte masks of a 7-bit IQ2 sign code: byte j is 0xFF when ksigns(code) has bit j.
 __device__ __forceinline__ uint64_t iq2_sign_mask(int code) {
-  const int bits = code | ((__popc(code) & 1) << 7);
+  const int bits = ksigns(code);
   uint64_t m = 0;
   for (int j = 0; j < 8; j++)
     if ((bits >> j) & 1) m |= (uint64_t)0xFF << (8 * j);
