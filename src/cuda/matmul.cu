@@ -197,16 +197,23 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
   const int n_items = active * 8 * (kTileK / 4);
   float4 xr[kAhead ? kXItems : 1];
   WeightFetch<T> wf[RT];
-  auto fetch = [&](int k0) {  // (kAhead)
-#pragma unroll
-    for (int u = 0; u < kXItems; u++) {
-      const int i = tid + u * kThreads, t = i / (kTileK / 4), part = i % (kTileK / 4);
-      xr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < n_items && t < tile_n) xr[u] = *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part);
-    }
+  // Piece i of the step at column k0: 4 activations of token i / 8 (zeros past the tile's tokens,
+  // or when the piece is not `wanted`).
+  auto load_x = [&](int i, int k0, bool wanted) {
+    const int t = i / (kTileK / 4), part = i % (kTileK / 4);
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < tile_n && wanted) a = *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part);
+    return a;
+  };
+  auto fetch_weights = [&](int k0) {
 #pragma unroll
     for (int i = 0; i < RT; i++)
       if (w_valid[i]) wf[i].fetch(wrow[i], k0 / 8 + fq);
+  };
+  auto fetch = [&](int k0) {  // kAhead: the step's activations into registers, and its weights
+#pragma unroll
+    for (int u = 0; u < kXItems; u++) xr[u] = load_x(tid + u * kThreads, k0, tid + u * kThreads < n_items);
+    fetch_weights(k0);
   };
   if (kAhead && k_begin < k_end) fetch(k_begin);
   int buf = 0;
@@ -226,14 +233,8 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
       for (int u = 0; u < kXItems; u++)
         if (tid + u * kThreads < n_items) stage(tid + u * kThreads, xr[u]);
     } else {
-#pragma unroll
-      for (int i = 0; i < RT; i++)
-        if (w_valid[i]) wf[i].fetch(wrow[i], k0 / 8 + fq);
-      for (int i = tid; i < n_items; i += kThreads) {
-        const int t = i / (kTileK / 4), part = i % (kTileK / 4);
-        stage(i, t < tile_n ? *reinterpret_cast<const float4*>(xg + (size_t)t * cols + k0 + 4 * part)
-                            : make_float4(0.f, 0.f, 0.f, 0.f));
-      }
+      fetch_weights(k0);
+      for (int i = tid; i < n_items; i += kThreads) stage(i, load_x(i, k0, true));
     }
     typename WeightFetch<T>::Chunk v[RT];
 #pragma unroll
