@@ -27,6 +27,14 @@ namespace rl::cuda {
 // True when a CUDA device can be used (tests skip, front ends pick the CPU otherwise).
 bool device_available();
 
+// The current device's multiprocessor count and compute capability (major), read once per process
+// (the launchers size grids and pick features by them).
+struct DeviceInfo {
+  int sm_count = 0;
+  int cc_major = 0;
+};
+const DeviceInfo& device_info();
+
 // Owned device allocation (cudaMalloc); freed on destruction.
 class DeviceBuffer {
  public:

@@ -381,13 +381,8 @@ void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, con
     throw_error("matmul: token tile " + std::to_string(token_tile) + " (expected 16, 32 or 64)");
   if (k_splits != 0 && k_splits != 1 && k_splits != 2 && k_splits != 4)
     throw_error("matmul: " + std::to_string(k_splits) + " column splits (expected 1, 2 or 4)");
-  static const auto [sms, clusters] = [] {
-    int dev = 0, n = 0, major = 0;
-    RL_CUDA_CHECK(cudaGetDevice(&dev));
-    RL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    RL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return std::pair<int, bool>(n, major >= 9);
-  }();
+  const int sms = device_info().sm_count;
+  const bool clusters = device_info().cc_major >= 9;
   // The largest token tile that gives at least half a block per SM: 64 tokens, else 32, else 16
   // (small matrices — router, shared expert — and short chunks). Smaller tiles dequantise each
   // weight for fewer tokens; too few blocks leave SMs idle. (On the H200, 2048-row products of a

@@ -311,13 +311,7 @@ bool pdl_enabled() {
     if (e && std::string(e) == "0") return false;
     // pdl_wait is compiled only for sm_90 and later: never launch early on an older device (a
     // build carrying older PTX, JIT-compiled).
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
+    return device_info().cc_major >= 9;
   }();
   return on;
 }
