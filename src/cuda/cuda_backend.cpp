@@ -885,8 +885,9 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
     reserve_and_copy(L, experts, false, &resident);
     std::vector<size_t> order(experts.size());
     std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_partition(order.begin(), order.end(), [&](size_t g) { return resident[g] != 0; });
-    n_resident = (size_t)std::count(resident.begin(), resident.end(), 1);
+    n_resident = (size_t)(std::stable_partition(order.begin(), order.end(),
+                                                [&](size_t g) { return resident[g] != 0; }) -
+                          order.begin());
     any_miss = n_resident < experts.size();
     std::vector<int> ex2;
     std::vector<std::vector<int>> pairs2;
