@@ -113,19 +113,6 @@ struct BlockQ4_K {
 };
 static_assert(sizeof(BlockQ4_K) == 144);
 
-// (scale, min) of Q4_K/Q5_K sub-block s from the 12 packed bytes: sub-blocks 0..3 keep 6 bits in
-// bytes 0..3 (scale) and 4..7 (min); sub-blocks 4..7 keep 4 low bits in bytes 8..11 and borrow the
-// top 2 bits of bytes 0..7.
-inline void k4_scale_min(int s, const uint8_t* packed, int* scale, int* min) {
-  if (s < 4) {
-    *scale = packed[s] & 63;
-    *min = packed[s + 4] & 63;
-  } else {
-    *scale = (packed[s + 4] & 0x0F) | ((packed[s - 4] >> 6) << 4);
-    *min = (packed[s + 4] >> 4) | ((packed[s] >> 6) << 4);
-  }
-}
-
 // As Q4_K with a fifth bit per value in qh.
 struct BlockQ5_K {
   uint16_t d;

@@ -46,14 +46,4 @@ size_t row_size(GgmlType type, int64_t n);
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 float dot_row(GgmlType type, const void* src, const float* x, int64_t n);
 
-// Q4_K / Q5_K in factored form: a sub-block's values are d*sc*q - dmin*m (q < 2^bits), and when
-// every one of them is an fp32 value (no rounding in the reference dequantisation) a dot product
-// can be taken exactly as (d*sc) * Σ q x - (dmin*m) * Σ x. k_sub_block_factorable is a sufficient
-// test in constant time: d*sc and dmin*m are multiples of the finer of their last set bits, so are
-// all the values, and they fit when the largest, at q = 0 or q = q_max, is below 2^24 of those
-// units. k_quant_factorable applies it to n_blocks blocks of a Q4_K or Q5_K tensor (false for
-// other types).
-bool k_sub_block_factorable(float d, float dmin, int sc, int m, int q_max);
-bool k_quant_factorable(GgmlType type, const void* blocks, size_t n_blocks);
-
 }  // namespace rl

@@ -9,17 +9,9 @@
 // 6-bit sub-block scale, q has at most 5 bits, so dl*q is exact in fp32 and the only rounding is
 // the subtraction's, fused or not. test_quant checks it on the zoo.
 
-#include <algorithm>
-#include <bit>
-#include <climits>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-
 #include "common/fp16.h"
 #include "quant/block_dot.h"
 #include "quant/blocks.h"
-#include "quant/quant.h"
 #include "quant/quant_kernels.h"
 
 namespace rl {
@@ -98,6 +90,19 @@ inline void dequantize_block_q3_K(const BlockQ3_K& b, float* y) {
 
 // ---- Q4_K / Q5_K: 8 sub-blocks of 32, 6-bit scale and min per sub-block --------------------
 
+// (scale, min) of sub-block s from the 12 packed bytes: sub-blocks 0..3 keep 6 bits in bytes
+// 0..3 (scale) and 4..7 (min); sub-blocks 4..7 keep 4 low bits in bytes 8..11 and borrow the top
+// 2 bits of bytes 0..7.
+inline void scale_min_k4(int s, const uint8_t* packed, int* scale, int* min) {
+  if (s < 4) {
+    *scale = packed[s] & 63;
+    *min = packed[s + 4] & 63;
+  } else {
+    *scale = (packed[s + 4] & 0x0F) | ((packed[s - 4] >> 6) << 4);
+    *min = (packed[s + 4] >> 4) | ((packed[s] >> 6) << 4);
+  }
+}
+
 // Scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K/Q5_K block, as ggml forms them.
 struct ChunkScales {
   float d1, m1, d2, m2;
@@ -105,10 +110,10 @@ struct ChunkScales {
 inline ChunkScales chunk_scales_k4(int chunk, const uint8_t* packed, float d, float dmin) {
   int sc, m;
   ChunkScales c;
-  k4_scale_min(2 * chunk, packed, &sc, &m);
+  scale_min_k4(2 * chunk, packed, &sc, &m);
   c.d1 = d * (float)sc;
   c.m1 = dmin * (float)m;
-  k4_scale_min(2 * chunk + 1, packed, &sc, &m);
+  scale_min_k4(2 * chunk + 1, packed, &sc, &m);
   c.d2 = d * (float)sc;
   c.m2 = dmin * (float)m;
   return c;
@@ -212,48 +217,5 @@ RL_DEFINE_K_ROW_FUNCTIONS(q5_K, BlockQ5_K)
 RL_DEFINE_K_ROW_FUNCTIONS(q6_K, BlockQ6_K)
 
 #undef RL_DEFINE_K_ROW_FUNCTIONS
-
-namespace {
-// The exponent of the lowest set bit of a nonzero finite double, from its bits (normal doubles:
-// every value here is an fp32 value, so never a double subnormal).
-int lowest_bit_exponent(double v) {
-  const uint64_t bits = std::bit_cast<uint64_t>(v);
-  const int e = (int)((bits >> 52) & 0x7FF);
-  const uint64_t mant = (bits & ((uint64_t{1} << 52) - 1)) | (uint64_t{1} << 52);
-  return e - 1075 + std::countr_zero(mant);
-}
-}  // namespace
-
-bool k_sub_block_factorable(float d, float dmin, int sc, int m, int q_max) {
-  const double a = (double)(d * (float)sc), b = (double)(dmin * (float)m);  // both exact in fp32
-  if (!std::isfinite(a) || !std::isfinite(b)) return false;
-  if (a == 0.0 && b == 0.0) return true;
-  int unit = INT32_MAX;
-  if (a != 0.0) unit = std::min(unit, lowest_bit_exponent(a));
-  if (b != 0.0) unit = std::min(unit, lowest_bit_exponent(b));
-  if (unit < -149) return false;
-  // Every value is a multiple of 2^unit; they fit fp32 when the largest is below 2^(unit + 24).
-  const double largest = std::max(std::fabs(b), std::fabs(a * q_max - b));  // exact in double
-  return largest < std::bit_cast<double>((uint64_t)(unit + 24 + 1023) << 52);
-}
-
-bool k_quant_factorable(GgmlType type, const void* blocks, size_t n_blocks) {
-  if (type != GgmlType::Q4_K && type != GgmlType::Q5_K) return false;
-  const bool q5 = type == GgmlType::Q5_K;
-  const size_t block_bytes = q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
-  const uint8_t* p = static_cast<const uint8_t*>(blocks);
-  for (size_t i = 0; i < n_blocks; i++, p += block_bytes) {
-    uint16_t dh, mh;  // d, dmin and the 12 scale bytes lead both layouts
-    std::memcpy(&dh, p, 2);
-    std::memcpy(&mh, p + 2, 2);
-    const float d = fp16_to_f32(dh), dmin = fp16_to_f32(mh);
-    for (int s = 0; s < 8; s++) {
-      int sc, m;
-      k4_scale_min(s, p + 4, &sc, &m);
-      if (!k_sub_block_factorable(d, dmin, sc, m, q5 ? 31 : 15)) return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace rl
