@@ -35,6 +35,22 @@ int64_t budget_mib(const Model& m, double fraction) {
   return std::max<int64_t>((int64_t)std::ceil(total * fraction / 1048576.0), 1);
 }
 
+// Prefills both sessions with `toks` (with every position's logits when all_logits) and decodes
+// `steps` greedy tokens from b's logits: every logit must be bit-identical, both at one position.
+void expect_identical_runs(Session& a, Session& b, std::span<const int32_t> toks, bool all_logits, int steps) {
+  std::vector<float> all_a, all_b;
+  auto la = a.prefill(toks, all_logits ? &all_a : nullptr), lb = b.prefill(toks, all_logits ? &all_b : nullptr);
+  ASSERT_EQ(la, lb);
+  ASSERT_EQ(all_a, all_b);
+  for (int step = 0; step < steps; step++) {
+    const int32_t next = argmax_token(lb);
+    la = a.decode(next);
+    lb = b.decode(next);
+    ASSERT_EQ(la, lb) << "step " << step;
+    ASSERT_EQ(a.position(), b.position());
+  }
+}
+
 struct TopkRecorder final : TraceSink {
   std::vector<std::vector<int32_t>> topk;
   void tensor(std::string_view, int, int, const float*) override {}
@@ -116,21 +132,12 @@ TEST(CudaBackend, GpuRoutedDecodeEqualsSynchronousPath) {
     auto a = routed->new_session(128), b = sync->new_session(128);
     const auto toks = prompt(9, n_vocab, 3);
     for (int pass = 0; pass < 2; pass++) {
+      SCOPED_TRACE("pass " + std::to_string(pass));
       a->reset();
       b->reset();
       // The second pass asks for every position's logits (the prefill's logits buffer grows after
       // the graph was captured; the graph must not write there).
-      std::vector<float> all_a, all_b;
-      auto la = a->prefill(toks, pass ? &all_a : nullptr), lb = b->prefill(toks, pass ? &all_b : nullptr);
-      ASSERT_EQ(la, lb);
-      ASSERT_EQ(all_a, all_b);
-      for (int step = 0; step < 16; step++) {
-        const int32_t next = argmax_token(lb);
-        la = a->decode(next);
-        lb = b->decode(next);
-        ASSERT_EQ(la, lb) << "pass " << pass << " step " << step;
-        ASSERT_EQ(a->position(), b->position());
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, toks, pass == 1, 16));
     }
     const auto st = routed->stats();
     std::printf("budget %.1f: %llu GPU-routed tokens, %llu discarded\n", fraction,
@@ -164,16 +171,7 @@ TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
     off.overlap_copies = false;
     auto with = cuda::make_cuda_backend(model, on), without = cuda::make_cuda_backend(model, off);
     auto a = with->new_session(128), b = without->new_session(128);
-    const auto toks = prompt(40, n_vocab, 5);
-    std::vector<float> all_a, all_b;
-    auto la = a->prefill(toks, &all_a), lb = b->prefill(toks, &all_b);
-    ASSERT_EQ(all_a, all_b);
-    for (int step = 0; step < 16; step++) {
-      const int32_t next = argmax_token(lb);
-      la = a->decode(next);
-      lb = b->decode(next);
-      ASSERT_EQ(la, lb) << "step " << step;
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, prompt(40, n_vocab, 5), true, 16));
     const auto sa = with->stats().cache, sb = without->stats().cache;
     EXPECT_GT(sa.misses, 0u) << "no copies: the overlap was not exercised";
     EXPECT_EQ(sa.hits, sb.hits);
