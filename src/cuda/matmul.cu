@@ -58,8 +58,8 @@ constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
 // all double, one warp. Fragments (PTX ISA), with g = lane/4, q = lane%4: a0 = A0[g][q],
 // a1 = A1[g][q], b = B[q][g], d0 = {D0[g][2q], D0[g][2q+1]}, d1 likewise. On compute capability
 // 9.0 this is one mma.m16n8k4 (A = A0 over A1, D = D0 over D1, the same fragments): on the H200
-// it took a 512-token chunk's products from 254 to 205 ms of kernels against the legacy m8n8k4
-// pair (docs/perf/cuda.md, fourth session); before 9.0 it is two m8n8k4. Each D element is the
+// a 512-token chunk went from 254 ms of kernels with the legacy m8n8k4 pair (measured on another
+// machine of the kind) to 205 (docs/perf/cuda.md, fourth session); before 9.0 it is two m8n8k4. Each D element is the
 // same sum of four exact double products plus the accumulator either way.
 __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], double a0, double a1,
                                             double b) {
