@@ -889,14 +889,16 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
                                                 [&](size_t g) { return resident[g] != 0; }) -
                           order.begin());
     any_miss = n_resident < experts.size();
-    std::vector<int> ex2;
-    std::vector<std::vector<int>> pairs2;
-    for (size_t g : order) {
-      ex2.push_back(experts[g]);
-      if (T > 1) pairs2.push_back(std::move(pairs[g]));
+    if (any_miss) {  // (with every expert resident the order stays as it is)
+      std::vector<int> ex2;
+      std::vector<std::vector<int>> pairs2;
+      for (size_t g : order) {
+        ex2.push_back(experts[g]);
+        if (T > 1) pairs2.push_back(std::move(pairs[g]));
+      }
+      experts = std::move(ex2);
+      pairs = std::move(pairs2);
     }
-    experts = std::move(ex2);
-    pairs = std::move(pairs2);
   }
 
   // Assignments: row a of the expert outputs holds (token, selection) assign[t][k] == a.
