@@ -106,8 +106,8 @@ inline void expect_close(float got, double want, double magnitude, double rel, c
 }
 
 // got is the fp32 rounding of the exact sum `want` (a double sum of exact products): within half an
-// fp32 ulp of it, plus what double sums of that magnitude can round (1e-13 of it). The decode
-// products claim this; a value rounded once more in fp32 anywhere on the way misses it.
+// fp32 ulp of it, plus what double sums of that magnitude can round (1e-13 of it). The decode and
+// prefill products claim this; a value rounded once more in fp32 anywhere on the way misses it.
 inline void expect_fp32_rounding(float got, double want, double magnitude, const char* what, int i) {
   const float w = (float)want;
   const double half_ulp = w == 0.0f || !std::isnormal(w) ? std::ldexp(1.0, -150) : std::ldexp(1.0, std::ilogb(w) - 24);
