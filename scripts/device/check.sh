@@ -22,6 +22,9 @@
 #   and decode come before its prefill).
 #   SASS=1 writes the decode products' machine code (cuobjdump) to $OUT.
 #   BENCH_ENV_B="VAR=value ..." repeats the all-resident bench under those variables (A/B).
+#   VARIANT=DIR (a carried, git-ignored folder): after everything else, the files under DIR replace
+#   their counterparts in the tree (same relative paths), the build is redone and the all-resident
+#   bench repeated as bench-80b-variant: an A/B of a source change on one machine, in one call.
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
 #   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
@@ -137,11 +140,20 @@ if [ "${NCU_DETAIL:-0}" != 0 ]; then
     --launch-count ${NCU_DECODE_COUNT:-150} -o /tmp/rl-ncu-d -f \
     "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 16 --json
   [ "$NCU_DETAIL" = prefill ] || "$NCU_BIN" --import /tmp/rl-ncu-d.ncu-rep --csv --page details > "$OUT/ncu-detail-decode.csv" 2>&1
-  [ "$NCU_DETAIL" = decode ] || step ncu-detail-prefill timeout 400 "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_PREFILL_RE:-matmul_kernel|recurrence|gated_attention}" \
+  [ "$NCU_DETAIL" = decode ] || step ncu-detail-prefill timeout 400 "$NCU_BIN" --set detailed --section WarpStateStats --section SchedulerStats --section InstructionStats --import-source no -k "regex:${NCU_PREFILL_RE:-matmul_kernel|recurrence|gated_attention}" \
     --launch-skip ${NCU_PREFILL_SKIP:-0} --launch-count ${NCU_PREFILL_COUNT:-40} -o /tmp/rl-ncu-p -f \
     "$BIN" bench -m $M80 --backend cuda --reps 1 --decode-tokens 2 --prefill-tokens 512 --json
   [ "$NCU_DETAIL" = decode ] || "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page details > "$OUT/ncu-detail-prefill.csv" 2>&1
-  gzip -f "$OUT"/ncu-detail-*.csv
+  # Every metric of those kernels (the stall reasons among them).
+  [ "$NCU_DETAIL" = decode ] || "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page raw > "$OUT/ncu-raw-prefill.csv" 2>&1
+  gzip -f "$OUT"/ncu-detail-*.csv "$OUT"/ncu-raw-*.csv
+fi
+if [ -n "${VARIANT:-}" ]; then
+  (cd "$ROOT/$VARIANT" && find . -type f) | while read -r f; do
+    log "variant: $f"; cp "$ROOT/$VARIANT/$f" "$ROOT/$f"
+  done
+  step build-variant ninja -C "$BUILD" -j16 redlite && \
+    step bench-80b-variant "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
 fi
 rm -f $M80
 [ "${SKIP_SKEW:-0}" = 1 ] && exit $status
