@@ -20,7 +20,7 @@
 #   kernels (NCU_DECODE_RE / NCU_PREFILL_RE pick kernels by name, NCU_*_COUNT how many,
 #   NCU_PREFILL_SKIP how many matching launches to pass over first: the bench's 16-token prompt
 #   and decode come before its prefill).
-#   SASS=1 writes the decode products' machine code (cuobjdump) to $OUT.
+#   SASS=1 writes the products' and the recurrence's machine code (cuobjdump) to $OUT.
 #   BENCH_ENV_B="VAR=value ..." repeats the all-resident bench under those variables (A/B).
 #   VARIANT=DIR (a carried, git-ignored folder): after everything else, the files under DIR replace
 #   their counterparts in the tree (same relative paths), the build is redone and the all-resident
@@ -76,10 +76,12 @@ if [ "$STAGE" != fixtures ] || [ ! -x "$BIN" ]; then
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_LIBRARY_PATH=$LIBDIR || exit 1
   step build ninja -C "$BUILD" -j16 redlite test_cache test_cuda || exit 1
 fi
-# SASS=1: the machine code of the decode products ($OUT/sass-matvec.txt.gz), for instruction counts.
+# SASS=1: the machine code of the products and the recurrence ($OUT/sass-*.txt.gz), for instruction counts.
 if [ "${SASS:-0}" = 1 ]; then
-  cuobjdump -sass "$BUILD/CMakeFiles/rl_cuda.dir/src/cuda/matvec.cu.o" > "$OUT/sass-matvec.txt" 2>&1
-  gzip -f "$OUT/sass-matvec.txt"
+  for f in matvec matmul deltanet; do
+    cuobjdump -sass "$BUILD/CMakeFiles/rl_cuda.dir/src/cuda/$f.cu.o" > "$OUT/sass-$f.txt" 2>&1
+    gzip -f "$OUT/sass-$f.txt"
+  done
 fi
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 

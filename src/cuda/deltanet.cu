@@ -98,13 +98,14 @@ __global__ void conv_gates_kernel(const float* x, size_t x_stride, float* out, f
     gates_one(ba, dt_bias, ssm_a, beta, g, T, nk, nv, (blockIdx.x - conv_blocks) * blockDim.x + threadIdx.x);
 }
 
-constexpr int kRecurrenceWarps = 8;  // rows of S per block (all of one value head: dv % 8 == 0)
+constexpr int kRecurrenceWarps = 8;  // warps per block (all on rows of one value head)
 constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a time
 
-// One warp per row of S (value head j, row r): lane l keeps the DK/32 consecutive state values
-// starting at l*DK/32 in registers for the whole chunk, so the state is read and written once per
-// call with coalesced accesses, and the 32*dv*nv rows of a layer run in parallel. Each token is a
-// dependent step: decay, s·k (double, warp sum), the delta, the update and s·q (double, warp sum).
+// One warp per R rows of S (value head j, rows row0 .. row0 + R - 1): lane l keeps the DK/32
+// consecutive state values of each row starting at l*DK/32 in registers for the whole chunk, so
+// the state is read and written once per call with coalesced accesses, and the dv*nv/R warps of a
+// layer run in parallel. Each token is a dependent step: decay, s·k (double, warp sum), the delta,
+// the update and s·q (double, warp sum).
 //
 // The state values are fp32 values (the oracle stores the state as fp32 after each step) held in
 // double registers: each update rounds to fp32 and back, and the products take them as they are.
@@ -112,6 +113,11 @@ constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a
 // tokens at a time, into shared memory (warp w stages tokens w, w + 8, ...), instead of once per
 // warp (fp32<->fp64 conversions run at a quarter of the fp64 rate): 25.9 -> 22.6 ms per 512-token
 // chunk of the 80B model on the H200. The state's two roundings per value and step remain.
+//
+// R = 2: a warp's two rows share the loads of k and q, and their two sums of a step travel
+// together (warp_sum_scatter: 5 exchanges for both instead of 10, then one to give every lane the
+// other row's s·k); each sum is bit for bit warp_sum_d's, so R = 1 and R = 2 give identical
+// results. The per-token chain is bound by the latency of the exchanges and shared-memory loads.
 //
 // NORM (decode, DK = 128): q and k arrive as the conv wrote them and the staging warp
 // L2-normalises them (q then scaled by q_scale) with l2_norm_kernel's arithmetic on the same
@@ -128,22 +134,39 @@ __device__ __forceinline__ void l2_normalise4(float (&x)[4], float eps, float sc
   for (int i = 0; i < 4; i++) x[i] = __fmul_rn((float)(x[i] * inv), scale);
 }
 
-template <int DK, bool NORM>
+// The R row sums of v over the warp: every lane gets all R (R = 1 or 2).
+template <int R>
+__device__ __forceinline__ void row_sums(double (&v)[R], int lane) {
+  if constexpr (R == 1) {
+    v[0] = warp_sum_d(v[0]);
+  } else {
+    int p = 0;
+    const double mine = warp_sum_scatter<2>(v, lane, p);  // row p's sum
+    const double other = __shfl_xor_sync(0xffffffffu, mine, 16);  // lanes 16 apart hold the other row
+    v[0] = p == 0 ? mine : other;
+    v[1] = p == 0 ? other : mine;
+  }
+}
+
+template <int DK, bool NORM, int R>
 __global__ void __launch_bounds__(32 * kRecurrenceWarps)
     recurrence_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       size_t stride, const float* __restrict__ beta, const float* __restrict__ g, float* S,
                       float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps) {
   constexpr int P = DK / 32;
   static_assert(!NORM || P == 4, "the fused L2 norm takes four values per lane");
+  static_assert(R == 1 || R == 2, "one or two rows a warp");
   __shared__ double ks[kStepGroup][DK], qs[kStepGroup][DK];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int gw = blockIdx.x * kRecurrenceWarps + warp;  // < nv * dv: the launcher's grid is exact
-  const int j = gw / dv, row = gw % dv;
+  const int gr = (blockIdx.x * kRecurrenceWarps + warp) * R;  // first row (of nv * dv: the grid is exact)
+  const int j = gr / dv, row = gr % dv;
   const int kh = j / (nv / nk);
-  double s[P];
-  float* Sr = S + (size_t)gw * DK + lane * P;
+  double s[R][P];
+  float* Sr = S + (size_t)gr * DK + lane * P;
 #pragma unroll
-  for (int i = 0; i < P; i++) s[i] = Sr[i];
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int i = 0; i < P; i++) s[r][i] = Sr[r * DK + i];
   const size_t koff = (size_t)kh * DK + lane * P, voff = (size_t)j * dv + row;
   for (int t0 = 0; t0 < T; t0 += kStepGroup) {
     const int n = min(kStepGroup, T - t0);
@@ -164,40 +187,55 @@ __global__ void __launch_bounds__(32 * kRecurrenceWarps)
     // shuffle, so the exponential and the scalar loads leave the dependent chain.
     const int tl = t0 + lane;
     double dec_l = 0.0, b_l = 0.0;
-    float v_l = 0.f;
+    float v_l[R] = {};
     if (lane < n) {
       dec_l = exp((double)g[(size_t)tl * nv + j]);
       b_l = beta[(size_t)tl * nv + j];
-      v_l = v[(size_t)tl * stride + voff];
+#pragma unroll
+      for (int r = 0; r < R; r++) v_l[r] = v[(size_t)tl * stride + voff + r];
     }
     __syncthreads();
     for (int i = 0; i < n; i++) {
       const double decay = __shfl_sync(0xffffffffu, dec_l, i);
       const double bt = __shfl_sync(0xffffffffu, b_l, i);
-      const float vt = __shfl_sync(0xffffffffu, v_l, i);
       double kd[P], qd[P];
 #pragma unroll
       for (int e = 0; e < P; e++) kd[e] = ks[i][lane * P + e], qd[e] = qs[i][lane * P + e];
-      double sk = 0.0;
+      double sk[R] = {};
 #pragma unroll
-      for (int e = 0; e < P; e++) {
-        s[e] = (double)(float)(s[e] * decay);
-        sk = fma(s[e], kd[e], sk);
-      }
-      sk = warp_sum_d(sk);
-      const double d = ((double)vt - sk) * bt;
-      double o = 0.0;
+      for (int r = 0; r < R; r++)
 #pragma unroll
-      for (int e = 0; e < P; e++) {
-        s[e] = (double)(float)fma(d, kd[e], s[e]);
-        o = fma(s[e], qd[e], o);
+        for (int e = 0; e < P; e++) {
+          s[r][e] = (double)(float)(s[r][e] * decay);
+          sk[r] = fma(s[r][e], kd[e], sk[r]);
+        }
+      row_sums<R>(sk, lane);
+      double o[R] = {};
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const float vt = __shfl_sync(0xffffffffu, v_l[r], i);
+        const double d = ((double)vt - sk[r]) * bt;
+#pragma unroll
+        for (int e = 0; e < P; e++) {
+          s[r][e] = (double)(float)fma(d, kd[e], s[r][e]);
+          o[r] = fma(s[r][e], qd[e], o[r]);
+        }
       }
-      o = warp_sum_d(o);
-      if (lane == 0) out[(size_t)(t0 + i) * nv * dv + voff] = (float)o;
+      float* ot = out + (size_t)(t0 + i) * nv * dv + voff;
+      if constexpr (R == 1) {
+        const double sum = warp_sum_d(o[0]);
+        if (lane == 0) ot[0] = (float)sum;
+      } else {
+        int p = 0;
+        const double sum = warp_sum_scatter<2>(o, lane, p);
+        if ((lane & 15) == 0) ot[p] = (float)sum;
+      }
     }
   }
 #pragma unroll
-  for (int i = 0; i < P; i++) Sr[i] = (float)s[i];
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int i = 0; i < P; i++) Sr[r * DK + i] = (float)s[r][i];
 }
 
 }  // namespace
@@ -242,24 +280,34 @@ void deltanet_gates(const float* ba, const float* dt_bias, const float* ssm_a, f
 
 void deltanet_recurrence(const float* q, const float* k, const float* v, size_t qkv_stride,
                          const float* beta, const float* g, float* S, float* out, int T, int nk,
-                         int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm) {
+                         int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm, int rows_per_warp) {
   if (T == 0) return;
-  if (dv % kRecurrenceWarps != 0)
+  if (rows_per_warp == 0) rows_per_warp = dv % (2 * kRecurrenceWarps) == 0 ? 2 : 1;
+  if (rows_per_warp != 1 && rows_per_warp != 2)
+    throw_error("deltanet: " + std::to_string(rows_per_warp) + " rows a warp (expected 1 or 2)");
+  const int rows_per_block = kRecurrenceWarps * rows_per_warp;
+  if (dv % rows_per_block != 0)
     throw_error("deltanet: value head dim " + std::to_string(dv) + " is not a multiple of " +
-                std::to_string(kRecurrenceWarps));
-  const unsigned blocks = (unsigned)(nv * dv / kRecurrenceWarps);
+                std::to_string(rows_per_block));
+  const unsigned blocks = (unsigned)(nv * dv / rows_per_block);
   const float q_scale = norm ? norm->q_scale : 1.0f, eps = norm ? norm->eps : 0.0f;
   auto launch = [&](auto kernel) {
     kernel<<<blocks, 32 * kRecurrenceWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale,
                                                          eps);
   };
   if (norm && dk != 128) throw_error("deltanet: the fused L2 norm needs key heads of 128 (got " + std::to_string(dk) + ")");
-  switch (dk) {
-    case 64: launch(recurrence_kernel<64, false>); break;
-    case 128: norm ? launch(recurrence_kernel<128, true>) : launch(recurrence_kernel<128, false>); break;
-    default:
-      throw_error("deltanet: key head dim " + std::to_string(dk) + " (supported: 64, 128)");
-  }
+  auto pick = [&]<int R>() {
+    switch (dk) {
+      case 64: launch(recurrence_kernel<64, false, R>); break;
+      case 128: norm ? launch(recurrence_kernel<128, true, R>) : launch(recurrence_kernel<128, false, R>); break;
+      default:
+        throw_error("deltanet: key head dim " + std::to_string(dk) + " (supported: 64, 128)");
+    }
+  };
+  if (rows_per_warp == 2)
+    pick.template operator()<2>();
+  else
+    pick.template operator()<1>();
   RL_CUDA_LAUNCH_CHECK();
 }
 

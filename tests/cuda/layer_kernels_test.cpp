@@ -192,6 +192,43 @@ TEST_F(CudaLayerKernels, RecurrenceWithFusedL2NormEqualsL2NormThenRecurrence) {
                Error);
 }
 
+// Two state rows a warp (their sums exchanged together) give bit for bit what one row a warp gives:
+// outputs and state, key heads of 64 and 128, one token and several staging groups, with and
+// without the fused L2 norm.
+TEST_F(CudaLayerKernels, RecurrenceTwoRowsPerWarpEqualsOneRowPerWarp) {
+  const int nk = 2, nv = 4;
+  for (int d : {64, 128})
+    for (int T : {1, 37})
+      for (bool fused : {false, true}) {
+        if (fused && d != 128) continue;
+        SCOPED_TRACE("d=" + std::to_string(d) + " T=" + std::to_string(T) + (fused ? " fused norm" : ""));
+        const int key_dim = nk * d, conv_dim = 2 * key_dim + nv * d;
+        const cuda::L2Norm norm{1e-6f, (float)(1.0 / std::sqrt((double)d))};
+        auto s0 = random_floats((size_t)nv * d * d, 70 + d + T, 0.1f);
+        auto qkv = random_floats((size_t)T * conv_dim, 71 + d + T, fused ? 2.0f : 0.2f);
+        auto beta = random_floats((size_t)T * nv, 72, 1.0f), g = random_floats((size_t)T * nv, 73, 0.5f);
+        for (float& b : beta) b = std::fabs(b);
+        for (float& x : g) x = -std::fabs(x);
+        auto dq = to_device(qkv), db = to_device(beta), dg = to_device(g);
+        std::vector<float> outs[2], states[2];
+        for (int rows : {1, 2}) {
+          auto dS = to_device(s0);
+          cuda::DeviceBuffer dout((size_t)T * nv * d * 4);
+          cuda::deltanet_recurrence(dq.f(), dq.f() + key_dim, dq.f() + 2 * key_dim, conv_dim, db.f(), dg.f(), dS.f(),
+                                    dout.f(), T, nk, nv, d, d, nullptr, fused ? &norm : nullptr, rows);
+          outs[rows - 1] = to_host<float>(dout, (size_t)T * nv * d);
+          states[rows - 1] = to_host<float>(dS, s0.size());
+        }
+        EXPECT_EQ(outs[0], outs[1]) << "outputs";
+        EXPECT_EQ(states[0], states[1]) << "state";
+        EXPECT_NE(states[0], s0) << "the steps changed the state";
+      }
+  cuda::DeviceBuffer dummy(4096 * 4);
+  EXPECT_THROW(cuda::deltanet_recurrence(dummy.f(), dummy.f(), dummy.f(), 64, dummy.f(), dummy.f(), dummy.f(),
+                                         dummy.f(), 1, 1, 1, 64, 64, nullptr, nullptr, 3),
+               Error);
+}
+
 // Conv + gates + recurrence, run as two calls (the state carries over) against one CPU pass.
 TEST_F(CudaLayerKernels, DeltaNetConvGatesAndRecurrence) {
   struct Case {
