@@ -22,9 +22,10 @@
 #   and decode come before its prefill).
 #   SASS=1 writes the products' and the recurrence's machine code (cuobjdump) to $OUT.
 #   BENCH_ENV_B="VAR=value ..." repeats the all-resident bench under those variables (A/B).
-#   VARIANT=DIR (a carried, git-ignored folder): after everything else, the files under DIR replace
-#   their counterparts in the tree (same relative paths), the build is redone and the all-resident
-#   bench repeated as bench-80b-variant: an A/B of a source change on one machine, in one call.
+#   VARIANT="DIR ..." (carried, git-ignored folders): after everything else, for each DIR in turn
+#   the files under it replace their counterparts in the tree (same relative paths), the build is
+#   redone and the all-resident bench repeated as bench-80b-variant-NAME, then the files are put
+#   back: A/Bs of source changes on one machine, in one call.
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
 #   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
@@ -150,13 +151,21 @@ if [ "${NCU_DETAIL:-0}" != 0 ]; then
   [ "$NCU_DETAIL" = decode ] || "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page raw > "$OUT/ncu-raw-prefill.csv" 2>&1
   gzip -f "$OUT"/ncu-detail-*.csv "$OUT"/ncu-raw-*.csv
 fi
-if [ -n "${VARIANT:-}" ]; then
-  (cd "$ROOT/$VARIANT" && find . -type f) | while read -r f; do
-    log "variant: $f"; cp "$ROOT/$VARIANT/$f" "$ROOT/$f"
+for V in ${VARIANT:-}; do
+  name=$(basename "$V")
+  files=$(cd "$ROOT/$V" && find . -type f)
+  mkdir -p "/tmp/rl-orig-$name"
+  for f in $files; do
+    log "variant $name: $f"
+    mkdir -p "$(dirname "/tmp/rl-orig-$name/$f")"
+    cp "$ROOT/$f" "/tmp/rl-orig-$name/$f" && cp "$ROOT/$V/$f" "$ROOT/$f"
   done
-  step build-variant ninja -C "$BUILD" -j16 redlite && \
-    step bench-80b-variant "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
-fi
+  step "build-variant-$name" ninja -C "$BUILD" -j16 redlite && \
+    step "bench-80b-variant-$name" "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
+  for f in $files; do cp "/tmp/rl-orig-$name/$f" "$ROOT/$f"; done  # the next variant starts from the tree
+done
+# What follows (the skew bench) runs the tree's own code again.
+[ -n "${VARIANT:-}" ] && [ "${SKIP_SKEW:-0}" != 1 ] && step build-restored ninja -C "$BUILD" -j16 redlite
 rm -f $M80
 [ "${SKIP_SKEW:-0}" = 1 ] && exit $status
 M80S=$SHM/80b-seed-mix-skew.gguf

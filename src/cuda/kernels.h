@@ -149,8 +149,8 @@ void deltanet_conv_gates(const float* x, size_t x_stride, float* out, float* sta
 // q, k [T][nk][dk] (normalised, q scaled), v [T][nv][dv], out [T][nv][dv]. Rows of q/k/v are
 // `qkv_stride` floats apart per token. With `norm` (dk = 128), q and k are not yet normalised and
 // the kernel applies l2_norm's arithmetic itself (eps; q_scale on q), bit for bit, without
-// storing them: the decode step, one launch instead of two. rows_per_warp (1 or 2: bit-identical
-// results) forces the kernel's shape (tests); 0 picks 2 when dv is a multiple of 16.
+// storing them: the decode step, one launch instead of two. rows_per_warp (1, 2 or 4:
+// bit-identical results) forces the kernel's shape (tests); 0 picks 2 when dv is a multiple of 16.
 struct L2Norm {
   float eps, q_scale;
 };

@@ -192,10 +192,10 @@ TEST_F(CudaLayerKernels, RecurrenceWithFusedL2NormEqualsL2NormThenRecurrence) {
                Error);
 }
 
-// Two state rows a warp (their sums exchanged together) give bit for bit what one row a warp gives:
-// outputs and state, key heads of 64 and 128, one token and several staging groups, with and
-// without the fused L2 norm.
-TEST_F(CudaLayerKernels, RecurrenceTwoRowsPerWarpEqualsOneRowPerWarp) {
+// Two or four state rows a warp (their sums exchanged together) give bit for bit what one row a
+// warp gives: outputs and state, key heads of 64 and 128, one token and several staging groups,
+// with and without the fused L2 norm.
+TEST_F(CudaLayerKernels, RecurrenceSeveralRowsPerWarpEqualOneRowPerWarp) {
   const int nk = 2, nv = 4;
   for (int d : {64, 128})
     for (int T : {1, 37})
@@ -210,17 +210,20 @@ TEST_F(CudaLayerKernels, RecurrenceTwoRowsPerWarpEqualsOneRowPerWarp) {
         for (float& b : beta) b = std::fabs(b);
         for (float& x : g) x = -std::fabs(x);
         auto dq = to_device(qkv), db = to_device(beta), dg = to_device(g);
-        std::vector<float> outs[2], states[2];
-        for (int rows : {1, 2}) {
+        std::vector<float> outs[3], states[3];
+        for (int rows : {1, 2, 4}) {
           auto dS = to_device(s0);
           cuda::DeviceBuffer dout((size_t)T * nv * d * 4);
           cuda::deltanet_recurrence(dq.f(), dq.f() + key_dim, dq.f() + 2 * key_dim, conv_dim, db.f(), dg.f(), dS.f(),
                                     dout.f(), T, nk, nv, d, d, nullptr, fused ? &norm : nullptr, rows);
-          outs[rows - 1] = to_host<float>(dout, (size_t)T * nv * d);
-          states[rows - 1] = to_host<float>(dS, s0.size());
+          const int v = rows / 2;  // 0, 1, 2
+          outs[v] = to_host<float>(dout, (size_t)T * nv * d);
+          states[v] = to_host<float>(dS, s0.size());
         }
-        EXPECT_EQ(outs[0], outs[1]) << "outputs";
-        EXPECT_EQ(states[0], states[1]) << "state";
+        for (int v : {1, 2}) {
+          EXPECT_EQ(outs[0], outs[v]) << "outputs, " << 2 * v << " rows a warp";
+          EXPECT_EQ(states[0], states[v]) << "state, " << 2 * v << " rows a warp";
+        }
         EXPECT_NE(states[0], s0) << "the steps changed the state";
       }
   cuda::DeviceBuffer dummy(4096 * 4);
