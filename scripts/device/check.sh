@@ -25,7 +25,9 @@
 #   VARIANT="DIR ..." (carried, git-ignored folders): after everything else, for each DIR in turn
 #   the files under it replace their counterparts in the tree (same relative paths), the build is
 #   redone and the all-resident bench repeated as bench-80b-variant-NAME, then the files are put
-#   back: A/Bs of source changes on one machine, in one call.
+#   back: A/Bs of source changes on one machine, in one call. Each variant's test_cuda runs too.
+#   AB_ROUNDS=N: instead, N rounds of one-rep benches alternating the tree's binary and each
+#   variant's (ab-NAME-ROUND.log; summary.txt lists each binary's prefill and decode figures).
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
 #   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
@@ -151,6 +153,12 @@ if [ "${NCU_DETAIL:-0}" != 0 ]; then
   [ "$NCU_DETAIL" = decode ] || "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page raw > "$OUT/ncu-raw-prefill.csv" 2>&1
   gzip -f "$OUT"/ncu-detail-*.csv "$OUT"/ncu-raw-*.csv
 fi
+# Variants: each built (with test_cuda, run on it), its binary kept; with AB_ROUNDS=N the benches
+# then alternate between the tree's binary and the variants' (--reps 1 each, N rounds), so that a
+# machine's drift during the call falls on all of them alike.
+mkdir -p /tmp/rl-bin
+cp "$BIN" /tmp/rl-bin/base
+AB_BINS=base
 for V in ${VARIANT:-}; do
   name=$(basename "$V")
   files=$(cd "$ROOT/$V" && find . -type f)
@@ -160,10 +168,22 @@ for V in ${VARIANT:-}; do
     mkdir -p "$(dirname "/tmp/rl-orig-$name/$f")"
     cp "$ROOT/$f" "/tmp/rl-orig-$name/$f" && cp "$ROOT/$V/$f" "$ROOT/$f"
   done
-  step "build-variant-$name" ninja -C "$BUILD" -j16 redlite && \
-    step "bench-80b-variant-$name" "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
+  if step "build-variant-$name" ninja -C "$BUILD" -j16 redlite test_cuda; then
+    REDLITE_FIXTURES=$FIX step "test_cuda-$name" "$BUILD/test_cuda"
+    cp "$BIN" "/tmp/rl-bin/$name" && AB_BINS="$AB_BINS $name"
+    [ -n "${AB_ROUNDS:-}" ] || step "bench-80b-variant-$name" "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
+  fi
   for f in $files; do cp "/tmp/rl-orig-$name/$f" "$ROOT/$f"; done  # the next variant starts from the tree
 done
+if [ -n "${AB_ROUNDS:-}" ]; then
+  for r in $(seq "$AB_ROUNDS"); do
+    for b in $AB_BINS; do step "ab-$b-$r" /tmp/rl-bin/$b bench -m $M80 --backend cuda --reps 1 --json; done
+  done
+  for b in $AB_BINS; do
+    log "ab $b: prefill $(cat "$OUT"/ab-$b-*.log | grep '"prefill_tok_s"' | tr -dc '0-9.\n' | cut -c1-7 | tr '\n' ' ')" \
+        "decode $(cat "$OUT"/ab-$b-*.log | grep '"decode_tok_s"' | tr -dc '0-9.\n' | cut -c1-6 | tr '\n' ' ')"
+  done
+fi
 # What follows (the skew bench) runs the tree's own code again.
 [ -n "${VARIANT:-}" ] && [ "${SKIP_SKEW:-0}" != 1 ] && step build-restored ninja -C "$BUILD" -j16 redlite
 rm -f $M80
