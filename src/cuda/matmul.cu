@@ -242,6 +242,9 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
     if (kAhead && k0 + kTileK < k_end) fetch(k0 + kTileK);
     __syncthreads();
     // mma j covers the step's columns j, 8+j, 16+j, 24+j: lane (g, q) supplies column 8q + j.
+    // x_index(8q + j, 8s + g) = x_index(8q, g) + x_index(j, 8s) for j < 8: one base a lane, the
+    // rest compile-time offsets.
+    const double* xl = xb + x_index<BT>(8 * fq, fg);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       double a[RT];
@@ -250,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
 #pragma unroll
       for (int s = 0; s < TT; s++) {
         if (s < active) {
-          const double b = xb[x_index<BT>(8 * fq + j, 8 * s + fg)];
+          const double b = xl[x_index<BT>(j, 8 * s)];
 #pragma unroll
           for (int i = 0; i < RT; i += 2) dmma_16x8x4(acc[i][s], acc[i + 1][s], a[i], a[i + 1], b);
         }
