@@ -48,9 +48,21 @@ static_assert(kDenseRowTiles % 2 == 0 && kExpertRowTiles % 2 == 0, "row tiles go
 // the 16 lanes of a half-warp hit distinct 8-byte banks; the staging stores (lanes spread over
 // tokens and over k in steps of 4) are separated by the same skew.
 template <int BT>
-__device__ __forceinline__ int x_index(int k, int t) {
+__host__ __device__ constexpr int x_index(int k, int t) {
   return k * (BT + 4) + 2 * (k >> 2) + t;
 }
+// The products read element (8q + j, 8s + g) as a lane's base x_index(8q, g) plus the compile-time
+// x_index(j, 8s) (j < 8): true of this layout for every q, j, s, g.
+template <int BT>
+constexpr bool x_index_splits() {
+  for (int q = 0; q < 4; q++)
+    for (int j = 0; j < 8; j++)
+      for (int s = 0; s < BT / 8; s++)
+        for (int g = 0; g < 8; g++)
+          if (x_index<BT>(8 * q + j, 8 * s + g) != x_index<BT>(8 * q, g) + x_index<BT>(j, 8 * s)) return false;
+  return true;
+}
+static_assert(x_index_splits<16>() && x_index_splits<32>() && x_index_splits<64>(), "x_index splits per lane");
 template <int BT>
 constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
 
@@ -242,8 +254,9 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
     if (kAhead && k0 + kTileK < k_end) fetch(k0 + kTileK);
     __syncthreads();
     // mma j covers the step's columns j, 8+j, 16+j, 24+j: lane (g, q) supplies column 8q + j.
-    // x_index(8q + j, 8s + g) = x_index(8q, g) + x_index(j, 8s) for j < 8: one base a lane, the
-    // rest compile-time offsets.
+    // x_index(8q + j, 8s + g) = x_index(8q, g) + x_index(j, 8s) for j < 8 (x_index_splits): one
+    // base a lane, the rest compile-time offsets (the compiler had rebuilt the whole address in
+    // every sub-tile branch under the 64-register cap).
     const double* xl = xb + x_index<BT>(8 * fq, fg);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
