@@ -163,17 +163,20 @@ for V in ${VARIANT:-}; do
   name=$(basename "$V")
   files=$(cd "$ROOT/$V" && find . -type f)
   mkdir -p "/tmp/rl-orig-$name"
-  for f in $files; do
+  for f in $files; do  # a file the tree lacks is added, and removed again afterwards
     log "variant $name: $f"
-    mkdir -p "$(dirname "/tmp/rl-orig-$name/$f")"
-    cp "$ROOT/$f" "/tmp/rl-orig-$name/$f" && cp "$ROOT/$V/$f" "$ROOT/$f"
+    mkdir -p "$(dirname "/tmp/rl-orig-$name/$f")" "$(dirname "$ROOT/$f")"
+    if [ -e "$ROOT/$f" ]; then cp "$ROOT/$f" "/tmp/rl-orig-$name/$f"; else rm -f "/tmp/rl-orig-$name/$f"; fi
+    cp "$ROOT/$V/$f" "$ROOT/$f"
   done
   if step "build-variant-$name" ninja -C "$BUILD" -j16 redlite test_cuda; then
     REDLITE_FIXTURES=$FIX step "test_cuda-$name" "$BUILD/test_cuda"
     cp "$BIN" "/tmp/rl-bin/$name" && AB_BINS="$AB_BINS $name"
     [ -n "${AB_ROUNDS:-}" ] || step "bench-80b-variant-$name" "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
   fi
-  for f in $files; do cp "/tmp/rl-orig-$name/$f" "$ROOT/$f"; done  # the next variant starts from the tree
+  for f in $files; do  # the next variant starts from the tree
+    if [ -e "/tmp/rl-orig-$name/$f" ]; then cp "/tmp/rl-orig-$name/$f" "$ROOT/$f"; else rm -f "$ROOT/$f"; fi
+  done
 done
 if [ -n "${AB_ROUNDS:-}" ]; then
   for r in $(seq "$AB_ROUNDS"); do
