@@ -22,12 +22,15 @@
 #   and decode come before its prefill).
 #   SASS=1 writes the products' and the recurrence's machine code (cuobjdump) to $OUT.
 #   BENCH_ENV_B="VAR=value ..." repeats the all-resident bench under those variables (A/B).
-#   VARIANT="DIR ..." (carried, git-ignored folders): after everything else, for each DIR in turn
-#   the files under it replace their counterparts in the tree (same relative paths), the build is
-#   redone and the all-resident bench repeated as bench-80b-variant-NAME, then the files are put
-#   back: A/Bs of source changes on one machine, in one call. Each variant's test_cuda runs too.
-#   AB_ROUNDS=N: instead, N rounds of one-rep benches alternating the tree's binary and each
-#   variant's (ab-NAME-ROUND.log; summary.txt lists each binary's prefill and decode figures).
+#   VARIANT="DIR ..." (carried, git-ignored folders; stages full and bench only): after the 80B
+#   benches and profiles, for each DIR in turn the files under it replace or join their
+#   counterparts in the tree (same relative paths), redlite and test_cuda are rebuilt, test_cuda
+#   runs, and the all-resident bench is repeated as bench-80b-variant-NAME; then the files are put
+#   back. At the end the tree's own binaries are rebuilt. Folder names must differ and not be
+#   "base". A call killed in the middle leaves the tree overlaid on that machine.
+#   AB_ROUNDS=N: instead of each variant's bench, N rounds of one-rep benches alternating the
+#   tree's binary and each variant's, in reverse order every other round (ab-NAME-ROUND.log;
+#   summary.txt lists each binary's prefill and decode figures round by round).
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
 #   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
@@ -151,16 +154,19 @@ if [ "${NCU_DETAIL:-0}" != 0 ]; then
   [ "$NCU_DETAIL" = decode ] || "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page details > "$OUT/ncu-detail-prefill.csv" 2>&1
   # Every metric of those kernels (the stall reasons among them).
   [ "$NCU_DETAIL" = decode ] || "$NCU_BIN" --import /tmp/rl-ncu-p.ncu-rep --csv --page raw > "$OUT/ncu-raw-prefill.csv" 2>&1
-  gzip -f "$OUT"/ncu-detail-*.csv "$OUT"/ncu-raw-*.csv
+  for f in "$OUT"/ncu-detail-*.csv "$OUT"/ncu-raw-*.csv; do [ -e "$f" ] && gzip -f "$f"; done
 fi
 # Variants: each built (with test_cuda, run on it), its binary kept; with AB_ROUNDS=N the benches
 # then alternate between the tree's binary and the variants' (--reps 1 each, N rounds), so that a
 # machine's drift during the call falls on all of them alike.
-mkdir -p /tmp/rl-bin
+rm -rf /tmp/rl-bin && mkdir -p /tmp/rl-bin  # a warm machine keeps an earlier call's binaries
 cp "$BIN" /tmp/rl-bin/base
 AB_BINS=base
 for V in ${VARIANT:-}; do
   name=$(basename "$V")
+  if [ ! -d "$ROOT/$V" ] || [ "$name" = base ] || [ -e "/tmp/rl-bin/$name" ]; then
+    log "variant $V: no such folder, or its name is base or taken"; status=1; continue
+  fi
   files=$(cd "$ROOT/$V" && find . -type f)
   mkdir -p "/tmp/rl-orig-$name"
   for f in $files; do  # a file the tree lacks is added, and removed again afterwards
@@ -178,17 +184,30 @@ for V in ${VARIANT:-}; do
     if [ -e "/tmp/rl-orig-$name/$f" ]; then cp "/tmp/rl-orig-$name/$f" "$ROOT/$f"; else rm -f "$ROOT/$f"; fi
   done
 done
-if [ -n "${AB_ROUNDS:-}" ]; then
+if [ -n "${AB_ROUNDS:-}" ] && [ -n "${VARIANT:-}" ]; then
+  order=$AB_BINS
+  reverse=$(echo $AB_BINS | tr ' ' '\n' | tac | tr '\n' ' ')
   for r in $(seq "$AB_ROUNDS"); do
-    for b in $AB_BINS; do step "ab-$b-$r" /tmp/rl-bin/$b bench -m $M80 --backend cuda --reps 1 --json; done
+    [ $((r % 2)) = 0 ] && order=$reverse || order=$AB_BINS
+    for b in $order; do step "ab-$b-$r" /tmp/rl-bin/$b bench -m $M80 --backend cuda --reps 1 --json; done
   done
+  figure() {  # figure KEY LOG: the value of "KEY" in a bench's JSON, or - when the bench failed
+    local v
+    v=$(grep "\"$1\"" "$2" 2>/dev/null | tr -dc '0-9.')
+    echo "${v:0:7}" | sed 's/^$/-/'
+  }
   for b in $AB_BINS; do
-    log "ab $b: prefill $(cat "$OUT"/ab-$b-*.log | grep '"prefill_tok_s"' | tr -dc '0-9.\n' | cut -c1-7 | tr '\n' ' ')" \
-        "decode $(cat "$OUT"/ab-$b-*.log | grep '"decode_tok_s"' | tr -dc '0-9.\n' | cut -c1-6 | tr '\n' ' ')"
+    pre="" dec=""
+    for r in $(seq "$AB_ROUNDS"); do
+      pre="$pre $(figure prefill_tok_s "$OUT/ab-$b-$r.log")" dec="$dec $(figure decode_tok_s "$OUT/ab-$b-$r.log")"
+    done
+    log "ab $b: prefill$pre  decode$dec"
   done
 fi
-# What follows (the skew bench) runs the tree's own code again.
-[ -n "${VARIANT:-}" ] && [ "${SKIP_SKEW:-0}" != 1 ] && step build-restored ninja -C "$BUILD" -j16 redlite
+# Whatever follows (the skew bench, a later call on this machine) runs the tree's own code again.
+if [ -n "${VARIANT:-}" ]; then
+  step build-restored ninja -C "$BUILD" -j16 redlite test_cuda || { log "the tree's own build failed after the variants"; exit 1; }
+fi
 rm -f $M80
 [ "${SKIP_SKEW:-0}" = 1 ] && exit $status
 M80S=$SHM/80b-seed-mix-skew.gguf

@@ -1,6 +1,7 @@
 // Gated DeltaNet: the causal depthwise conv, the gates, and the recurrence (DESIGN.md §1).
 //
-// The recurrence runs one warp per row of the state S [nv][dv][dk] (recurrence_kernel), tokens in
+// The recurrence runs one warp per R rows of the state S [nv][dv][dk] (recurrence_kernel; R = 1, 2
+// or 4, 2 by default), tokens in
 // order exactly as the oracle processes them. The arithmetic is the oracle's (cpu/forward.cpp
 // deltanet_layer): sums and the state update in double, the state stored as fp32 after each step;
 // the dot products' double sums are formed as a warp tree instead of left to right, which moves
@@ -101,7 +102,7 @@ __global__ void conv_gates_kernel(const float* x, size_t x_stride, float* out, f
 constexpr int kRecurrenceWarps = 8;  // warps per block (all on rows of one value head)
 constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a time
 
-// One warp per R rows of S (value head j, rows row0 .. row0 + R - 1): lane l keeps the DK/32
+// One warp per R rows of S (value head j, rows `row` .. row + R - 1): lane l keeps the DK/32
 // consecutive state values of each row starting at l*DK/32 in registers for the whole chunk, so
 // the state is read and written once per call with coalesced accesses, and the dv*nv/R warps of a
 // layer run in parallel. Each token is a dependent step: decay, s·k (double, warp sum), the delta,
@@ -118,7 +119,8 @@ constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a
 // (warp_sum_scatter: 5 exchanges for two sums instead of 10, then one to give every lane the other
 // row's s·k); each sum is bit for bit warp_sum_d's, so every R gives identical results. The
 // per-token chain is bound by the latency of the exchanges and shared-memory loads: R = 2 took the
-// 512-token chunk's recurrence from 22.6 to 16.9 ms on the H200 (prefill 2481 -> 2565 tok/s).
+// 512-token chunk's recurrence from 22.6 to 16.9 ms on the H200 (prefill 2481 -> 2565 tok/s;
+// decode, where it runs too, 191.9 -> 193.1 tok/s in the same call). R = 4 measured no faster.
 //
 // NORM (decode, DK = 128): q and k arrive as the conv wrote them and the staging warp
 // L2-normalises them (q then scaled by q_scale) with l2_norm_kernel's arithmetic on the same

@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
     int cols, const float* x, const int* row_off, const int* row_cnt, int n_tokens, float* y,
     const uint8_t* w2, size_t w2_offset) {
   static_assert(!GU || RT == 2, "a gate/up pair is the warp's two row tiles");
+  static_assert(x_index_splits<BT>(), "the B-fragment address splits per lane (see the mma loop)");
   constexpr int kTileRows = kWarps * (GU ? 1 : RT) * 8;
   constexpr int TT = BT / 8;  // 8-token sub-tiles
   __shared__ double xs[2][kXTileDoubles<BT>];

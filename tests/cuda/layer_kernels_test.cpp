@@ -2,6 +2,8 @@
 // the math (DESIGN.md §1, fixtures README "Computation"), each at more than one shape.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "common/error.h"
 #include "cuda/kernels.h"
@@ -192,6 +194,13 @@ TEST_F(CudaLayerKernels, RecurrenceWithFusedL2NormEqualsL2NormThenRecurrence) {
                Error);
 }
 
+// The bit patterns of fp32 values (an exact comparison: -0 and +0, NaN payloads differ).
+std::vector<uint32_t> bits(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+
 // Two or four state rows a warp (their sums exchanged together) give bit for bit what one row a
 // warp gives: outputs and state, key heads of 64 and 128, one token and several staging groups,
 // with and without the fused L2 norm.
@@ -210,25 +219,33 @@ TEST_F(CudaLayerKernels, RecurrenceSeveralRowsPerWarpEqualOneRowPerWarp) {
         for (float& b : beta) b = std::fabs(b);
         for (float& x : g) x = -std::fabs(x);
         auto dq = to_device(qkv), db = to_device(beta), dg = to_device(g);
-        std::vector<float> outs[3], states[3];
+        std::vector<uint32_t> outs[3], states[3];  // bit patterns: -0 and +0 differ
         for (int rows : {1, 2, 4}) {
           auto dS = to_device(s0);
           cuda::DeviceBuffer dout((size_t)T * nv * d * 4);
+          // NaN everywhere first, so that an output a kernel leaves unwritten cannot pass as the
+          // previous kernel's value left in reused memory.
+          RL_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, (size_t)T * nv * d * 4));
           cuda::deltanet_recurrence(dq.f(), dq.f() + key_dim, dq.f() + 2 * key_dim, conv_dim, db.f(), dg.f(), dS.f(),
                                     dout.f(), T, nk, nv, d, d, nullptr, fused ? &norm : nullptr, rows);
           const int v = rows / 2;  // 0, 1, 2
-          outs[v] = to_host<float>(dout, (size_t)T * nv * d);
-          states[v] = to_host<float>(dS, s0.size());
+          outs[v] = bits(to_host<float>(dout, (size_t)T * nv * d));
+          states[v] = bits(to_host<float>(dS, s0.size()));
         }
         for (int v : {1, 2}) {
           EXPECT_EQ(outs[0], outs[v]) << "outputs, " << 2 * v << " rows a warp";
           EXPECT_EQ(states[0], states[v]) << "state, " << 2 * v << " rows a warp";
         }
-        EXPECT_NE(states[0], s0) << "the steps changed the state";
+        EXPECT_NE(states[0], bits(s0)) << "the steps changed the state";
+        for (uint32_t b : outs[0]) ASSERT_NE(b, 0xFFFFFFFFu) << "an output left unwritten";
       }
   cuda::DeviceBuffer dummy(4096 * 4);
   EXPECT_THROW(cuda::deltanet_recurrence(dummy.f(), dummy.f(), dummy.f(), 64, dummy.f(), dummy.f(), dummy.f(),
                                          dummy.f(), 1, 1, 1, 64, 64, nullptr, nullptr, 3),
+               Error);
+  // Four rows a warp need value heads of a multiple of 32 rows (8 warps a block, one head).
+  EXPECT_THROW(cuda::deltanet_recurrence(dummy.f(), dummy.f(), dummy.f(), 64, dummy.f(), dummy.f(), dummy.f(),
+                                         dummy.f(), 1, 1, 1, 16, 16, nullptr, nullptr, 4),
                Error);
 }
 
