@@ -1,7 +1,7 @@
 // Gated DeltaNet: the causal depthwise conv, the gates, and the recurrence (DESIGN.md §1).
 //
-// The recurrence runs one warp per R rows of the state S [nv][dv][dk] (recurrence_kernel; R = 1, 2
-// or 4, 2 by default), tokens in
+// The recurrence runs one warp per R rows of the state S [nv][dv][dk] (recurrence_kernel; R = 2,
+// or 1 where dv is not a multiple of 16), tokens in
 // order exactly as the oracle processes them. The arithmetic is the oracle's (cpu/forward.cpp
 // deltanet_layer): sums and the state update in double, the state stored as fp32 after each step;
 // the dot products' double sums are formed as a warp tree instead of left to right, which moves
@@ -115,12 +115,13 @@ constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a
 // warp (fp32<->fp64 conversions run at a quarter of the fp64 rate): 25.9 -> 22.6 ms per 512-token
 // chunk of the 80B model on the H200. The state's two roundings per value and step remain.
 //
-// R = 2 (or 4): a warp's rows share the loads of k and q, and their sums of a step travel together
+// R = 2: a warp's two rows share the loads of k and q, and their sums of a step travel together
 // (warp_sum_scatter: 5 exchanges for two sums instead of 10, then one to give every lane the other
-// row's s·k); each sum is bit for bit warp_sum_d's, so every R gives identical results. The
+// row's s·k); each sum is bit for bit warp_sum_d's, so R = 1 and R = 2 give identical results. The
 // per-token chain is bound by the latency of the exchanges and shared-memory loads: R = 2 took the
 // 512-token chunk's recurrence from 22.6 to 16.9 ms on the H200 (prefill 2481 -> 2565 tok/s;
-// decode, where it runs too, 191.9 -> 193.1 tok/s in the same call). R = 4 measured no faster.
+// decode, where it runs too, 191.9 -> 193.1 tok/s in the same call). Four rows a warp measured no
+// faster (two calls) and was removed.
 //
 // NORM (decode, DK = 128): q and k arrive as the conv wrote them and the staging warp
 // L2-normalises them (q then scaled by q_scale) with l2_norm_kernel's arithmetic on the same
@@ -137,28 +138,17 @@ __device__ __forceinline__ void l2_normalise4(float (&x)[4], float eps, float sc
   for (int i = 0; i < 4; i++) x[i] = __fmul_rn((float)(x[i] * inv), scale);
 }
 
-// The R row sums of v over the warp: every lane gets all R (R = 1, 2 or 4).
+// The R row sums of v over the warp: every lane gets both (R = 1 or 2).
 template <int R>
 __device__ __forceinline__ void row_sums(double (&v)[R], int lane) {
   if constexpr (R == 1) {
     v[0] = warp_sum_d(v[0]);
-  } else if constexpr (R == 2) {
+  } else {
     int p = 0;
     const double mine = warp_sum_scatter<2>(v, lane, p);  // row p's sum
     const double other = __shfl_xor_sync(0xffffffffu, mine, 16);  // lanes 16 apart hold the other row
     v[0] = p == 0 ? mine : other;
     v[1] = p == 0 ? other : mine;
-  } else {
-    static_assert(R == 4, "one, two or four rows");
-    int p = 0;  // p = 2 * bit 4 + bit 3 of the lane (warp_sum_scatter)
-    const double mine = warp_sum_scatter<4>(v, lane, p);
-    const double r1 = __shfl_xor_sync(0xffffffffu, mine, 8);                   // row p ^ 1
-    const double r2 = __shfl_xor_sync(0xffffffffu, mine, 16), r3 = __shfl_xor_sync(0xffffffffu, r1, 16);  // p ^ 2, p ^ 3
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int x = r ^ p;
-      v[r] = x == 0 ? mine : x == 1 ? r1 : x == 2 ? r2 : r3;
-    }
   }
 }
 
@@ -169,7 +159,7 @@ __global__ void __launch_bounds__(32 * kRecurrenceWarps)
                       float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps) {
   constexpr int P = DK / 32;
   static_assert(!NORM || P == 4, "the fused L2 norm takes four values per lane");
-  static_assert(R == 1 || R == 2 || R == 4, "one, two or four rows a warp");
+  static_assert(R == 1 || R == 2, "one or two rows a warp");
   __shared__ double ks[kStepGroup][DK], qs[kStepGroup][DK];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = (blockIdx.x * kRecurrenceWarps + warp) * R;  // first row (of nv * dv: the grid is exact)
@@ -292,8 +282,8 @@ void deltanet_recurrence(const float* q, const float* k, const float* v, size_t 
                          int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm, int rows_per_warp) {
   if (T == 0) return;
   if (rows_per_warp == 0) rows_per_warp = dv % (2 * kRecurrenceWarps) == 0 ? 2 : 1;
-  if (rows_per_warp != 1 && rows_per_warp != 2 && rows_per_warp != 4)
-    throw_error("deltanet: " + std::to_string(rows_per_warp) + " rows a warp (expected 1, 2 or 4)");
+  if (rows_per_warp != 1 && rows_per_warp != 2)
+    throw_error("deltanet: " + std::to_string(rows_per_warp) + " rows a warp (expected 1 or 2)");
   const int rows_per_block = kRecurrenceWarps * rows_per_warp;
   if (dv % rows_per_block != 0)
     throw_error("deltanet: value head dim " + std::to_string(dv) + " is not a multiple of " +
@@ -313,9 +303,7 @@ void deltanet_recurrence(const float* q, const float* k, const float* v, size_t 
         throw_error("deltanet: key head dim " + std::to_string(dk) + " (supported: 64, 128)");
     }
   };
-  if (rows_per_warp == 4)
-    pick.template operator()<4>();
-  else if (rows_per_warp == 2)
+  if (rows_per_warp == 2)
     pick.template operator()<2>();
   else
     pick.template operator()<1>();

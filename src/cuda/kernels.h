@@ -77,8 +77,9 @@ void matmul_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset
                     int n, int max_cnt, float* y, cudaStream_t stream);
 // A SwiGLU pair in one product: act[t][r] = SiLU(gate[r,:] · X[t,:]) * (up[r,:] · X[t,:]), bit for
 // bit what the two products with 16-token tiles and no column split, then swiglu, give (matmul's
-// own pick may split the columns, which moves a sum's rounding, not its exactness). gate and up have one type and one row size; for
-// experts they are slot_ptrs[g] + gate_offset / up_offset, over the groups as in matmul_experts.
+// own pick may split the columns, which moves a sum's rounding, not its exactness). gate and up
+// have one type and one row size; for experts they are slot_ptrs[g] + gate_offset / up_offset,
+// over the groups as in matmul_experts.
 void matmul_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
                     const float* x, int T, float* act, cudaStream_t stream);
 void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset, size_t up_offset,
@@ -149,7 +150,7 @@ void deltanet_conv_gates(const float* x, size_t x_stride, float* out, float* sta
 // q, k [T][nk][dk] (normalised, q scaled), v [T][nv][dv], out [T][nv][dv]. Rows of q/k/v are
 // `qkv_stride` floats apart per token. With `norm` (dk = 128), q and k are not yet normalised and
 // the kernel applies l2_norm's arithmetic itself (eps; q_scale on q), bit for bit, without
-// storing them: the decode step, one launch instead of two. rows_per_warp (1, 2 or 4:
+// storing them: the decode step, one launch instead of two. rows_per_warp (1 or 2:
 // bit-identical results) forces the kernel's shape (tests); 0 picks 2 when dv is a multiple of 16.
 struct L2Norm {
   float eps, q_scale;
