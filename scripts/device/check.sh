@@ -159,8 +159,10 @@ fi
 # Variants: each built (with test_cuda, run on it), its binary kept; with AB_ROUNDS=N the benches
 # then alternate between the tree's binary and the variants' (--reps 1 each, N rounds), so that a
 # machine's drift during the call falls on all of them alike.
-rm -rf /tmp/rl-bin && mkdir -p /tmp/rl-bin  # a warm machine keeps an earlier call's binaries
-cp "$BIN" /tmp/rl-bin/base
+if [ -n "${VARIANT:-}" ]; then
+  rm -rf /tmp/rl-bin && mkdir -p /tmp/rl-bin  # a warm machine keeps an earlier call's binaries
+  cp "$BIN" /tmp/rl-bin/base
+fi
 AB_BINS=base
 for V in ${VARIANT:-}; do
   name=$(basename "$V")

@@ -52,7 +52,7 @@ __host__ __device__ constexpr int x_index(int k, int t) {
   return k * (BT + 4) + 2 * (k >> 2) + t;
 }
 // The products read element (8q + j, 8s + g) as a lane's base x_index(8q, g) plus the compile-time
-// x_index(j, 8s) (j < 8): true of this layout for every q, j, s, g.
+// x_index(j, 8s) (j < 8): true of this layout for every q, j, s, g (asserted in matmul_kernel).
 template <int BT>
 constexpr bool x_index_splits() {
   for (int q = 0; q < 4; q++)
@@ -62,7 +62,6 @@ constexpr bool x_index_splits() {
           if (x_index<BT>(8 * q + j, 8 * s + g) != x_index<BT>(8 * q, g) + x_index<BT>(j, 8 * s)) return false;
   return true;
 }
-static_assert(x_index_splits<16>() && x_index_splits<32>() && x_index_splits<64>(), "x_index splits per lane");
 template <int BT>
 constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
 
@@ -71,8 +70,8 @@ constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
 // a1 = A1[g][q], b = B[q][g], d0 = {D0[g][2q], D0[g][2q+1]}, d1 likewise. On compute capability
 // 9.0 this is one mma.m16n8k4 (A = A0 over A1, D = D0 over D1, the same fragments): on the H200
 // a 512-token chunk went from 254 ms of kernels with the legacy m8n8k4 pair (measured on another
-// machine of the kind) to 205 (docs/perf/cuda.md, fourth session); before 9.0 it is two m8n8k4. Each D element is the
-// same sum of four exact double products plus the accumulator either way.
+// machine of the kind) to 205 (docs/perf/cuda.md, fourth session); before 9.0 it is two m8n8k4.
+// Each D element is the same sum of four exact double products plus the accumulator either way.
 __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], double a0, double a1,
                                             double b) {
 #if __CUDA_ARCH__ >= 900

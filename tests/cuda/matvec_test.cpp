@@ -97,7 +97,6 @@ TEST_F(CudaKernels, MatmulMatchesCpuForEveryTypeAndTokenCount) {
   }
 }
 
-// Experts addressed through slot pointers: three experts in shuffled slots, uneven token groups.
 // Column splits that do not divide the steps (types with 32-value blocks only: 288 columns are
 // 9 steps, in splits of 3, 3, 3, 0 and 5, 4): still the fp32 rounding of the exact sum.
 TEST_F(CudaKernels, MatmulUnevenColumnSplits) {
@@ -121,6 +120,7 @@ TEST_F(CudaKernels, MatmulUnevenColumnSplits) {
   }
 }
 
+// Experts addressed through slot pointers: three experts in shuffled slots, uneven token groups.
 TEST_F(CudaKernels, ExpertProductsReadSlotsThroughPointers) {
   for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::Q4_K}) {
     SCOPED_TRACE(type_name(t));
