@@ -86,6 +86,31 @@ void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t 
                             size_t row_bytes, int rows, int cols, const float* x, const int* row_off,
                             const int* row_cnt, int n, int max_cnt, float* act, cudaStream_t stream);
 
+// ---- matmul_x24.cu: prefill products of the IQ types on 8-bit tensor cores ----------------------
+// The X24 form of activations X [rows][cols] (cols a multiple of 256): per row and 256 columns a
+// scale 2^(e-23) (xscale [rows][cols/256], double; NaN where the block holds a NaN or infinity) with
+// 2^e above the block's largest magnitude, and each value as n = round(x / scale) clamped to
+// [-2^23, 2^23 - 1], in three byte planes per 32 columns (xq [rows][cols/32][3][32]: n >> 16 signed,
+// (n >> 8) & 255, n & 255). x24_bytes: the size of xq.
+constexpr size_t x24_bytes(size_t rows, size_t cols) { return rows * cols * 3; }
+void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream);
+// True for the weight types with X24 products (IQ2_XXS, IQ2_XS, IQ1_M).
+bool x24_supported(GgmlType t);
+// As matmul / matmul_experts / matmul_gate_up / matmul_experts_gate_up, on X24 activations: every
+// output is the fp32 rounding of the sum of exact products w · x̃ (x̃ = n · scale, the activations
+// the X24 form holds), summed in double; compute capability 8.0 or newer.
+void matmul_x24(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,
+                const double* xscale, int T, float* y, cudaStream_t stream);
+void matmul_x24_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
+                        int cols, const uint8_t* xq, const double* xscale, const int* row_off, const int* row_cnt,
+                        int n, int max_cnt, float* y, cudaStream_t stream);
+void matmul_x24_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
+                        const uint8_t* xq, const double* xscale, int T, float* act, cudaStream_t stream);
+void matmul_x24_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset, size_t up_offset,
+                                size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
+                                const int* row_off, const int* row_cnt, int n, int max_cnt, float* act,
+                                cudaStream_t stream);
+
 // out[t][:] = dequantised row ids[t] of W [n_rows][cols] (the token embedding).
 void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32_t* ids, int T,
               float* out, cudaStream_t stream);

@@ -23,6 +23,7 @@ void upload_quant_tables() {
     std::memcpy(h->ksigns_iq2xs, ksigns_iq2xs, sizeof h->ksigns_iq2xs);
     upload_quant_tables_matvec(*h);
     upload_quant_tables_matmul(*h);
+    upload_quant_tables_x24(*h);
   });
 }
 

@@ -1,0 +1,470 @@
+// Prefill products of the IQ types (IQ2_XXS, IQ2_XS, IQ1_M) on the 8-bit integer tensor cores.
+//
+// The activations enter in the X24 form (quantize_x24): per token and per 256 columns (one weight
+// super-block) a power of two 2^e above the block's largest magnitude, and every value as the
+// 24-bit integer n = round(x · 2^(23-e)) (clamped to [-2^23, 2^23 - 1]), split into three bytes:
+// n = L0·2^16 + L1·2^8 + L2, L0 signed, L1 and L2 unsigned. That is fp32's own precision relative to
+// the block's largest value (a value 2^-k of it keeps 24 - k bits), so these products read
+// activations rounded at 2^(e-24) of their block's largest magnitude, not exact fp32 values — the
+// one difference from the fp64 products (matmul.cu); parity is measured end to end against the
+// CPU oracle (`redlite parity`).
+//
+// The weights enter as signed bytes: an IQ2 value is d·m·(±g)/8 with the grid byte g ≤ 43 and
+// m = 2·l + 1 its 4-bit sub-scale; an IQ1_M value d·m·(8g ± 1)/8 with g in {-1, 0, 1}. The byte
+// (±g or 8g ± 1) goes to mma.m16n8k16 (s8), m per 16 columns multiplies its int32 results (one
+// integer multiply-add per result), and the three limbs accumulate separately in int32 over a
+// super-block (|sum| < 2^31: 16 · 31 · 16 · 43 · 255 < 2^27). At the super-block's end each result
+// is N = A0·2^16 + A1·2^8 + A2 (|N| < 2^42, exact in double) times d/8 · 2^(e-23) (11 significant
+// bits times a power of two), exact again, and added to the double sum; only the final sum rounds to
+// fp32. So every output is the fp32 rounding of Σ w·x̃ (x̃ the X24 activations), up to double sums.
+//
+// Tiles as in matmul.cu's expert products: a block is 8 warps × 16 weight rows (a SwiGLU pair: 8
+// rows of gate and the same 8 of up) × 16 tokens (two 8-token sub-tiles, those wholly past the
+// group's tokens skipped), stepping 32 columns at a time; the A fragment of k16 half h of a step is
+// lane (g, q)'s four weights 16h + 4q .. +3 of rows g and g + 8, which is half q % 2 of the 8-value
+// chunk 2h + q / 2, so a lane looks up its grid word directly. The three limb planes of a step are
+// staged in shared memory (double-buffered) so that lane (g, q) reads its B words conflict-free.
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+#include "cuda/math_device.cuh"
+#include "cuda/quant_device.cuh"
+
+namespace rl::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kStep = 32;          // columns per step
+constexpr int kSuper = 256;        // columns per super-block (the X24 scale, the weights' d)
+constexpr int kStepsPerSuper = kSuper / kStep;
+constexpr int kTokens = 16;        // tokens per block: two 8-token sub-tiles
+constexpr int kSubTiles = kTokens / 8;
+constexpr int kLimbs = 3;
+constexpr int kStepBytes = kLimbs * kStep;  // a token's X24 bytes of one step: [limb][32]
+// L2 prefetch distances (see x24_kernel).
+constexpr int kPrefetchSupers = 2, kPrefetchSteps = 4;
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// D = A·B + 0 for a 16×16 s8 A (a0: row g, a1: row g + 8, columns 4q..4q+3) and a 16×8 B (columns
+// 4q..4q+3 of token g), s8 or u8; d0, d1: row g, tokens 2q, 2q + 1; d2, d3: row g + 8.
+template <bool kSigned>
+__device__ __forceinline__ void imma_16x8x16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+#if __CUDA_ARCH__ >= 800
+  if constexpr (kSigned)
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+#else
+  __trap();  // the launchers refuse devices below compute capability 8.0
+#endif
+}
+
+// A lane's weights of one row for one step, for its k16 halves h = 0, 1: the four signed bytes
+// a[h] (half fq % 2 of chunk 2h + fq / 2 of the step's 32-column group) and the sub-scale m[h].
+// load() issues the global reads (a step ahead), decode() forms the bytes with the block's codebook
+// and sign masks (SharedTables). super_scale(): d/8 of super-block sb (exact in fp32).
+struct X24Chunk {
+  uint32_t a[2];
+  int m[2];
+};
+// IQ2 grid bytes g with byte masks mk (0 or 0xFF): ±g per byte as (g ^ mk) + (mk & 1): g ≥ 8, so
+// g ^ 0xFF ≤ 247 and the +1 carries out of no byte.
+__device__ __forceinline__ uint32_t iq2_signed_s8(uint32_t g, uint32_t mk) { return (g ^ mk) + (mk & 0x01010101u); }
+
+template <GgmlType T>
+struct X24Weights;
+
+template <>
+struct X24Weights<GgmlType::IQ2_XS> {
+  static constexpr int kBytes = 74;
+  struct Raw {
+    uint16_t qs[2];
+    uint8_t sc;
+  };
+  __device__ static Raw load(const uint8_t* row, int step, int fq) {
+    const uint8_t* b = row + (step >> 3) * kBytes;
+    const int ib = step & 7;
+    return {{load_u16(b + 2 + 2 * (4 * ib + (fq >> 1))), load_u16(b + 2 + 2 * (4 * ib + 2 + (fq >> 1)))},
+            b[66 + ib]};
+  }
+  __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
+    X24Chunk c;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      c.a[h] = iq2_signed_s8(grid[2 * (r.qs[h] & 511) + (fq & 1)], masks[2 * (r.qs[h] >> 9) + (fq & 1)]);
+      c.m[h] = 2 * ((r.sc >> (4 * h)) & 0xF) + 1;
+    }
+    return c;
+  }
+  __device__ static float super_scale(const uint8_t* row, int sb) {
+    return half_bits_to_f32(load_u16(row + sb * kBytes)) * 0.125f;
+  }
+};
+
+template <>
+struct X24Weights<GgmlType::IQ2_XXS> {
+  static constexpr int kBytes = 66;
+  struct Raw {
+    uint32_t aux1;
+    uint8_t idx[2];
+  };
+  __device__ static Raw load(const uint8_t* row, int step, int fq) {
+    const uint8_t* q = row + (step >> 3) * kBytes + 2 + 8 * (step & 7);
+    return {(uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16), {q[fq >> 1], q[2 + (fq >> 1)]}};
+  }
+  __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
+    X24Chunk c;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int l = 2 * h + (fq >> 1);
+      c.a[h] = iq2_signed_s8(grid[2 * r.idx[h] + (fq & 1)], masks[2 * ((r.aux1 >> (7 * l)) & 127) + (fq & 1)]);
+      c.m[h] = 2 * (int)(r.aux1 >> 28) + 1;
+    }
+    return c;
+  }
+  __device__ static float super_scale(const uint8_t* row, int sb) {
+    return half_bits_to_f32(load_u16(row + sb * kBytes)) * 0.125f;
+  }
+};
+
+// IQ1_M: grid bytes g in {-1, 0, 1} (0xFF, 0, 1) and the chunk's delta ±1/8 give 8g ± 1 per byte:
+// u = g + 1 per byte ((g ^ 0x80) - 0x7F, no borrows), then 8u + 121 (delta +1/8) or 8u + 119 (-1/8)
+// stays below 256, and ^ 0x80 subtracts 128 per byte: 8g + 1 or 8g - 1.
+template <>
+struct X24Weights<GgmlType::IQ1_M> {
+  static constexpr int kBytes = 56;
+  struct Raw {
+    uint16_t sw;  // the scale word of the step's group
+    uint8_t qs[2], qh[2];
+  };
+  __device__ static Raw load(const uint8_t* row, int step, int fq) {
+    const uint8_t* b = row + (step >> 3) * kBytes;
+    const int ib = step & 7;
+    return {load_u16(b + 48 + 2 * (ib >> 1)),
+            {b[4 * ib + (fq >> 1)], b[4 * ib + 2 + (fq >> 1)]},
+            {b[32 + 2 * ib], b[32 + 2 * ib + 1]}};
+  }
+  __device__ static X24Chunk decode(const Raw& r, int fq, int step, const uint32_t* grid) {
+    X24Chunk c;
+    const int ib = step & 7, odd = fq >> 1;  // chunk 2h + odd: odd selects the high index bits' nibble
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int idx = r.qs[h] | ((odd ? (r.qh[h] << 4) : (r.qh[h] << 8)) & 0x700);
+      const bool minus = r.qh[h] & (odd ? 0x80 : 0x08);
+      const uint32_t g = grid[2 * idx + (fq & 1)];
+      const uint32_t u = (g ^ 0x80808080u) - 0x7F7F7F7Fu;
+      c.a[h] = ((u << 3) + (minus ? 0x77777777u : 0x79797979u)) ^ 0x80808080u;
+      c.m[h] = 2 * ((r.sw >> (6 * (ib & 1) + 3 * h)) & 0x7) + 1;
+    }
+    return c;
+  }
+  __device__ static float super_scale(const uint8_t* row, int sb) {
+    const uint2 sc = load8_a4(row + sb * kBytes + 48);
+    const uint16_t s = (uint16_t)(((sc.x & 0xFFFF) >> 12) | ((sc.x >> 24) & 0x00f0) | ((sc.y >> 4) & 0x0f00) |
+                                  ((sc.y >> 16) & 0xf000));
+    return half_bits_to_f32(s) * 0.125f;
+  }
+};
+
+template <GgmlType T>
+__device__ __forceinline__ X24Chunk x24_decode(const typename X24Weights<T>::Raw& r, int fq, int step,
+                                               const uint32_t* grid, const uint32_t* masks) {
+  if constexpr (T == GgmlType::IQ1_M)
+    return X24Weights<T>::decode(r, fq, step, grid);
+  else
+    return X24Weights<T>::decode(r, fq, grid, masks);
+}
+
+template <GgmlType T>
+constexpr bool kX24Type = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS || T == GgmlType::IQ1_M;
+
+// One warp per (row, super-block): the block's largest magnitude m gives e with m < 2^e (frexp),
+// the scale 2^(e-23) (NaN when the block holds a NaN or an infinity, so that the products carry it),
+// and each value's 24-bit integer in three byte planes.
+__global__ void quantize_x24_kernel(const float* x, int rows, int cols, uint8_t* xq, double* xscale) {
+  const int nsb = cols / kSuper;
+  const int wid = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (wid >= rows * nsb) return;
+  const int row = wid / nsb, sb = wid % nsb;
+  const float* p = x + (size_t)row * cols + sb * kSuper + 8 * lane;
+  const float4 v0 = *reinterpret_cast<const float4*>(p), v1 = *reinterpret_cast<const float4*>(p + 4);
+  const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+  float mx = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    mx = fmaxf(mx, fabsf(v[j]));
+    finite = finite && isfinite(v[j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+  finite = __all_sync(0xFFFFFFFFu, finite);
+  int e;
+  frexpf(mx, &e);  // mx < 2^e (mx = 0: e = 0)
+  if (lane == 0) xscale[(size_t)row * nsb + sb] = finite ? ldexp(1.0, e - 23) : __longlong_as_double(0x7FF8000000000000LL);
+  uint32_t l0[2] = {0, 0}, l1[2] = {0, 0}, l2[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    int n = 0;
+    if (finite) {
+      const double s = rint(ldexp((double)v[j], 23 - e));
+      n = (int)fmin(fmax(s, -8388608.0), 8388607.0);
+    }
+    const int w = j / 4, sh = 8 * (j % 4);
+    l0[w] |= (uint32_t)((n >> 16) & 0xFF) << sh;
+    l1[w] |= (uint32_t)((n >> 8) & 0xFF) << sh;
+    l2[w] |= (uint32_t)(n & 0xFF) << sh;
+  }
+  // Columns sb·256 + 8·lane .. +7: step sb·8 + lane/4, bytes 8·(lane%4) of each limb's 32.
+  uint8_t* q = xq + (size_t)row * cols * kLimbs + (size_t)(sb * kStepsPerSuper + lane / 4) * kStepBytes + 8 * (lane % 4);
+  *reinterpret_cast<uint2*>(q) = make_uint2(l0[0], l0[1]);
+  *reinterpret_cast<uint2*>(q + kStep) = make_uint2(l1[0], l1[1]);
+  *reinterpret_cast<uint2*>(q + 2 * kStep) = make_uint2(l2[0], l2[1]);
+}
+
+// GU (a SwiGLU pair): row tile 0 of each warp is rows of the gate matrix, row tile 1 the same rows
+// of the up matrix; the lane writes SiLU(gate) · up as swiglu does. Otherwise row tiles 0 and 1 are
+// rows g and g + 8 of the warp's 16.
+template <GgmlType T, bool GU>
+__global__ void __launch_bounds__(kThreads, 2) x24_kernel(
+    const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, const uint8_t* w2, size_t w2_offset,
+    size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale, const int* row_off,
+    const int* row_cnt, int n_tokens, float* y) {
+  using W = X24Weights<T>;
+  constexpr int kTileRows = kWarps * (GU ? 8 : 16);
+  const int g = blockIdx.z;
+  const int t0_group = row_off ? row_off[g] : 0;
+  const int cnt = row_cnt ? row_cnt[g] : n_tokens;
+  const int tile_t = blockIdx.y * kTokens;
+  if (tile_t >= cnt) return;
+  // Staged limbs: [buffer][limb][half][token] of 16 bytes (lane (g, q)'s B word of sub-tile s is
+  // word q of entry [l][h][8s + g]: a warp reads 32 consecutive words).
+  __shared__ uint4 xs[2][kLimbs * 2 * kTokens];
+  const SharedTables<T> tab;
+  const uint32_t* grid32 = reinterpret_cast<const uint32_t*>(tab.grid);
+  const uint32_t* masks32 = reinterpret_cast<const uint32_t*>(tab.masks);
+  const int tile_n = min(kTokens, cnt - tile_t);
+  const int active = (tile_n + 7) / 8;
+  const int r0 = blockIdx.x * kTileRows;
+  const int nsb = cols / kSuper, steps = cols / kStep;
+  const size_t x_row = (size_t)cols * kLimbs;
+  const uint8_t* xg = xq + (size_t)(t0_group + tile_t) * x_row;
+  const double* sg = xscale + (size_t)(t0_group + tile_t) * nsb;
+  float* yg = y + (size_t)t0_group * rows;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int fg = lane >> 2, fq = lane & 3;
+  const int warp_r = warp * (GU ? 8 : 16);
+  const uint8_t* wrow[2];
+  bool w_valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int r = r0 + warp_r + (GU ? 0 : 8 * i) + fg;
+    w_valid[i] = r < rows;
+    const uint8_t* b = GU && i == 1 ? (slot_ptrs ? slot_ptrs[g] + w2_offset : w2)
+                                    : (slot_ptrs ? slot_ptrs[g] + w_offset : w);
+    wrow[i] = b + (size_t)(w_valid[i] ? r : 0) * row_bytes;
+  }
+
+  // Piece p of a step (p < n_pieces): 16 bytes of limb l, half h of token t, p = (2l + h)·n + t
+  // with n = active·8 tokens (zeros past the tile's tokens).
+  const int n_tok = active * 8, n_pieces = n_tok * kLimbs * 2;
+  const int p_lh = tid / n_tok, p_t = tid % n_tok;
+  auto load_piece = [&](int step) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (tid < n_pieces && p_t < tile_n)
+      v = *reinterpret_cast<const uint4*>(xg + (size_t)p_t * x_row + (size_t)step * kStepBytes + 16 * p_lh);
+    return v;
+  };
+  typename W::Raw raw[2];
+  auto fetch_weights = [&](int step) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (w_valid[i]) raw[i] = W::load(wrow[i], step, fq);
+  };
+  // L2 prefetches, so that the loads a step ahead find their bytes on chip: the weights of the
+  // super-block kPrefetchSupers ahead (each row's block by its 4 lanes: offsets 0, 32, 64 and the
+  // last byte cover the block's sectors), the activations kPrefetchSteps steps ahead.
+  auto prefetch_weights = [&](int sb) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (w_valid[i]) prefetch_l2(wrow[i] + (size_t)sb * W::kBytes + min(32 * fq, W::kBytes - 1));
+  };
+  auto prefetch_x = [&](int step) {
+    if (tid < n_tok * 3 && tid / 3 < tile_n)
+      prefetch_l2(xg + (size_t)(tid / 3) * x_row + (size_t)step * kStepBytes + 32 * (tid % 3));
+  };
+  for (int sb = 0; sb < kPrefetchSupers && sb < nsb; sb++) prefetch_weights(sb);
+  for (int st = 0; st < kPrefetchSteps && st < steps; st++) prefetch_x(st);
+  uint4 xr = load_piece(0);
+  fetch_weights(0);
+
+  int acc[kSubTiles][kLimbs][4];
+  double out[kSubTiles][4] = {};
+  int buf = 0;
+  for (int step = 0; step < steps; step++, buf ^= 1) {
+    if ((step & (kStepsPerSuper - 1)) == 0) {
+#pragma unroll
+      for (int s = 0; s < kSubTiles; s++)
+#pragma unroll
+        for (int l = 0; l < kLimbs; l++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[s][l][e] = 0;
+      const int sb_ahead = step / kStepsPerSuper + kPrefetchSupers;
+      if (kPrefetchSupers > 0 && sb_ahead < nsb) prefetch_weights(sb_ahead);
+    }
+    if (kPrefetchSteps > 0 && step + kPrefetchSteps < steps) prefetch_x(step + kPrefetchSteps);
+    if (tid < n_pieces) xs[buf][p_lh * kTokens + p_t] = xr;
+    X24Chunk c[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      if (w_valid[i]) {
+        c[i] = x24_decode<T>(raw[i], fq, step, grid32, masks32);
+      } else {
+        c[i].a[0] = c[i].a[1] = 0;
+        c[i].m[0] = c[i].m[1] = 0;
+      }
+    }
+    if (step + 1 < steps) {
+      xr = load_piece(step + 1);
+      fetch_weights(step + 1);
+    }
+    __syncthreads();
+    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs[buf]) + 4 * fg + fq;
+#pragma unroll
+    for (int s = 0; s < kSubTiles; s++) {
+      if (s < active) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+          for (int l = 0; l < kLimbs; l++) {
+            const uint32_t b = xw[4 * ((2 * l + h) * kTokens + 8 * s)];
+            int d[4];
+            if (l == 0)
+              imma_16x8x16<true>(d, c[0].a[h], c[1].a[h], b);
+            else
+              imma_16x8x16<false>(d, c[0].a[h], c[1].a[h], b);
+            acc[s][l][0] += c[0].m[h] * d[0];
+            acc[s][l][1] += c[0].m[h] * d[1];
+            acc[s][l][2] += c[1].m[h] * d[2];
+            acc[s][l][3] += c[1].m[h] * d[3];
+          }
+        }
+      }
+    }
+    if ((step & (kStepsPerSuper - 1)) == kStepsPerSuper - 1) {
+      // The super-block's sums: N = A0·2^16 + A1·2^8 + A2, times d/8 of the row and 2^(e-23) of
+      // the token, each product exact, into the double sums.
+      const int sb = step / kStepsPerSuper;
+      float dw[2];
+#pragma unroll
+      for (int i = 0; i < 2; i++) dw[i] = w_valid[i] ? W::super_scale(wrow[i], sb) : 0.0f;
+#pragma unroll
+      for (int s = 0; s < kSubTiles; s++) {
+        if (s >= active) continue;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int t = 8 * s + 2 * fq + e;
+          const double xsc = t < tile_n ? sg[(size_t)t * nsb + sb] : 0.0;
+#pragma unroll
+          for (int i = 0; i < 2; i++) {
+            const int k = 2 * i + e;
+            const double n = fma((double)acc[s][0][k], 65536.0, fma((double)acc[s][1][k], 256.0, (double)acc[s][2][k]));
+            out[s][k] = fma(n, (double)dw[i] * xsc, out[s][k]);
+          }
+        }
+      }
+    }
+  }
+  // Results: row tile i (row warp_r + 8i + fg, or the pair's row) at out[s][2i + e], token 8s + 2fq + e.
+#pragma unroll
+  for (int s = 0; s < kSubTiles; s++) {
+    if (s >= active) continue;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int t = tile_t + 8 * s + 2 * fq + e;
+      if (t >= cnt) continue;
+      if constexpr (GU) {
+        const int r = r0 + warp_r + fg;
+        if (r < rows) yg[(size_t)t * rows + r] = __fmul_rn(silu_f((float)out[s][e]), (float)out[s][2 + e]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const int r = r0 + warp_r + 8 * i + fg;
+          if (r < rows) yg[(size_t)t * rows + r] = (float)out[s][2 * i + e];
+        }
+      }
+    }
+  }
+}
+
+template <bool GU>
+void launch_x24(GgmlType t, const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, const uint8_t* w2,
+                size_t w2_offset, size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
+                const int* row_off, const int* row_cnt, int n_groups, int max_tokens, float* y, cudaStream_t stream) {
+  if (!x24_supported(t)) throw_error(std::string("matmul_x24: weight type ") + type_name(t) + " has no X24 product");
+  if (cols % kSuper != 0)
+    throw_error("matmul_x24: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
+  if (device_info().cc_major < 8) throw_error("matmul_x24: the 8-bit tensor-core products need compute capability 8.0");
+  if (rows == 0 || n_groups == 0 || max_tokens == 0) return;
+  constexpr int kTileRows = kWarps * (GU ? 8 : 16);
+  const dim3 grid((rows + kTileRows - 1) / kTileRows, (max_tokens + kTokens - 1) / kTokens, n_groups);
+  dispatch_type(t, [&]<GgmlType T>() {
+    if constexpr (kX24Type<T>)
+      x24_kernel<T, GU><<<grid, kThreads, 0, stream>>>(w, slot_ptrs, w_offset, w2, w2_offset, row_bytes, rows, cols,
+                                                        xq, xscale, row_off, row_cnt, max_tokens, y);
+  });
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+RL_QUANT_TABLES_UPLOADER(upload_quant_tables_x24)
+
+bool x24_supported(GgmlType t) {
+  return t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ1_M;
+}
+
+void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream) {
+  if (cols % kSuper != 0)
+    throw_error("quantize_x24: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
+  if (rows == 0) return;
+  const long warps = (long)rows * (cols / kSuper);
+  quantize_x24_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, stream>>>(x, rows, cols, xq, xscale);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+void matmul_x24(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,
+                const double* xscale, int T, float* y, cudaStream_t stream) {
+  launch_x24<false>(t, static_cast<const uint8_t*>(w), nullptr, 0, nullptr, 0, row_bytes, rows, cols, xq, xscale,
+                    nullptr, nullptr, 1, T, y, stream);
+}
+
+void matmul_x24_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
+                        int cols, const uint8_t* xq, const double* xscale, const int* row_off, const int* row_cnt,
+                        int n, int max_cnt, float* y, cudaStream_t stream) {
+  launch_x24<false>(t, nullptr, slot_ptrs, w_offset, nullptr, 0, row_bytes, rows, cols, xq, xscale, row_off, row_cnt,
+                    n, max_cnt, y, stream);
+}
+
+void matmul_x24_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
+                        const uint8_t* xq, const double* xscale, int T, float* act, cudaStream_t stream) {
+  launch_x24<true>(t, static_cast<const uint8_t*>(gate), nullptr, 0, static_cast<const uint8_t*>(up), 0, row_bytes,
+                   rows, cols, xq, xscale, nullptr, nullptr, 1, T, act, stream);
+}
+
+void matmul_x24_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset, size_t up_offset,
+                                size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
+                                const int* row_off, const int* row_cnt, int n, int max_cnt, float* act,
+                                cudaStream_t stream) {
+  launch_x24<true>(t, nullptr, slot_ptrs, gate_offset, nullptr, up_offset, row_bytes, rows, cols, xq, xscale, row_off,
+                   row_cnt, n, max_cnt, act, stream);
+}
+
+}  // namespace rl::cuda

@@ -1,0 +1,260 @@
+// The X24 activations (quantize_x24) against their definition, computed here on the CPU, and the
+// 8-bit tensor-core products of the IQ types (matmul_x24*) against the CPU reference dequantisation:
+// each output the fp32 rounding of Σ w·x̃ for the X24 activations x̃, and within the X24 rounding of
+// the exact fp32 product.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/error.h"
+#include "cuda/kernels.h"
+#include "gpu_test_util.h"
+
+namespace rl {
+namespace {
+
+using test::random_floats;
+using test::random_rows;
+using test::to_device;
+using test::to_host;
+
+const GgmlType kX24Types[] = {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
+
+// The X24 form by its definition: per row and 256 columns, e with max |x| < 2^e (frexp; 0 for an
+// all-zero block), scale 2^(e-23), n = round-to-nearest-even(x / scale) clamped to 24 bits; a
+// block with a NaN or an infinity: scale NaN, n = 0.
+struct X24Ref {
+  std::vector<int32_t> n;      // [rows][cols]
+  std::vector<double> scale;   // [rows][cols / 256]
+  std::vector<double> value;   // n · scale (x̃)
+};
+X24Ref x24_reference(const std::vector<float>& x, int rows, int cols) {
+  const int nsb = cols / 256;
+  X24Ref r{std::vector<int32_t>(x.size()), std::vector<double>((size_t)rows * nsb), std::vector<double>(x.size())};
+  for (int row = 0; row < rows; row++)
+    for (int sb = 0; sb < nsb; sb++) {
+      const float* p = x.data() + (size_t)row * cols + 256 * sb;
+      float mx = 0;
+      bool finite = true;
+      for (int i = 0; i < 256; i++) {
+        finite = finite && std::isfinite(p[i]);
+        if (std::isfinite(p[i])) mx = std::max(mx, std::fabs(p[i]));
+      }
+      int e = 0;
+      std::frexp(mx, &e);
+      const double scale = finite ? std::ldexp(1.0, e - 23) : std::numeric_limits<double>::quiet_NaN();
+      r.scale[(size_t)row * nsb + sb] = scale;
+      for (int i = 0; i < 256; i++) {
+        const size_t k = (size_t)row * cols + 256 * sb + i;
+        double n = finite ? std::nearbyint(std::ldexp((double)p[i], 23 - e)) : 0.0;
+        n = std::min(std::max(n, -8388608.0), 8388607.0);
+        r.n[k] = (int32_t)n;
+        r.value[k] = n * scale;
+      }
+    }
+  return r;
+}
+
+// Σ w_i·v_i in double over exact products, and the magnitude Σ |w_i·v_i|.
+std::pair<double, double> dot(const std::vector<float>& w, const double* v) {
+  double s = 0, mag = 0;
+  for (size_t i = 0; i < w.size(); i++) {
+    s += (double)w[i] * v[i];
+    mag += std::fabs((double)w[i] * v[i]);
+  }
+  return {s, mag};
+}
+
+class CudaX24 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RL_REQUIRE_GPU();
+    cuda::upload_quant_tables();
+  }
+  // xq and xscale of x [rows][cols] on the device.
+  struct Quantized {
+    cuda::DeviceBuffer q, scale;
+  };
+  static Quantized quantize(const std::vector<float>& x, int rows, int cols) {
+    auto dx = to_device(x);
+    Quantized out{cuda::DeviceBuffer(cuda::x24_bytes(rows, cols)), cuda::DeviceBuffer((size_t)rows * cols / 256 * 8)};
+    cuda::quantize_x24(dx.f(), rows, cols, out.q.get<uint8_t>(), out.scale.get<double>(), nullptr);
+    RL_CUDA_CHECK(cudaDeviceSynchronize());
+    return out;
+  }
+};
+
+TEST_F(CudaX24, QuantizeMatchesTheDefinition) {
+  const int rows = 7, cols = 768;
+  std::vector<float> x = random_floats((size_t)rows * cols, 5);
+  // Row 1: large values; row 2: values around 1e-40 (subnormal fp32); row 3, block 1: all zeros;
+  // row 4: the largest value an exact power of two, and one just below the next (rounds up to the
+  // clamp); row 5, block 2: a NaN; row 6, block 0: an infinity.
+  for (int c = 0; c < cols; c++) x[cols + c] *= 1e30f, x[2 * cols + c] *= 1e-40f;
+  for (int c = 256; c < 512; c++) x[3 * cols + c] = 0.0f;
+  for (int c = 0; c < 256; c++) x[4 * cols + c] = std::fmod(x[4 * cols + c], 1.0f);
+  x[4 * cols + 17] = -2.0f;
+  x[4 * cols + 256] = std::nextafter(4.0f, 0.0f);
+  x[4 * cols + 300] = -std::nextafter(4.0f, 0.0f);
+  x[5 * cols + 600] = std::numeric_limits<float>::quiet_NaN();
+  x[6 * cols + 3] = std::numeric_limits<float>::infinity();
+  const X24Ref ref = x24_reference(x, rows, cols);
+  Quantized d = quantize(x, rows, cols);
+  const auto q = to_host<uint8_t>(d.q, cuda::x24_bytes(rows, cols));
+  const auto s = to_host<double>(d.scale, (size_t)rows * cols / 256);
+  for (size_t i = 0; i < s.size(); i++) {
+    if (std::isnan(ref.scale[i]))
+      EXPECT_TRUE(std::isnan(s[i])) << "scale " << i;
+    else
+      EXPECT_EQ(s[i], ref.scale[i]) << "scale " << i;
+  }
+  EXPECT_EQ(ref.n[4 * cols + 17], -4194304);  // -2 in a block whose largest magnitude is 2: -2^22
+  EXPECT_EQ(ref.n[4 * cols + 256], 8388607);  // rounds to 2^23, clamped
+  EXPECT_EQ(ref.n[4 * cols + 300], -8388608);
+  for (int row = 0; row < rows; row++)
+    for (int c = 0; c < cols; c++) {
+      const uint8_t* b = q.data() + (size_t)row * cols * 3 + (size_t)(c / 32) * 96 + c % 32;
+      const int32_t n = (int32_t)(int8_t)b[0] * 65536 + (int32_t)b[32] * 256 + (int32_t)b[64];
+      ASSERT_EQ(n, ref.n[(size_t)row * cols + c]) << "row " << row << " col " << c;
+    }
+}
+
+// Dense and expert forms, token counts that leave partial 8- and 16-token tiles, rows that are not
+// a multiple of the block's: every output is the fp32 rounding of Σ w·x̃, and within the X24
+// rounding (half a unit, 2^(e-24), per value) of the fp32 inputs' exact sum.
+TEST_F(CudaX24, ProductsAreTheRoundingOfTheX24Sum) {
+  struct Case {
+    int rows, cols, T;
+  };
+  for (GgmlType t : kX24Types) {
+    for (const Case& k : {Case{70, 512, 1}, Case{300, 2048, 17}, Case{130, 256, 37}, Case{64, 768, 16}}) {
+      SCOPED_TRACE(std::string(type_name(t)) + " " + std::to_string(k.rows) + "x" + std::to_string(k.cols) +
+                   " T=" + std::to_string(k.T));
+      const size_t rb = row_size(t, k.cols);
+      auto w = random_rows(t, k.rows, k.cols, 300 + k.T);
+      auto x = random_floats((size_t)k.T * k.cols, 301 + k.T);
+      for (size_t i = 0; i < x.size(); i += 97) x[i] *= 30.0f;  // uneven magnitudes within blocks
+      const X24Ref ref = x24_reference(x, k.T, k.cols);
+      Quantized d = quantize(x, k.T, k.cols);
+      auto dw = to_device(w);
+      cuda::DeviceBuffer dy((size_t)k.T * k.rows * 4);
+      cuda::matmul_x24(t, dw.get(), rb, k.rows, k.cols, d.q.get<uint8_t>(), d.scale.get<double>(), k.T, dy.f(),
+                       nullptr);
+      const auto y = to_host<float>(dy, (size_t)k.T * k.rows);
+      std::vector<float> wr(k.cols);
+      std::vector<double> xe(k.cols);
+      for (int r = 0; r < k.rows; r++) {
+        dequantize_row(t, w.data() + r * rb, wr.data(), k.cols);
+        for (int tok = 0; tok < k.T; tok++) {
+          const size_t o = (size_t)tok * k.rows + r;
+          auto [want, mag] = dot(wr, ref.value.data() + (size_t)tok * k.cols);
+          test::expect_fp32_rounding(y[o], want, mag, "out", (int)o);
+          // Against the fp32 inputs: the X24 rounding bound Σ |w_i| · 2^(e-24).
+          double bound = 0;
+          for (int c = 0; c < k.cols; c++) {
+            xe[c] = x[(size_t)tok * k.cols + c];
+            bound += std::fabs(wr[c]) * ref.scale[(size_t)tok * (k.cols / 256) + c / 256] * 0.5;
+          }
+          auto [exact, mag2] = dot(wr, xe.data());
+          EXPECT_LE(std::fabs(y[o] - exact), bound + std::ldexp(std::fabs(exact), -23) + 1e-13 * mag2) << "out " << o;
+        }
+      }
+    }
+  }
+}
+
+// Experts through slot pointers (groups of 5, 1, 19, 16 and 8 gathered rows in shuffled slots)
+// give bit for bit the dense product of each group's rows; the fused SwiGLU pair gives bit for bit
+// the two products and swiglu.
+TEST_F(CudaX24, ExpertsAndSwigluPairsMatchTheDenseProducts) {
+  for (GgmlType t : kX24Types) {
+    SCOPED_TRACE(type_name(t));
+    const int rows = 70, cols = 512, n = 5;
+    const std::vector<int> cnt = {5, 1, 19, 16, 8};
+    std::vector<int> off(n);
+    int total = 0;
+    for (int e = 0; e < n; e++) off[e] = total, total += cnt[e];
+    const size_t rb = row_size(t, cols), mat = rb * rows, slot = 2 * mat + 4096;
+    const int slot_of[n] = {3, 0, 4, 1, 2};
+    std::vector<uint8_t> pool(n * slot);
+    std::vector<std::vector<uint8_t>> gs, us;
+    for (int e = 0; e < n; e++) {
+      gs.push_back(random_rows(t, rows, cols, 700 + e)), us.push_back(random_rows(t, rows, cols, 710 + e));
+      std::memcpy(pool.data() + slot_of[e] * slot + 4096, gs[e].data(), mat);
+      std::memcpy(pool.data() + slot_of[e] * slot + 4096 + mat, us[e].data(), mat);
+    }
+    auto dpool = to_device(pool);
+    std::vector<const uint8_t*> ptrs(n);
+    for (int e = 0; e < n; e++) ptrs[e] = dpool.get<uint8_t>() + slot_of[e] * slot;
+    auto dptrs = to_device(ptrs);
+    std::vector<int> offcnt = off;
+    offcnt.insert(offcnt.end(), cnt.begin(), cnt.end());
+    auto doc = to_device(offcnt);
+    auto x = random_floats((size_t)total * cols, 720);
+    Quantized d = quantize(x, total, cols);
+    const auto* p = dptrs.get<const uint8_t*>();
+    const int* oc = doc.get<int>();
+    const uint8_t* q = d.q.get<uint8_t>();
+    const double* s = d.scale.get<double>();
+    const size_t out = (size_t)total * rows;
+    cuda::DeviceBuffer ya(out * 4), yg(out * 4), yu(out * 4);
+    cuda::matmul_x24_experts(t, p, 4096, rb, rows, cols, q, s, oc, oc + n, n, 19, yg.f(), nullptr);
+    cuda::matmul_x24_experts(t, p, 4096 + mat, rb, rows, cols, q, s, oc, oc + n, n, 19, yu.f(), nullptr);
+    cuda::matmul_x24_experts_gate_up(t, p, 4096, 4096 + mat, rb, rows, cols, q, s, oc, oc + n, n, 19, ya.f(), nullptr);
+    const auto g = to_host<float>(yg, out), u = to_host<float>(yu, out);
+    for (int e = 0; e < n; e++) {
+      auto dg = to_device(gs[e]);
+      cuda::DeviceBuffer dy((size_t)cnt[e] * rows * 4);
+      const size_t xo = cuda::x24_bytes(off[e], cols);
+      cuda::matmul_x24(t, dg.get(), rb, rows, cols, q + xo, s + (size_t)off[e] * cols / 256, cnt[e], dy.f(), nullptr);
+      const auto yd = to_host<float>(dy, (size_t)cnt[e] * rows);
+      for (size_t i = 0; i < yd.size(); i++) ASSERT_EQ(g[(size_t)off[e] * rows + i], yd[i]) << "expert " << e << " value " << i;
+    }
+    cuda::swiglu(yg.f(), yu.f(), yg.f(), out, nullptr);
+    const auto two = to_host<float>(yg, out), fused = to_host<float>(ya, out);
+    for (size_t i = 0; i < out; i++) ASSERT_EQ(fused[i], two[i]) << "value " << i;
+
+    // Dense SwiGLU pair: the same as the experts' for group 2 (19 tokens).
+    auto dgate = to_device(gs[2]), dup = to_device(us[2]);
+    cuda::DeviceBuffer da((size_t)19 * rows * 4);
+    cuda::matmul_x24_gate_up(t, dgate.get(), dup.get(), rb, rows, cols, q + cuda::x24_bytes(off[2], cols),
+                             s + (size_t)off[2] * cols / 256, 19, da.f(), nullptr);
+    const auto dense = to_host<float>(da, (size_t)19 * rows);
+    for (size_t i = 0; i < dense.size(); i++) ASSERT_EQ(dense[i], fused[(size_t)off[2] * rows + i]) << "dense pair " << i;
+  }
+}
+
+// A token whose activations hold a NaN gets NaN outputs; the other tokens are unaffected.
+TEST_F(CudaX24, NanActivationsPropagate) {
+  const GgmlType t = GgmlType::IQ2_XS;
+  const int rows = 20, cols = 512, T = 3;
+  const size_t rb = row_size(t, cols);
+  auto w = random_rows(t, rows, cols, 11);
+  auto x = random_floats((size_t)T * cols, 12);
+  x[cols + 400] = std::numeric_limits<float>::quiet_NaN();
+  Quantized d = quantize(x, T, cols);
+  auto dw = to_device(w);
+  cuda::DeviceBuffer dy((size_t)T * rows * 4);
+  cuda::matmul_x24(t, dw.get(), rb, rows, cols, d.q.get<uint8_t>(), d.scale.get<double>(), T, dy.f(), nullptr);
+  const auto y = to_host<float>(dy, (size_t)T * rows);
+  for (int r = 0; r < rows; r++) {
+    EXPECT_TRUE(std::isnan(y[rows + r])) << r;
+    EXPECT_TRUE(std::isfinite(y[r]) && std::isfinite(y[2 * rows + r])) << r;
+  }
+}
+
+TEST_F(CudaX24, RejectsOtherTypesAndShapes) {
+  cuda::DeviceBuffer d(1 << 16);
+  EXPECT_FALSE(cuda::x24_supported(GgmlType::Q4_K));
+  EXPECT_TRUE(cuda::x24_supported(GgmlType::IQ1_M));
+  EXPECT_THROW(cuda::matmul_x24(GgmlType::Q4_K, d.get(), 144, 1, 256, d.get<uint8_t>(), d.get<double>(), 1, d.f(),
+                                nullptr),
+               Error);
+  EXPECT_THROW(cuda::matmul_x24(GgmlType::IQ2_XS, d.get(), 74, 1, 128, d.get<uint8_t>(), d.get<double>(), 1, d.f(),
+                                nullptr),
+               Error);
+  EXPECT_THROW(cuda::quantize_x24(d.f(), 1, 100, d.get<uint8_t>(), d.get<double>(), nullptr), Error);
+}
+
+}  // namespace
+}  // namespace rl
