@@ -23,7 +23,11 @@
 // group's tokens skipped), stepping 32 columns at a time; the A fragment of k16 half h of a step is
 // lane (g, q)'s four weights 16h + 4q .. +3 of rows g and g + 8, which is half q % 2 of the 8-value
 // chunk 2h + q / 2, so a lane looks up its grid word directly. The three limb planes of a step are
-// staged in shared memory (double-buffered) so that lane (g, q) reads its B words conflict-free.
+// staged in shared memory (double-buffered) so that lane (g, q) reads its B words conflict-free;
+// the weights' raw fields and the step's activations are read a step ahead, and each row's
+// super-block kPrefetchSupers ahead is prefetched into L2. (On the H200 the kernel is bound by
+// instruction issue — integer pipe, the 24 multiply-adds of m per sub-tile and step — not by
+// memory: docs/perf/cuda.md, sixth session.)
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
@@ -42,8 +46,8 @@ constexpr int kTokens = 16;        // tokens per block: two 8-token sub-tiles
 constexpr int kSubTiles = kTokens / 8;
 constexpr int kLimbs = 3;
 constexpr int kStepBytes = kLimbs * kStep;  // a token's X24 bytes of one step: [limb][32]
-// L2 prefetch distances (see x24_kernel).
-constexpr int kPrefetchSupers = 2, kPrefetchSteps = 4;
+// How far ahead (in super-blocks) x24_kernel prefetches a row's weights into L2.
+constexpr int kPrefetchSupers = 2;
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
@@ -84,22 +88,28 @@ template <>
 struct X24Weights<GgmlType::IQ2_XS> {
   static constexpr int kBytes = 74;
   struct Raw {
-    uint16_t qs[2];
-    uint8_t sc;
+    uint32_t qs[2], sc;  // 32-bit registers: no 16-bit arithmetic in the decode
   };
   __device__ static Raw load(const uint8_t* row, int step, int fq) {
     const uint8_t* b = row + (step >> 3) * kBytes;
     const int ib = step & 7;
-    return {{load_u16(b + 2 + 2 * (4 * ib + (fq >> 1))), load_u16(b + 2 + 2 * (4 * ib + 2 + (fq >> 1)))},
-            b[66 + ib]};
+    const uint8_t* q = b + 2 + 8 * ib + 2 * (fq >> 1);
+    return {{load_u16(q), load_u16(q + 4)}, b[66 + ib]};
   }
+  // Byte offsets into the tables (8-byte entries, half fq % 2): index·8 + 4·(fq % 2).
   __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
+    const uint32_t hb = (fq & 1) << 2;
+    const char* gb = reinterpret_cast<const char*>(grid);
+    const char* mb = reinterpret_cast<const char*>(masks);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      c.a[h] = iq2_signed_s8(grid[2 * (r.qs[h] & 511) + (fq & 1)], masks[2 * (r.qs[h] >> 9) + (fq & 1)]);
-      c.m[h] = 2 * ((r.sc >> (4 * h)) & 0xF) + 1;
+      const uint32_t g = *reinterpret_cast<const uint32_t*>(gb + (((r.qs[h] << 3) & 0xFF8u) | hb));
+      const uint32_t mk = *reinterpret_cast<const uint32_t*>(mb + (((r.qs[h] >> 6) & 0x3F8u) | hb));
+      c.a[h] = iq2_signed_s8(g, mk);
     }
+    c.m[0] = (int)(((r.sc << 1) & 0x1Eu) | 1u);
+    c.m[1] = (int)(((r.sc >> 3) & 0x1Eu) | 1u);
     return c;
   }
   __device__ static float super_scale(const uint8_t* row, int sb) {
@@ -111,8 +121,7 @@ template <>
 struct X24Weights<GgmlType::IQ2_XXS> {
   static constexpr int kBytes = 66;
   struct Raw {
-    uint32_t aux1;
-    uint8_t idx[2];
+    uint32_t aux1, idx[2];
   };
   __device__ static Raw load(const uint8_t* row, int step, int fq) {
     const uint8_t* q = row + (step >> 3) * kBytes + 2 + 8 * (step & 7);
@@ -120,11 +129,16 @@ struct X24Weights<GgmlType::IQ2_XXS> {
   }
   __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
+    const uint32_t hb = (fq & 1) << 2;
+    const char* gb = reinterpret_cast<const char*>(grid);
+    const char* mb = reinterpret_cast<const char*>(masks);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int l = 2 * h + (fq >> 1);
-      c.a[h] = iq2_signed_s8(grid[2 * r.idx[h] + (fq & 1)], masks[2 * ((r.aux1 >> (7 * l)) & 127) + (fq & 1)]);
-      c.m[h] = 2 * (int)(r.aux1 >> 28) + 1;
+      const uint32_t g = *reinterpret_cast<const uint32_t*>(gb + ((r.idx[h] << 3) | hb));
+      const uint32_t mk = *reinterpret_cast<const uint32_t*>(mb + ((((r.aux1 >> (7 * l)) & 127u) << 3) | hb));
+      c.a[h] = iq2_signed_s8(g, mk);
+      c.m[h] = (int)(((r.aux1 >> 27) & 0x1Eu) | 1u);
     }
     return c;
   }
@@ -140,8 +154,8 @@ template <>
 struct X24Weights<GgmlType::IQ1_M> {
   static constexpr int kBytes = 56;
   struct Raw {
-    uint16_t sw;  // the scale word of the step's group
-    uint8_t qs[2], qh[2];
+    uint32_t sw;  // the scale word of the step's group
+    uint32_t qs[2], qh[2];
   };
   __device__ static Raw load(const uint8_t* row, int step, int fq) {
     const uint8_t* b = row + (step >> 3) * kBytes;
@@ -155,12 +169,12 @@ struct X24Weights<GgmlType::IQ1_M> {
     const int ib = step & 7, odd = fq >> 1;  // chunk 2h + odd: odd selects the high index bits' nibble
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const int idx = r.qs[h] | ((odd ? (r.qh[h] << 4) : (r.qh[h] << 8)) & 0x700);
-      const bool minus = r.qh[h] & (odd ? 0x80 : 0x08);
+      const uint32_t idx = r.qs[h] | ((odd ? (r.qh[h] << 4) : (r.qh[h] << 8)) & 0x700u);
+      const bool minus = r.qh[h] & (odd ? 0x80u : 0x08u);
       const uint32_t g = grid[2 * idx + (fq & 1)];
       const uint32_t u = (g ^ 0x80808080u) - 0x7F7F7F7Fu;
       c.a[h] = ((u << 3) + (minus ? 0x77777777u : 0x79797979u)) ^ 0x80808080u;
-      c.m[h] = 2 * ((r.sw >> (6 * (ib & 1) + 3 * h)) & 0x7) + 1;
+      c.m[h] = (int)((((r.sw >> (6 * (ib & 1) + 3 * h)) & 0x7u) << 1) | 1u);
     }
     return c;
   }
@@ -288,20 +302,14 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
     for (int i = 0; i < 2; i++)
       if (w_valid[i]) raw[i] = W::load(wrow[i], step, fq);
   };
-  // L2 prefetches, so that the loads a step ahead find their bytes on chip: the weights of the
-  // super-block kPrefetchSupers ahead (each row's block by its 4 lanes: offsets 0, 32, 64 and the
-  // last byte cover the block's sectors), the activations kPrefetchSteps steps ahead.
+  // L2 prefetches of the weights of the super-block kPrefetchSupers ahead (each row's block by its
+  // 4 lanes: offsets 0, 32, 64 and the last byte cover the block's sectors).
   auto prefetch_weights = [&](int sb) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
       if (w_valid[i]) prefetch_l2(wrow[i] + (size_t)sb * W::kBytes + min(32 * fq, W::kBytes - 1));
   };
-  auto prefetch_x = [&](int step) {
-    if (tid < n_tok * 3 && tid / 3 < tile_n)
-      prefetch_l2(xg + (size_t)(tid / 3) * x_row + (size_t)step * kStepBytes + 32 * (tid % 3));
-  };
   for (int sb = 0; sb < kPrefetchSupers && sb < nsb; sb++) prefetch_weights(sb);
-  for (int st = 0; st < kPrefetchSteps && st < steps; st++) prefetch_x(st);
   uint4 xr = load_piece(0);
   fetch_weights(0);
 
@@ -319,7 +327,6 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
       const int sb_ahead = step / kStepsPerSuper + kPrefetchSupers;
       if (kPrefetchSupers > 0 && sb_ahead < nsb) prefetch_weights(sb_ahead);
     }
-    if (kPrefetchSteps > 0 && step + kPrefetchSteps < steps) prefetch_x(step + kPrefetchSteps);
     if (tid < n_pieces) xs[buf][p_lh * kTokens + p_t] = xr;
     X24Chunk c[2];
 #pragma unroll
