@@ -55,8 +55,9 @@ struct CudaOptions {
   // Synchronous path: a layer's resident experts run while its misses are copied, the missed ones
   // after the copies (RL_ENGINE_OVERLAP=0: all of them after the copies).
   bool overlap_copies = true;
-  // Prefill's routed-expert products of the IQ types on 8-bit tensor cores with X24 activations
-  // (kernels.h, matmul_x24); RL_ENGINE_X24=0: the fp64 products on the fp32 activations.
+  // Prefill products of the IQ types (routed experts, a shared expert's SwiGLU pair) on 8-bit
+  // tensor cores with X24 activations (kernels.h, matmul_x24); RL_ENGINE_X24=0: the fp64 products
+  // on the fp32 activations.
   bool x24 = true;
   // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP and RL_ENGINE_X24.
   static CudaOptions from_env(int64_t cache_mib);
