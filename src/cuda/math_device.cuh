@@ -89,4 +89,32 @@ __device__ __forceinline__ double block_sum_d(double v) {
   return warp_sum_d(s);
 }
 
+// The prefill products' results of one warp (matmul.cu, matmul_x24.cu), from the mma D fragment:
+// row tile i's result for token 8s + 2fq + e of the tile is value(i, s, e), its row row0 + 8i + fg
+// (y [tokens][rows]; tokens from tile_t, fewer than cnt; sub-tiles s < active). GU (a SwiGLU pair:
+// tile 0 gate, tile 1 up, one row row0 + fg): SiLU(gate) · up with swiglu's arithmetic.
+template <bool GU, int RT, int TT, class Value>
+__device__ __forceinline__ void store_products(float* y, int rows, int row0, int fg, int fq, int tile_t, int cnt,
+                                               int active, Value value) {
+#pragma unroll
+  for (int s = 0; s < TT; s++) {
+    if (s >= active) continue;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int t = tile_t + 8 * s + 2 * fq + e;
+      if (t >= cnt) continue;
+      if constexpr (GU) {
+        const int r = row0 + fg;
+        if (r < rows) y[(size_t)t * rows + r] = __fmul_rn(silu_f((float)value(0, s, e)), (float)value(1, s, e));
+      } else {
+#pragma unroll
+        for (int i = 0; i < RT; i++) {
+          const int r = row0 + 8 * i + fg;
+          if (r < rows) y[(size_t)t * rows + r] = (float)value(i, s, e);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace rl::cuda

@@ -303,25 +303,8 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
     if (split != 0) return;
   }
   // D fragment: row warp_r + 8i + fg, tokens 8s + 2fq + {0, 1}.
-#pragma unroll
-  for (int s = 0; s < TT; s++) {
-    if (s >= active) continue;
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-      const int t = tile_t + 8 * s + 2 * fq + e;
-      if (t >= cnt) continue;
-      if constexpr (GU) {
-        const int r = r0 + warp_r + fg;
-        if (r < rows) yg[(size_t)t * rows + r] = __fmul_rn(silu_f((float)acc[0][s][e]), (float)acc[1][s][e]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < RT; i++) {
-          const int r = r0 + warp_r + 8 * i + fg;
-          if (r < rows) yg[(size_t)t * rows + r] = (float)acc[i][s][e];
-        }
-      }
-    }
-  }
+  store_products<GU, RT, TT>(yg, rows, r0 + warp_r, fg, fq, tile_t, cnt, active,
+                             [&](int i, int s, int e) { return acc[i][s][e]; });
 }
 
 template <int BT, int RT, int S = 1, bool GU = false>

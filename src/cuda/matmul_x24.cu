@@ -80,6 +80,16 @@ struct X24Chunk {
 // IQ2 grid bytes g with byte masks mk (0 or 0xFF): ±g per byte as (g ^ mk) + (mk & 1): g ≥ 8, so
 // g ^ 0xFF ≤ 247 and the +1 carries out of no byte.
 __device__ __forceinline__ uint32_t iq2_signed_s8(uint32_t g, uint32_t mk) { return (g ^ mk) + (mk & 0x01010101u); }
+// The signed bytes of half hb/4 of grid entry gi under sign code si: the tables' 8-byte entries read
+// as words at byte offset index·8 + hb.
+__device__ __forceinline__ uint32_t iq2_half(const uint32_t* grid, const uint32_t* masks, uint32_t gi, uint32_t si,
+                                             uint32_t hb) {
+  const uint32_t g = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(grid) + ((gi << 3) | hb));
+  const uint32_t mk = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(masks) + ((si << 3) | hb));
+  return iq2_signed_s8(g, mk);
+}
+// d/8 of an IQ2 super-block (its first two bytes).
+__device__ __forceinline__ float iq2_super_scale(const uint8_t* block) { return half_bits_to_f32(load_u16(block)) * 0.125f; }
 
 template <GgmlType T>
 struct X24Weights;
@@ -96,25 +106,15 @@ struct X24Weights<GgmlType::IQ2_XS> {
     const uint8_t* q = b + 2 + 8 * ib + 2 * (fq >> 1);
     return {{load_u16(q), load_u16(q + 4)}, b[66 + ib]};
   }
-  // Byte offsets into the tables (8-byte entries, half fq % 2): index·8 + 4·(fq % 2).
   __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
-    const uint32_t hb = (fq & 1) << 2;
-    const char* gb = reinterpret_cast<const char*>(grid);
-    const char* mb = reinterpret_cast<const char*>(masks);
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const uint32_t g = *reinterpret_cast<const uint32_t*>(gb + (((r.qs[h] << 3) & 0xFF8u) | hb));
-      const uint32_t mk = *reinterpret_cast<const uint32_t*>(mb + (((r.qs[h] >> 6) & 0x3F8u) | hb));
-      c.a[h] = iq2_signed_s8(g, mk);
-    }
+    for (int h = 0; h < 2; h++) c.a[h] = iq2_half(grid, masks, r.qs[h] & 511u, r.qs[h] >> 9, (fq & 1) << 2);
     c.m[0] = (int)(((r.sc << 1) & 0x1Eu) | 1u);
     c.m[1] = (int)(((r.sc >> 3) & 0x1Eu) | 1u);
     return c;
   }
-  __device__ static float super_scale(const uint8_t* row, int sb) {
-    return half_bits_to_f32(load_u16(row + sb * kBytes)) * 0.125f;
-  }
+  __device__ static float super_scale(const uint8_t* row, int sb) { return iq2_super_scale(row + sb * kBytes); }
 };
 
 template <>
@@ -129,22 +129,14 @@ struct X24Weights<GgmlType::IQ2_XXS> {
   }
   __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
-    const uint32_t hb = (fq & 1) << 2;
-    const char* gb = reinterpret_cast<const char*>(grid);
-    const char* mb = reinterpret_cast<const char*>(masks);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const int l = 2 * h + (fq >> 1);
-      const uint32_t g = *reinterpret_cast<const uint32_t*>(gb + ((r.idx[h] << 3) | hb));
-      const uint32_t mk = *reinterpret_cast<const uint32_t*>(mb + ((((r.aux1 >> (7 * l)) & 127u) << 3) | hb));
-      c.a[h] = iq2_signed_s8(g, mk);
+      c.a[h] = iq2_half(grid, masks, r.idx[h], (r.aux1 >> (7 * (2 * h + (fq >> 1)))) & 127u, (fq & 1) << 2);
       c.m[h] = (int)(((r.aux1 >> 27) & 0x1Eu) | 1u);
     }
     return c;
   }
-  __device__ static float super_scale(const uint8_t* row, int sb) {
-    return half_bits_to_f32(load_u16(row + sb * kBytes)) * 0.125f;
-  }
+  __device__ static float super_scale(const uint8_t* row, int sb) { return iq2_super_scale(row + sb * kBytes); }
 };
 
 // IQ1_M: grid bytes g in {-1, 0, 1} (0xFF, 0, 1) and the chunk's delta ±1/8 give 8g ± 1 per byte:
@@ -390,25 +382,8 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
     }
   }
   // Results: row tile i (row warp_r + 8i + fg, or the pair's row) at out[s][2i + e], token 8s + 2fq + e.
-#pragma unroll
-  for (int s = 0; s < kSubTiles; s++) {
-    if (s >= active) continue;
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-      const int t = tile_t + 8 * s + 2 * fq + e;
-      if (t >= cnt) continue;
-      if constexpr (GU) {
-        const int r = r0 + warp_r + fg;
-        if (r < rows) yg[(size_t)t * rows + r] = __fmul_rn(silu_f((float)out[s][e]), (float)out[s][2 + e]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          const int r = r0 + warp_r + 8 * i + fg;
-          if (r < rows) yg[(size_t)t * rows + r] = (float)out[s][2 * i + e];
-        }
-      }
-    }
-  }
+  store_products<GU, 2, kSubTiles>(yg, rows, r0 + warp_r, fg, fq, tile_t, cnt, active,
+                                   [&](int i, int s, int e) { return out[s][2 * i + e]; });
 }
 
 template <bool GU>

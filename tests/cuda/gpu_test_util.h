@@ -99,6 +99,18 @@ inline std::vector<uint8_t> random_rows(GgmlType t, int rows, int cols, uint32_t
   return data;
 }
 
+// Σ w_i·v_i in double (each product exact: fp32 × fp32, or fp32 × a value of at most 29
+// significant bits) and the magnitude Σ |w_i·v_i| that bounds the sum's rounding.
+template <class V>
+std::pair<double, double> exact_dot(const float* w, const V* v, size_t n) {
+  double s = 0, mag = 0;
+  for (size_t i = 0; i < n; i++) {
+    s += (double)w[i] * (double)v[i];
+    mag += std::fabs((double)w[i] * (double)v[i]);
+  }
+  return {s, mag};
+}
+
 // |a - b| within rel * scale + abs, where scale is the magnitude the sum was formed from.
 inline void expect_close(float got, double want, double magnitude, double rel, const char* what, int i) {
   EXPECT_LE(std::fabs(got - want), rel * magnitude + 1e-6)

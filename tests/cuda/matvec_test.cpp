@@ -28,12 +28,7 @@ const Shape kShapes[] = {{1, 256}, {37, 512}, {300, 2048}, {64, 4096}};
 std::pair<double, double> reference_dot(GgmlType t, const uint8_t* row, const float* x, int cols) {
   std::vector<float> w(cols);
   dequantize_row(t, row, w.data(), cols);
-  double s = 0, mag = 0;
-  for (int i = 0; i < cols; i++) {
-    s += (double)w[i] * x[i];
-    mag += std::fabs((double)w[i] * x[i]);
-  }
-  return {s, mag};
+  return test::exact_dot(w.data(), x, cols);
 }
 
 class CudaKernels : public ::testing::Test {

@@ -55,16 +55,6 @@ X24Ref x24_reference(const std::vector<float>& x, int rows, int cols) {
   return r;
 }
 
-// Σ w_i·v_i in double over exact products, and the magnitude Σ |w_i·v_i|.
-std::pair<double, double> dot(const std::vector<float>& w, const double* v) {
-  double s = 0, mag = 0;
-  for (size_t i = 0; i < w.size(); i++) {
-    s += (double)w[i] * v[i];
-    mag += std::fabs((double)w[i] * v[i]);
-  }
-  return {s, mag};
-}
-
 class CudaX24 : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -147,7 +137,7 @@ TEST_F(CudaX24, ProductsAreTheRoundingOfTheX24Sum) {
         dequantize_row(t, w.data() + r * rb, wr.data(), k.cols);
         for (int tok = 0; tok < k.T; tok++) {
           const size_t o = (size_t)tok * k.rows + r;
-          auto [want, mag] = dot(wr, ref.value.data() + (size_t)tok * k.cols);
+          auto [want, mag] = test::exact_dot(wr.data(), ref.value.data() + (size_t)tok * k.cols, k.cols);
           test::expect_fp32_rounding(y[o], want, mag, "out", (int)o);
           // Against the fp32 inputs: the X24 rounding bound Σ |w_i| · 2^(e-24).
           double bound = 0;
@@ -155,7 +145,7 @@ TEST_F(CudaX24, ProductsAreTheRoundingOfTheX24Sum) {
             xe[c] = x[(size_t)tok * k.cols + c];
             bound += std::fabs(wr[c]) * ref.scale[(size_t)tok * (k.cols / 256) + c / 256] * 0.5;
           }
-          auto [exact, mag2] = dot(wr, xe.data());
+          auto [exact, mag2] = test::exact_dot(wr.data(), xe.data(), k.cols);
           EXPECT_LE(std::fabs(y[o] - exact), bound + std::ldexp(std::fabs(exact), -23) + 1e-13 * mag2) << "out " << o;
         }
       }
