@@ -91,7 +91,8 @@ void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t 
 // scale 2^(e-23) (xscale [rows][cols/256], double; NaN where the block holds a NaN or infinity) with
 // 2^e above the block's largest magnitude, and each value as n = round(x / scale) clamped to
 // [-2^23, 2^23 - 1], in three byte planes per 32 columns (xq [rows][cols/32][3][32]: n >> 16 signed,
-// (n >> 8) & 255, n & 255). x24_bytes: the size of xq.
+// (n >> 8) & 255, n & 255). x24_bytes: the size of xq. x and xq 16-byte aligned (vector loads and
+// stores), as cudaMalloc and whole rows of such widths give.
 constexpr size_t x24_bytes(size_t rows, size_t cols) { return rows * cols * 3; }
 void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream);
 // True for the weight types with X24 products (IQ2_XXS, IQ2_XS, IQ1_M).

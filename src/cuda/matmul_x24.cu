@@ -416,7 +416,7 @@ bool x24_supported(GgmlType t) {
 void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream) {
   if (cols % kSuper != 0)
     throw_error("quantize_x24: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
-  if (rows == 0) return;
+  if (rows == 0 || cols == 0) return;
   const long warps = (long)rows * (cols / kSuper);
   quantize_x24_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, stream>>>(x, rows, cols, xq, xscale);
   RL_CUDA_LAUNCH_CHECK();
