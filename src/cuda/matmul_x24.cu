@@ -71,8 +71,9 @@ __device__ __forceinline__ void imma_16x8x16(int (&d)[4], uint32_t a0, uint32_t 
 
 // A lane's weights of one row for one step, for its k16 halves h = 0, 1: the four signed bytes
 // a[h] (half fq % 2 of chunk 2h + fq / 2 of the step's 32-column group) and the sub-scale m[h].
-// load() issues the global reads (a step ahead), decode() forms the bytes with the block's codebook
-// and sign masks (SharedTables). super_scale(): d/8 of super-block sb (exact in fp32).
+// load() issues the global reads (a step ahead), decode(raw, fq, step, grid, masks) forms the bytes
+// with the block's codebook and sign masks (SharedTables; each type reads what it needs).
+// super_scale(): d/8 of super-block sb (exact in fp32).
 struct X24Chunk {
   uint32_t a[2];
   int m[2];
@@ -106,7 +107,7 @@ struct X24Weights<GgmlType::IQ2_XS> {
     const uint8_t* q = b + 2 + 8 * ib + 2 * (fq >> 1);
     return {{load_u16(q), load_u16(q + 4)}, b[66 + ib]};
   }
-  __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
+  __device__ static X24Chunk decode(const Raw& r, int fq, int, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
 #pragma unroll
     for (int h = 0; h < 2; h++) c.a[h] = iq2_half(grid, masks, r.qs[h] & 511u, r.qs[h] >> 9, (fq & 1) << 2);
@@ -127,7 +128,7 @@ struct X24Weights<GgmlType::IQ2_XXS> {
     const uint8_t* q = row + (step >> 3) * kBytes + 2 + 8 * (step & 7);
     return {(uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16), {q[fq >> 1], q[2 + (fq >> 1)]}};
   }
-  __device__ static X24Chunk decode(const Raw& r, int fq, const uint32_t* grid, const uint32_t* masks) {
+  __device__ static X24Chunk decode(const Raw& r, int fq, int, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -156,7 +157,7 @@ struct X24Weights<GgmlType::IQ1_M> {
             {b[4 * ib + (fq >> 1)], b[4 * ib + 2 + (fq >> 1)]},
             {b[32 + 2 * ib], b[32 + 2 * ib + 1]}};
   }
-  __device__ static X24Chunk decode(const Raw& r, int fq, int step, const uint32_t* grid) {
+  __device__ static X24Chunk decode(const Raw& r, int fq, int step, const uint32_t* grid, const uint32_t*) {
     X24Chunk c;
     const int ib = step & 7, odd = fq >> 1;  // chunk 2h + odd: odd selects the high index bits' nibble
 #pragma unroll
@@ -171,21 +172,9 @@ struct X24Weights<GgmlType::IQ1_M> {
     return c;
   }
   __device__ static float super_scale(const uint8_t* row, int sb) {
-    const uint2 sc = load8_a4(row + sb * kBytes + 48);
-    const uint16_t s = (uint16_t)(((sc.x & 0xFFFF) >> 12) | ((sc.x >> 24) & 0x00f0) | ((sc.y >> 4) & 0x0f00) |
-                                  ((sc.y >> 16) & 0xf000));
-    return half_bits_to_f32(s) * 0.125f;
+    return iq1m_super_scale(load8_a4(row + sb * kBytes + 48)) * 0.125f;
   }
 };
-
-template <GgmlType T>
-__device__ __forceinline__ X24Chunk x24_decode(const typename X24Weights<T>::Raw& r, int fq, int step,
-                                               const uint32_t* grid, const uint32_t* masks) {
-  if constexpr (T == GgmlType::IQ1_M)
-    return X24Weights<T>::decode(r, fq, step, grid);
-  else
-    return X24Weights<T>::decode(r, fq, grid, masks);
-}
 
 template <GgmlType T>
 constexpr bool kX24Type = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS || T == GgmlType::IQ1_M;
@@ -317,14 +306,14 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
 #pragma unroll
           for (int e = 0; e < 4; e++) acc[s][l][e] = 0;
       const int sb_ahead = step / kStepsPerSuper + kPrefetchSupers;
-      if (kPrefetchSupers > 0 && sb_ahead < nsb) prefetch_weights(sb_ahead);
+      if (sb_ahead < nsb) prefetch_weights(sb_ahead);
     }
     if (tid < n_pieces) xs[buf][p_lh * kTokens + p_t] = xr;
     X24Chunk c[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       if (w_valid[i]) {
-        c[i] = x24_decode<T>(raw[i], fq, step, grid32, masks32);
+        c[i] = W::decode(raw[i], fq, step, grid32, masks32);
       } else {
         c[i].a[0] = c[i].a[1] = 0;
         c[i].m[0] = c[i].m[1] = 0;

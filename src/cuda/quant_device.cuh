@@ -318,6 +318,13 @@ struct Dequant<GgmlType::IQ2_XS> {
   }
 };
 
+// IQ1_M's fp16 super-scale, spread over the top nibbles of its four 16-bit scale words (read as
+// two 32-bit words).
+__device__ __forceinline__ float iq1m_super_scale(uint2 sc) {
+  return half_bits_to_f32((uint16_t)(((sc.x & 0xFFFF) >> 12) | ((sc.x >> 24) & 0x00f0) | ((sc.y >> 4) & 0x0f00) |
+                                     ((sc.y >> 16) & 0xf000)));
+}
+
 // 8 groups of 32: four 11-bit indices into the ternary iq1s grid, a ±1/8 shift per 8 values and
 // two 3-bit scales per group; the fp16 super-scale is spread over the scale words' top nibbles.
 template <>
@@ -357,9 +364,7 @@ struct Dequant<GgmlType::IQ1_M> {
   __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t*) {
     const int ib = (c & 31) >> 2, l = c & 3;
     const uint32_t w0 = r.sc.x, w1 = r.sc.y;  // scale words 0, 1 and 2, 3
-    const uint16_t scale =
-        (uint16_t)(((w0 & 0xFFFF) >> 12) | ((w0 >> 24) & 0x00f0) | ((w1 >> 4) & 0x0f00) | ((w1 >> 16) & 0xf000));
-    const float d = half_bits_to_f32(scale);
+    const float d = iq1m_super_scale(r.sc);
     const uint32_t sw = ((ib < 4 ? w0 : w1) >> (16 * ((ib >> 1) & 1))) & 0xFFFF;
     const int shift = 6 * (ib % 2) + (l < 2 ? 0 : 3);
     const float dl = d * (float)(2 * ((sw >> shift) & 0x7) + 1);
