@@ -263,12 +263,14 @@ class CudaBackendImpl final : public CudaBackend {
   // Activations for one chunk of up to kMaxChunk tokens.
   DeviceBuffer x_, h_, mix_, proj_a_, proj_b_, proj_c_, small_a_, small_b_, logits_;
   DeviceBuffer router_logits_, g_buf_, u_buf_, y_buf_, xg_buf_, sh_gate_, sh_up_, sh_out_, sh_scalar_;
-  // X24 prefill products (CudaOptions::x24): the gathered expert inputs and the SwiGLU outputs in
-  // the X24 form; allocated only when some layer's routed experts have an X24 type.
+  // X24 prefill products (CudaOptions::x24) allowed: the option, compute capability 8.0, widths of
+  // whole 256-column blocks. Buffers in the X24 form: the gathered expert inputs and the SwiGLU
+  // outputs (when some routed expert has an X24 type), the shared expert's input (T × n_embd; when
+  // a shared expert has one).
   bool x24_ = false;
   DeviceBuffer xq_buf_, xq_scale_, aq_buf_, aq_scale_;
-  // The shared expert's input (T tokens of n_embd) in the X24 form.
   DeviceBuffer dq_buf_, dq_scale_;
+  bool use_x24(GgmlType t) const { return x24_ && x24_supported(t); }
   DeviceBuffer ids_, pos_;
   size_t logits_rows_ = 0;
   float* pinned_logits_ = nullptr;
@@ -558,21 +560,24 @@ void CudaBackendImpl::allocate_working_set() {
   alloc(u_buf_, n_assign * ff);
   alloc(y_buf_, n_assign * n_embd);
   alloc(xg_buf_, n_assign * n_embd);
-  if (opts_.x24 && device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0) {
-    for (const LayerDev& d : layers_)
-      for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
-        x24_ = x24_ || (v->present() && x24_supported(v->type));
-    for (const LayerDev& d : layers_) x24_ = x24_ || x24_supported(d.moe.gate_sh.type);
+  x24_ = opts_.x24 && device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
+  bool routed_x24 = false, shared_x24 = false;
+  for (const LayerDev& d : layers_) {
+    for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
+      routed_x24 = routed_x24 || (v->present() && use_x24(v->type));
+    shared_x24 = shared_x24 || use_x24(d.moe.gate_sh.type);
   }
-  if (x24_) {
-    auto alloc_bytes = [&](DeviceBuffer& b, size_t bytes) {
-      b.allocate(bytes);
-      total += bytes;
-    };
+  auto alloc_bytes = [&](DeviceBuffer& b, size_t bytes) {
+    b.allocate(bytes);
+    total += bytes;
+  };
+  if (routed_x24) {
     alloc_bytes(xq_buf_, x24_bytes(n_assign, n_embd));
     alloc_bytes(xq_scale_, n_assign * (n_embd / 256) * sizeof(double));
     alloc_bytes(aq_buf_, x24_bytes(n_assign, ff));
     alloc_bytes(aq_scale_, n_assign * (ff / 256) * sizeof(double));
+  }
+  if (shared_x24) {
     alloc_bytes(dq_buf_, x24_bytes(T, n_embd));
     alloc_bytes(dq_scale_, T * (n_embd / 256) * sizeof(double));
   }
@@ -794,7 +799,7 @@ void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const fl
     return;
   }
   if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows) {
-    if (x24_ && x24_supported(gate.type) && gate.cols == config().n_embd) {
+    if (use_x24(gate.type) && gate.cols == config().n_embd) {
       quantize_x24(x, T, gate.cols, dq_buf_.get<uint8_t>(), dq_scale_.get<double>(), stream_);
       matmul_x24_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, dq_buf_.get<uint8_t>(),
                          dq_scale_.get<double>(), T, act, stream_);
@@ -848,14 +853,14 @@ void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std:
     const double* xs = xq_scale_.get<double>();
     auto product = [&](const TensorView& v, size_t offset, int out_rows, int cols, const float* x, const uint8_t* q,
                        const double* qs, float* y) {
-      if (x24_ && x24_supported(v.type))
+      if (use_x24(v.type))
         matmul_x24_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, q, qs, off_d, off_d + n, n, max_cnt, y,
                            stream_);
       else
         matmul_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y, stream_);
     };
     if (gv.type == uv.type && gv.row_bytes == uv.row_bytes) {
-      if (x24_ && x24_supported(gv.type))
+      if (use_x24(gv.type))
         matmul_x24_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xq, xs, off_d,
                                    off_d + n, n, max_cnt, g_buf_.f(), stream_);
       else
@@ -866,7 +871,7 @@ void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std:
       product(uv, moe.up_offset, ff, n_embd, xg_buf_.f(), xq, xs, u_buf_.f());
       swiglu(g_buf_.f() + row0 * ff, u_buf_.f() + row0 * ff, g_buf_.f() + row0 * ff, rows * ff, stream_);
     }
-    if (x24_ && x24_supported(dv.type))
+    if (use_x24(dv.type))
       quantize_x24(g_buf_.f() + row0 * ff, (int)rows, ff, aq_buf_.get<uint8_t>() + x24_bytes(row0, ff),
                    aq_scale_.get<double>() + row0 * (ff / 256), stream_);
     product(dv, moe.down_offset, n_embd, ff, g_buf_.f(), aq_buf_.get<uint8_t>(), aq_scale_.get<double>(), y_buf_.f());
@@ -968,7 +973,7 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
     RL_CUDA_CHECK(cudaMemcpyAsync(gather_d, gather_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   stream_));
     gather_rows(h2, gather_d, xg_buf_.f(), T * K, n_embd, stream_);
-    if (x24_ && (x24_supported(d.moe.gate_exps.type) || x24_supported(d.moe.up_exps.type)))
+    if (use_x24(d.moe.gate_exps.type) || use_x24(d.moe.up_exps.type))
       quantize_x24(xg_buf_.f(), T * K, n_embd, xq_buf_.get<uint8_t>(), xq_scale_.get<double>(), stream_);
   }
   RL_CUDA_CHECK(cudaMemcpyAsync(assign_d, assign_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
