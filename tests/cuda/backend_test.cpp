@@ -18,6 +18,19 @@ namespace {
 
 const char* const kModels[] = {"tiny-qwen3next-iq2xxs.gguf", "tiny-qwen3next-q4km.gguf"};
 
+// The fixture models of kModels that exist (name, path); a missing one is reported and left out.
+std::vector<std::pair<std::string, std::string>> fixture_models() {
+  std::vector<std::pair<std::string, std::string>> found;
+  for (const char* name : kModels) {
+    const std::string path = test::fixture(name);
+    if (std::filesystem::exists(path))
+      found.emplace_back(name, path);
+    else
+      std::printf("fixture not found: %s (set REDLITE_FIXTURES); model skipped\n", path.c_str());
+  }
+  return found;
+}
+
 std::vector<int32_t> prompt(int n, int n_vocab, int seed) {
   std::vector<int32_t> t(n);
   for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + seed * 104729) % n_vocab);
@@ -61,14 +74,9 @@ struct TopkRecorder final : TraceSink {
 
 TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
   RL_REQUIRE_GPU();
-  int n_models = 0;
-  for (const char* name : kModels) {
-    const std::string path = test::fixture(name);
-    if (!std::filesystem::exists(path)) {
-      std::printf("fixture not found: %s (set REDLITE_FIXTURES); model skipped\n", path.c_str());
-      continue;
-    }
-    n_models++;
+  const auto models = fixture_models();
+  if (models.empty()) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
+  for (const auto& [name, path] : models) {
     auto model = Model::open(path);
     const int n_vocab = model->config().n_vocab;
     auto cpu = cpu::make_cpu_backend(model, 0);
@@ -106,7 +114,6 @@ TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
       EXPECT_GT(st.decode_bytes_per_token, 0u);
     }
   }
-  if (n_models == 0) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
 }
 
 // The GPU-routed decode (one CUDA graph per token) runs the synchronous path's kernels with the
@@ -160,14 +167,9 @@ TEST(CudaBackend, GpuRoutedDecodeEqualsSynchronousPath) {
 // the IQ one takes the X24 expert products (each batch converts its own rows of the SwiGLU output).
 TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
   RL_REQUIRE_GPU();
-  int n_models = 0;
-  for (const char* name : kModels) {
-    const std::string path = test::fixture(name);
-    if (!std::filesystem::exists(path)) {
-      std::printf("fixture not found: %s (set REDLITE_FIXTURES); model skipped\n", path.c_str());
-      continue;
-    }
-    n_models++;
+  const auto models = fixture_models();
+  if (models.empty()) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
+  for (const auto& [name, path] : models) {
     auto model = Model::open(path);
     const int n_vocab = model->config().n_vocab;
     for (double fraction : {0.5, 0.1}) {
@@ -186,7 +188,6 @@ TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
       EXPECT_EQ(sa.bytes_copied, sb.bytes_copied);
     }
   }
-  if (n_models == 0) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
 }
 
 TEST(CudaBackend, SnapshotRestoreAndChunkedPrefill) {
