@@ -219,7 +219,8 @@ class CudaBackendImpl final : public CudaBackend {
     float* y;
   };
   void project_group(std::initializer_list<Projection> list, int T);
-  void project_gate_up(const DMat& gate, const DMat& up, const float* x, int T, float* act, float* up_out);
+  void project_gate_up(const DMat& gate, const DMat& up, const float* x, int T, float* act, float* up_out,
+                       bool x_in_dq = false);
   // Enqueues a forward pass of T tokens whose ids and positions are already in device memory, up
   // to the LM head's logits in `logits` ([T or 1][n_vocab]). gpu_routed (T == 1): the routing runs
   // on the GPU and the pass never waits for the host, so it can be captured into a graph.
@@ -265,12 +266,16 @@ class CudaBackendImpl final : public CudaBackend {
   DeviceBuffer router_logits_, g_buf_, u_buf_, y_buf_, xg_buf_, sh_gate_, sh_up_, sh_out_, sh_scalar_;
   // X24 prefill products (CudaOptions::x24) allowed: the option, compute capability 8.0, widths of
   // whole 256-column blocks. Buffers in the X24 form: the gathered expert inputs and the SwiGLU
-  // outputs (when some routed expert has an X24 type), the shared expert's input (T × n_embd; when
-  // a shared expert has one).
+  // outputs (when some routed expert has an X24 type), the MoE input h2 (T × n_embd; converted
+  // once a layer for the shared expert's pair and, gathered, the routed experts' gate and up).
   bool x24_ = false;
   DeviceBuffer xq_buf_, xq_scale_, aq_buf_, aq_scale_;
   DeviceBuffer dq_buf_, dq_scale_;
   bool use_x24(GgmlType t) const { return x24_ && x24_supported(t); }
+  // Whether a layer's prefill converts its MoE input to X24 (shared pair or routed gate/up).
+  bool moe_input_x24(const MoeDev& m) const {
+    return use_x24(m.gate_sh.type) || (m.gate_exps.present() && (use_x24(m.gate_exps.type) || use_x24(m.up_exps.type)));
+  }
   DeviceBuffer ids_, pos_;
   size_t logits_rows_ = 0;
   float* pinned_logits_ = nullptr;
@@ -561,11 +566,11 @@ void CudaBackendImpl::allocate_working_set() {
   alloc(y_buf_, n_assign * n_embd);
   alloc(xg_buf_, n_assign * n_embd);
   x24_ = opts_.x24 && device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
-  bool routed_x24 = false, shared_x24 = false;
+  bool routed_x24 = false, h2_x24 = false;
   for (const LayerDev& d : layers_) {
     for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
       routed_x24 = routed_x24 || (v->present() && use_x24(v->type));
-    shared_x24 = shared_x24 || use_x24(d.moe.gate_sh.type);
+    h2_x24 = h2_x24 || moe_input_x24(d.moe);
   }
   auto alloc_bytes = [&](DeviceBuffer& b, size_t bytes) {
     b.allocate(bytes);
@@ -577,7 +582,7 @@ void CudaBackendImpl::allocate_working_set() {
     alloc_bytes(aq_buf_, x24_bytes(n_assign, ff));
     alloc_bytes(aq_scale_, n_assign * (ff / 256) * sizeof(double));
   }
-  if (shared_x24) {
+  if (h2_x24) {
     alloc_bytes(dq_buf_, x24_bytes(T, n_embd));
     alloc_bytes(dq_scale_, T * (n_embd / 256) * sizeof(double));
   }
@@ -784,8 +789,9 @@ void CudaBackendImpl::project_group(std::initializer_list<Projection> list, int 
 
 // act = SiLU(gate · x) * (up · x) for T tokens (act [T][rows]; `up_out` holds up · x where the
 // two products are separate launches).
+// x_in_dq: dq_buf_ already holds x in the X24 form (moe_layer converts its input once).
 void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const float* x, int T, float* act,
-                                      float* up_out) {
+                                      float* up_out, bool x_in_dq) {
   if (T == 1 && gate.type == up.type && gate.cols == up.cols) {
     GateUpJob j;
     j.gate = gate.data;
@@ -800,7 +806,7 @@ void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const fl
   }
   if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows) {
     if (use_x24(gate.type) && gate.cols == config().n_embd) {
-      quantize_x24(x, T, gate.cols, dq_buf_.get<uint8_t>(), dq_scale_.get<double>(), stream_);
+      if (!x_in_dq) quantize_x24(x, T, gate.cols, dq_buf_.get<uint8_t>(), dq_scale_.get<double>(), stream_);
       matmul_x24_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, dq_buf_.get<uint8_t>(),
                          dq_scale_.get<double>(), T, act, stream_);
       return;
@@ -899,7 +905,10 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
                                   cudaMemcpyDeviceToHost, stream_));
   RL_CUDA_CHECK(cudaEventRecord(router_ready_, stream_));
   profiler_.mark(kSharedExpert, stream_);
-  project_gate_up(d.moe.gate_sh, d.moe.up_sh, h2, T, sh_gate_.f(), sh_up_.f());
+  // Prefill: h2 in the X24 form once, for the shared pair and (gathered) the routed gate and up.
+  const bool h2_x24 = T > 1 && moe_input_x24(d.moe);
+  if (h2_x24) quantize_x24(h2, T, n_embd, dq_buf_.get<uint8_t>(), dq_scale_.get<double>(), stream_);
+  project_gate_up(d.moe.gate_sh, d.moe.up_sh, h2, T, sh_gate_.f(), sh_up_.f(), h2_x24);
   project(d.moe.down_sh, sh_gate_.f(), T, sh_out_.f());
   RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
   stage_reset();
@@ -972,9 +981,14 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
     }
     RL_CUDA_CHECK(cudaMemcpyAsync(gather_d, gather_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   stream_));
-    gather_rows(h2, gather_d, xg_buf_.f(), T * K, n_embd, stream_);
-    if (use_x24(d.moe.gate_exps.type) || use_x24(d.moe.up_exps.type))
-      quantize_x24(xg_buf_.f(), T * K, n_embd, xq_buf_.get<uint8_t>(), xq_scale_.get<double>(), stream_);
+    // The gathered rows: of h2's X24 form for X24 gate/up products (bit copies: the same as
+    // converting the gathered rows), of h2 itself for the others.
+    const bool gate_x24 = use_x24(d.moe.gate_exps.type), up_x24 = use_x24(d.moe.up_exps.type);
+    if (!gate_x24 || !up_x24) gather_rows(h2, gather_d, xg_buf_.f(), T * K, n_embd, stream_);
+    if (gate_x24 || up_x24) {
+      gather_words(dq_buf_.get(), gather_d, xq_buf_.get(), T * K, (int)(x24_bytes(1, n_embd) / 4), stream_);
+      gather_words(dq_scale_.get(), gather_d, xq_scale_.get(), T * K, n_embd / 256 * 2, stream_);
+    }
   }
   RL_CUDA_CHECK(cudaMemcpyAsync(assign_d, assign_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                 stream_));

@@ -215,9 +215,11 @@ void route_tokens(const float* logits, int T, int n_expert, int k, float scale, 
 void moe_combine_norm(float* x, const float* y, const int32_t* assign, const float* weights, int k,
                       const float* shared, const float* shared_gate, int T, int width, const float* norm_w, float eps,
                       float* out, cudaStream_t stream);
-// dst[i][:] = src[idx[i]][:] for i < n (rows of width floats).
+// dst[i][:] = src[idx[i]][:] for i < n (rows of width floats; gather_words: of width 32-bit words,
+// copied as bits, e.g. rows of the X24 form).
 void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width,
                  cudaStream_t stream);
+void gather_words(const void* src, const int32_t* idx, void* dst, int n, int width, cudaStream_t stream);
 
 // ---- elementwise.cu -----------------------------------------------------------------------------------
 // Keeps one SM busy for `cycles` clock cycles: the profiler holds the stream with it while the

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kCombineNormThreads)
   }
 }
 
-__global__ void gather_kernel(const float* src, const int32_t* idx, float* dst, int width) {
+__global__ void gather_kernel(const uint32_t* src, const int32_t* idx, uint32_t* dst, int width) {
   const int i = blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c < width) dst[(size_t)i * width + c] = src[(size_t)idx[i] * width + c];
@@ -298,11 +298,15 @@ void moe_combine_norm(float* x, const float* y, const int32_t* assign, const flo
   RL_CUDA_LAUNCH_CHECK();
 }
 
-void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width,
-                 cudaStream_t stream) {
-  if (n == 0) return;
-  gather_kernel<<<dim3((width + 255) / 256, n), 256, 0, stream>>>(src, idx, dst, width);
+void gather_words(const void* src, const int32_t* idx, void* dst, int n, int width, cudaStream_t stream) {
+  if (n == 0 || width == 0) return;
+  gather_kernel<<<dim3((width + 255) / 256, n), 256, 0, stream>>>(static_cast<const uint32_t*>(src), idx,
+                                                                   static_cast<uint32_t*>(dst), width);
   RL_CUDA_LAUNCH_CHECK();
+}
+
+void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width, cudaStream_t stream) {
+  gather_words(src, idx, dst, n, width, stream);
 }
 
 }  // namespace rl::cuda

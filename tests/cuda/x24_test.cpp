@@ -214,6 +214,27 @@ TEST_F(CudaX24, ExpertsAndSwigluPairsMatchTheDenseProducts) {
   }
 }
 
+// Gathering rows of the X24 form (gather_words, as the backend does for the routed experts) gives
+// bit for bit the X24 form of the gathered rows, NaN scales included.
+TEST_F(CudaX24, GatheredRowsEqualTheConvertedGatheredRows) {
+  const int rows = 5, cols = 512;
+  auto x = random_floats((size_t)rows * cols, 31);
+  x[3 * cols + 7] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<int32_t> idx = {3, 0, 4, 4, 1, 3, 2};
+  const int n = (int)idx.size();
+  std::vector<float> xg((size_t)n * cols);
+  for (int i = 0; i < n; i++) std::memcpy(&xg[(size_t)i * cols], &x[(size_t)idx[i] * cols], cols * sizeof(float));
+  Quantized d = quantize(x, rows, cols), want = quantize(xg, n, cols);
+  auto di = to_device(idx);
+  cuda::DeviceBuffer q(cuda::x24_bytes(n, cols)), sc((size_t)n * cols / 256 * 8);
+  cuda::gather_words(d.q.get(), di.get<int32_t>(), q.get(), n, (int)(cuda::x24_bytes(1, cols) / 4), nullptr);
+  cuda::gather_words(d.scale.get(), di.get<int32_t>(), sc.get(), n, cols / 256 * 2, nullptr);
+  EXPECT_EQ(to_host<uint8_t>(q, cuda::x24_bytes(n, cols)), to_host<uint8_t>(want.q, cuda::x24_bytes(n, cols)));
+  const auto a = to_host<uint64_t>(sc, (size_t)n * cols / 256), b = to_host<uint64_t>(want.scale, (size_t)n * cols / 256);
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(std::isnan(to_host<double>(sc, (size_t)n * cols / 256)[0]));  // row 3's first block
+}
+
 // A token whose activations hold a NaN gets NaN outputs; the other tokens are unaffected.
 TEST_F(CudaX24, NanActivationsPropagate) {
   const GgmlType t = GgmlType::IQ2_XS;
