@@ -69,6 +69,15 @@ __device__ __forceinline__ void imma_16x8x16(int (&d)[4], uint32_t a0, uint32_t 
 #endif
 }
 
+// The weight fields' loads as global loads: the slot pointers come from memory, so the compiler
+// cannot tell their space and would issue generic loads (LD.E) for plain dereferences.
+__device__ __forceinline__ uint32_t gld_u8(const uint8_t* p) { return __ldca(p); }
+__device__ __forceinline__ uint32_t gld_u16(const uint8_t* p) { return __ldca(reinterpret_cast<const unsigned short*>(p)); }
+// d/8 of an IQ2 super-block (its first two bytes).
+__device__ __forceinline__ float iq2_super_scale(const uint8_t* block) {
+  return half_bits_to_f32((uint16_t)gld_u16(block)) * 0.125f;
+}
+
 // A lane's weights of one row for one step, for its k16 halves h = 0, 1: the four signed bytes
 // a[h] (half fq % 2 of chunk 2h + fq / 2 of the step's 32-column group) and the sub-scale m[h].
 // load() issues the global reads (a step ahead), decode(raw, fq, step, grid, masks) forms the bytes
@@ -90,7 +99,7 @@ __device__ __forceinline__ uint32_t iq2_half(const uint32_t* grid, const uint32_
   return iq2_signed_s8(g, mk);
 }
 // d/8 of an IQ2 super-block (its first two bytes).
-__device__ __forceinline__ float iq2_super_scale(const uint8_t* block) { return half_bits_to_f32(load_u16(block)) * 0.125f; }
+
 
 template <GgmlType T>
 struct X24Weights;
@@ -105,7 +114,7 @@ struct X24Weights<GgmlType::IQ2_XS> {
     const uint8_t* b = row + (step >> 3) * kBytes;
     const int ib = step & 7;
     const uint8_t* q = b + 2 + 8 * ib + 2 * (fq >> 1);
-    return {{load_u16(q), load_u16(q + 4)}, b[66 + ib]};
+    return {{gld_u16(q), gld_u16(q + 4)}, gld_u8(b + 66 + ib)};
   }
   __device__ static X24Chunk decode(const Raw& r, int fq, int, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
@@ -126,7 +135,7 @@ struct X24Weights<GgmlType::IQ2_XXS> {
   };
   __device__ static Raw load(const uint8_t* row, int step, int fq) {
     const uint8_t* q = row + (step >> 3) * kBytes + 2 + 8 * (step & 7);
-    return {(uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16), {q[fq >> 1], q[2 + (fq >> 1)]}};
+    return {gld_u16(q + 4) | (gld_u16(q + 6) << 16), {gld_u8(q + (fq >> 1)), gld_u8(q + 2 + (fq >> 1))}};
   }
   __device__ static X24Chunk decode(const Raw& r, int fq, int, const uint32_t* grid, const uint32_t* masks) {
     X24Chunk c;
@@ -153,9 +162,9 @@ struct X24Weights<GgmlType::IQ1_M> {
   __device__ static Raw load(const uint8_t* row, int step, int fq) {
     const uint8_t* b = row + (step >> 3) * kBytes;
     const int ib = step & 7;
-    return {load_u16(b + 48 + 2 * (ib >> 1)),
-            {b[4 * ib + (fq >> 1)], b[4 * ib + 2 + (fq >> 1)]},
-            {b[32 + 2 * ib], b[32 + 2 * ib + 1]}};
+    return {gld_u16(b + 48 + 2 * (ib >> 1)),
+            {gld_u8(b + 4 * ib + (fq >> 1)), gld_u8(b + 4 * ib + 2 + (fq >> 1))},
+            {gld_u8(b + 32 + 2 * ib), gld_u8(b + 32 + 2 * ib + 1)}};
   }
   __device__ static X24Chunk decode(const Raw& r, int fq, int step, const uint32_t* grid, const uint32_t*) {
     X24Chunk c;
