@@ -28,6 +28,8 @@
 #   runs, and the all-resident bench is repeated as bench-80b-variant-NAME; then the files are put
 #   back. At the end the tree's own binaries are rebuilt. Folder names must differ and not be
 #   "base". A call killed in the middle leaves the tree overlaid on that machine.
+#   VARIANT_PARITY=1: each variant's build also runs the parity checks (the carried fixtures and the
+#   80B model) as parity-MODEL-NAME.
 #   AB_ROUNDS=N: instead of each variant's bench, N rounds of one-rep benches alternating the
 #   tree's binary and each variant's, in reverse order every other round (ab-NAME-ROUND.log;
 #   summary.txt lists each binary's prefill and decode figures round by round).
@@ -179,6 +181,12 @@ for V in ${VARIANT:-}; do
   done
   if step "build-variant-$name" ninja -C "$BUILD" -j16 redlite test_cuda; then
     REDLITE_FIXTURES=$FIX step "test_cuda-$name" "$BUILD/test_cuda"
+    if [ "${VARIANT_PARITY:-0}" = 1 ]; then
+      for m in "$FIX"/*.gguf; do
+        [ -e "$m" ] && step "parity-$(basename "$m" .gguf)-$name" "$BIN" parity -m "$m" --backend cuda --repeat 2 --prompt-tokens 40 --budget-fractions 1,0.5,0.1
+      done
+      step "parity-80b-$name" "$BIN" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
+    fi
     cp "$BIN" "/tmp/rl-bin/$name" && AB_BINS="$AB_BINS $name"
     [ -n "${AB_ROUNDS:-}" ] || step "bench-80b-variant-$name" "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
   fi
