@@ -31,6 +31,7 @@ ExpertCache::ExpertCache(int n_layers, int n_experts, size_t slot_bytes, size_t 
   prev_.assign(n_slots_, -1);
   next_.assign(n_slots_, -1);
   pinned_epoch_.assign(n_slots_, 0);
+  requested_epoch_.assign(n_experts, 0);
   free_slots_.reserve(n_slots_);
   for (int s = n_slots_ - 1; s >= 0; s--) free_slots_.push_back(s);  // slot 0 is handed out first
 }
@@ -61,16 +62,16 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
   if ((int)experts.size() > n_slots_)
     fail("expert cache: {} experts requested at once but the cache has {} slots", experts.size(),
          n_slots_);
-  for (size_t i = 0; i < experts.size(); i++) {
-    if (experts[i] < 0 || experts[i] >= n_experts_)
-      fail("expert cache: expert {} out of range [0, {})", experts[i], n_experts_);
-    for (size_t j = 0; j < i; j++)
-      if (experts[j] == experts[i]) fail("expert cache: expert {} requested twice", experts[i]);
-  }
   epoch_++;
-  if (epoch_ == 0) {  // wrapped: clear stale pins
+  if (epoch_ == 0) {  // wrapped: clear stale pins and marks
     std::fill(pinned_epoch_.begin(), pinned_epoch_.end(), 0);
+    std::fill(requested_epoch_.begin(), requested_epoch_.end(), 0);
     epoch_ = 1;
+  }
+  for (int e : experts) {  // (one pass: a prefill layer requests most of its experts at once)
+    if (e < 0 || e >= n_experts_) fail("expert cache: expert {} out of range [0, {})", e, n_experts_);
+    if (requested_epoch_[e] == epoch_) fail("expert cache: expert {} requested twice", e);
+    requested_epoch_[e] = epoch_;
   }
   res_.layer = layer;
   res_.entries.assign(experts.size(), Entry{});

@@ -106,6 +106,7 @@ class ExpertCache {
   int head_ = -1, tail_ = -1;
   std::vector<int> free_slots_;
   std::vector<uint32_t> pinned_epoch_;  // [n_slots]: == epoch_ while pinned by the open reservation
+  std::vector<uint32_t> requested_epoch_;  // [n_experts]: == epoch_ once reserve() has seen the expert
   uint32_t epoch_ = 0;
   bool open_ = false;
   Reservation res_;

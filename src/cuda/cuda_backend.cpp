@@ -923,17 +923,27 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
 
   // The distinct experts: the selections in order (decode), or ascending with the (token,
   // selection) pairs i = t*K + k of each, tokens in order (prefill: each expert's weights are read
-  // once per chunk).
-  std::vector<int> experts;
-  std::vector<std::vector<int>> pairs;
+  // once per chunk). Prefill groups by a counting sort: group g's pairs are
+  // pair_list[group_start[g] .. group_start[g + 1]).
+  std::vector<int> experts, group_start, pair_list;
   if (T == 1) {
     experts.assign(ids_h, ids_h + K);
   } else {
-    std::vector<std::vector<int>> by_expert(E);
-    for (int i = 0; i < T * K; i++) by_expert[ids_h[i]].push_back(i);
+    std::vector<int> count(E, 0);
+    for (int i = 0; i < T * K; i++) count[ids_h[i]]++;
     for (int e = 0; e < E; e++)
-      if (!by_expert[e].empty()) experts.push_back(e), pairs.push_back(std::move(by_expert[e]));
+      if (count[e] > 0) experts.push_back(e);
+    std::vector<int> next(E, 0);  // the next free position of each expert's pairs
+    group_start.reserve(experts.size() + 1);
+    int a = 0;
+    for (int e : experts) group_start.push_back(a), next[e] = a, a += count[e];
+    group_start.push_back(a);
+    pair_list.resize((size_t)T * K);
+    for (int i = 0; i < T * K; i++) pair_list[next[ids_h[i]]++] = i;
   }
+  // The groups in the order they run (resident experts first under copy overlap).
+  std::vector<size_t> order(experts.size());
+  std::iota(order.begin(), order.end(), size_t{0});
 
   // With copy overlap (and all the layer's experts in one reservation): reserve first, start the
   // copies, and order the experts resident ones first, so their kernels run while the misses are
@@ -944,21 +954,15 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   if (overlap) {
     std::vector<char> resident;
     reserve_and_copy(L, experts, false, &resident);
-    std::vector<size_t> order(experts.size());
-    std::iota(order.begin(), order.end(), size_t{0});
     n_resident = (size_t)(std::stable_partition(order.begin(), order.end(),
                                                 [&](size_t g) { return resident[g] != 0; }) -
                           order.begin());
     any_miss = n_resident < experts.size();
     if (any_miss) {  // (with every expert resident the order stays as it is)
       std::vector<int> ex2;
-      std::vector<std::vector<int>> pairs2;
-      for (size_t g : order) {
-        ex2.push_back(experts[g]);
-        if (T > 1) pairs2.push_back(std::move(pairs[g]));
-      }
+      ex2.reserve(experts.size());
+      for (size_t g : order) ex2.push_back(experts[g]);
       experts = std::move(ex2);
-      pairs = std::move(pairs2);
     }
   }
 
@@ -970,11 +974,14 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
       assign_h[k] = (int32_t)(std::find(experts.begin(), experts.end(), ids_h[k]) - experts.begin());
   } else {
     auto [gather_h, gather_d] = stage<int32_t>((size_t)T * K);
+    rows.reserve(order.size());
+    offsets.reserve(order.size());
     int a = 0;
-    for (const std::vector<int>& p : pairs) {
+    for (size_t g : order) {
       offsets.push_back(a);
-      rows.push_back((int)p.size());
-      for (int i : p) {
+      rows.push_back(group_start[g + 1] - group_start[g]);
+      for (int j = group_start[g]; j < group_start[g + 1]; j++) {
+        const int i = pair_list[j];
         gather_h[a] = i / K;
         assign_h[i] = a++;
       }

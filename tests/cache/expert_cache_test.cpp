@@ -148,6 +148,14 @@ TEST(ExpertCache, RejectsBadRequests) {
   ExpertCache c(2, 8, kSlot, 4 * kSlot, 2);
   auto dup = ids({1, 1});
   EXPECT_THROW(c.reserve(0, dup), Error);
+  auto dup_apart = ids({1, 2, 1});
+  EXPECT_THROW(c.reserve(0, dup_apart), Error);
+  // A rejected request leaves no marks: the same experts once each, twice in a row, are accepted.
+  auto pair = ids({2, 1});
+  for (int round = 0; round < 2; round++) {
+    c.reserve(0, pair);
+    c.commit();
+  }
   auto range = ids({8});
   EXPECT_THROW(c.reserve(0, range), Error);
   auto ok = ids({1});
