@@ -1,11 +1,10 @@
 // Gated DeltaNet: the causal depthwise conv, the gates, and the recurrence (DESIGN.md §1).
 //
 // The recurrence runs one warp per R rows of the state S [nv][dv][dk] (recurrence_kernel; R = 2,
-// or 1 where dv is not a multiple of 16), tokens in
-// order exactly as the oracle processes them. The arithmetic is the oracle's (cpu/forward.cpp
-// deltanet_layer): sums and the state update in double, the state stored as fp32 after each step;
-// the dot products' double sums are formed as a warp tree instead of left to right, which moves
-// a rounded fp32 result only in the rarest ties.
+// or 1 where dv is not a multiple of 16), tokens in order exactly as the oracle processes them.
+// The arithmetic is the oracle's (cpu/forward.cpp deltanet_layer): sums and the state update in
+// double, the state stored as fp32 after each step; the dot products' double sums are formed as a
+// warp tree instead of left to right, which moves a rounded fp32 result only in the rarest ties.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"

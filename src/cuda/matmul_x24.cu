@@ -25,9 +25,11 @@
 // chunk 2h + q / 2, so a lane looks up its grid word directly. The three limb planes of a step are
 // staged in shared memory (double-buffered) so that lane (g, q) reads its B words conflict-free;
 // the weights' raw fields and the step's activations are read a step ahead, and each row's
-// super-block kPrefetchSupers ahead is prefetched into L2. (On the H200 the kernel is bound by
-// instruction issue — integer pipe, the 24 multiply-adds of m per sub-tile and step — not by
-// memory: docs/perf/cuda.md, sixth session.)
+// super-block kPrefetchSupers ahead is prefetched into L2. (On the H200 the kernel is not bound by
+// memory — DRAM 6-7 % busy — and not by the multiply-adds of m either: a variant without them,
+// six accumulating mma per half instead, ran no faster. Nsight Compute: issue slots ~60 % busy at
+// 16 warps an SM, the largest stall fixed-latency dependencies. docs/perf/cuda.md, sixth and
+// seventh sessions.)
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
@@ -98,8 +100,6 @@ __device__ __forceinline__ uint32_t iq2_half(const uint32_t* grid, const uint32_
   const uint32_t mk = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(masks) + ((si << 3) | hb));
   return iq2_signed_s8(g, mk);
 }
-// d/8 of an IQ2 super-block (its first two bytes).
-
 
 template <GgmlType T>
 struct X24Weights;
