@@ -407,8 +407,10 @@ void launch_x24(GgmlType t, const uint8_t* w, const uint8_t* const* slot_ptrs, s
 
 RL_QUANT_TABLES_UPLOADER(upload_quant_tables_x24)
 
-bool x24_supported(GgmlType t) {
-  return t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ1_M;
+bool x24_supported(GgmlType t) {  // kX24Type's list, the one the launchers dispatch on
+  bool ok = false;
+  dispatch_type(t, [&]<GgmlType T>() { ok = kX24Type<T>; });
+  return ok;
 }
 
 void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream) {

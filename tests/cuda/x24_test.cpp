@@ -254,6 +254,20 @@ TEST_F(CudaX24, NanActivationsPropagate) {
   }
 }
 
+// Which types have X24 products: exactly the three IQ types, among every raw type id (host only:
+// runs without a GPU).
+TEST(X24Support, ExactlyTheIqTypesOfTheRecipes) {
+  int supported = 0;
+  for (uint32_t raw = 0; raw < 64; raw++) {
+    const QuantType* q = find_quant_type(raw);
+    if (!q) continue;
+    const bool want = q->type == GgmlType::IQ2_XXS || q->type == GgmlType::IQ2_XS || q->type == GgmlType::IQ1_M;
+    EXPECT_EQ(cuda::x24_supported(q->type), want) << type_name(q->type);
+    supported += cuda::x24_supported(q->type);
+  }
+  EXPECT_EQ(supported, 3);
+}
+
 TEST_F(CudaX24, RejectsOtherTypesAndShapes) {
   cuda::DeviceBuffer d(1 << 16);
   EXPECT_FALSE(cuda::x24_supported(GgmlType::Q4_K));
