@@ -64,6 +64,19 @@ step() {  # step NAME CMD...: runs, logs to $OUT/NAME.log, records the exit code
   [ $rc -eq 0 ] || status=1
   return $rc
 }
+# The parity checks against the CPU oracle, logged as parity-MODEL or parity-MODEL-SUFFIX: on the
+# carried fixture models, and on the 80B model ($M80, set below).
+parity_fixtures() {  # parity_fixtures [SUFFIX]
+  local m
+  for m in "$FIX"/*.gguf; do
+    [ -e "$m" ] || continue
+    step "parity-$(basename "$m" .gguf)${1:+-$1}" "$BIN" parity -m "$m" --backend cuda --repeat 2 --prompt-tokens 40 \
+      --budget-fractions 1,0.5,0.1
+  done
+}
+parity_80b() {  # parity_80b [SUFFIX]
+  step "parity-80b${1:+-$1}" "$BIN" parity -m "$M80" --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
+}
 
 # --- dependencies: unpack the carried .debs into a prefix ------------------------------------
 PREFIX=/tmp/rl-prefix
@@ -100,18 +113,13 @@ if [ "$STAGE" = quick ] || [ "$STAGE" = full ]; then
 fi
 
 # --- parity on the fixture models -----------------------------------------------------------------------
-for m in "$FIX"/*.gguf; do
-  [ -e "$m" ] || continue
-  [ "$STAGE" = bench ] && break
-  n=$(basename "$m" .gguf)
-  step "parity-$n" "$BIN" parity -m "$m" --backend cuda --repeat 2 --prompt-tokens 40 --budget-fractions 1,0.5,0.1
-done
+[ "$STAGE" = bench ] || parity_fixtures
 [ "$STAGE" = full ] || [ "$STAGE" = bench ] || exit $status
 
 # --- the 80B-shaped seed-mix model -------------------------------------------------------------------------
 M80=$SHM/80b-seed-mix.gguf
 [ -e $M80 ] || step synth-80b "$BIN" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
-[ "$STAGE" = full ] && step parity-80b "$BIN" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
+[ "$STAGE" = full ] && parity_80b
 [ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_PROFILE=1 step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json
 step bench-80b "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
 # BENCH_ENV_B="VAR=value ...": the same bench again under those variables (an A/B on one machine).
@@ -181,12 +189,7 @@ for V in ${VARIANT:-}; do
   done
   if step "build-variant-$name" ninja -C "$BUILD" -j16 redlite test_cuda; then
     REDLITE_FIXTURES=$FIX step "test_cuda-$name" "$BUILD/test_cuda"
-    if [ "${VARIANT_PARITY:-0}" = 1 ]; then
-      for m in "$FIX"/*.gguf; do
-        [ -e "$m" ] && step "parity-$(basename "$m" .gguf)-$name" "$BIN" parity -m "$m" --backend cuda --repeat 2 --prompt-tokens 40 --budget-fractions 1,0.5,0.1
-      done
-      step "parity-80b-$name" "$BIN" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
-    fi
+    [ "${VARIANT_PARITY:-0}" = 1 ] && { parity_fixtures "$name"; parity_80b "$name"; }
     cp "$BIN" "/tmp/rl-bin/$name" && AB_BINS="$AB_BINS $name"
     [ -n "${AB_ROUNDS:-}" ] || step "bench-80b-variant-$name" "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
   fi
@@ -195,7 +198,6 @@ for V in ${VARIANT:-}; do
   done
 done
 if [ -n "${AB_ROUNDS:-}" ] && [ -n "${VARIANT:-}" ]; then
-  order=$AB_BINS
   reverse=$(echo $AB_BINS | tr ' ' '\n' | tac | tr '\n' ' ')
   for r in $(seq "$AB_ROUNDS"); do
     [ $((r % 2)) = 0 ] && order=$reverse || order=$AB_BINS
