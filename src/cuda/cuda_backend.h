@@ -59,7 +59,12 @@ struct CudaOptions {
   // tensor cores with X24 activations (kernels.h, matmul_x24); RL_ENGINE_X24=0: the fp64 products
   // on the fp32 activations.
   bool x24 = true;
-  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP and RL_ENGINE_X24.
+  // Prefill with every expert resident: a layer's selections are grouped by expert on the GPU
+  // (group_by_expert) and never wait for the host (RL_ENGINE_GPU_GROUPING=0: the host groups them,
+  // as on a bounded cache).
+  bool gpu_grouping = true;
+  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP,
+  // RL_ENGINE_X24 and RL_ENGINE_GPU_GROUPING.
   static CudaOptions from_env(int64_t cache_mib);
 };
 
