@@ -176,6 +176,7 @@ class CudaBackendImpl final : public CudaBackend {
     stats_.tokens_decoded = 0;
     stats_.gpu_routed_tokens = 0;
     stats_.gpu_routed_fallbacks = 0;
+    stats_.gpu_grouped_layers = 0;
     profiler_.reset();
   }
   std::string profile_report() const override;
@@ -956,7 +957,7 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
     moe_experts_grouped(L, h2, T, x, next_norm, h_out);
     return;
   }
-  RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
+  if (!trace) RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
   stage_reset();
   profiler_.mark(kExperts, stream_);
 
@@ -1114,6 +1115,7 @@ void CudaBackendImpl::moe_experts_grouped(int L, const float* h2, int T, float* 
   moe_combine_norm(x, y_buf_.f(), assign, route_weights_.f(), K, sh_out_.f(), sh_scalar_.f(), T, c.n_embd, next_norm,
                    c.rms_eps, h_out, stream_);
   grouped_layers_.push_back(L);
+  stats_.gpu_grouped_layers++;
 }
 
 void CudaBackendImpl::allocate_gpu_routed_buffers() {

@@ -86,6 +86,7 @@ struct EngineStats {
   uint64_t tokens_decoded = 0;       // decode() calls since reset_stats()
   uint64_t gpu_routed_tokens = 0;    // of those, completed by the GPU-routed graph
   uint64_t gpu_routed_fallbacks = 0; // graph replays discarded (a non-resident expert was selected)
+  uint64_t gpu_grouped_layers = 0;   // prefill layers whose selections were grouped on the GPU
 };
 
 class CudaBackend : public Backend {

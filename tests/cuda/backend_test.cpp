@@ -206,6 +206,7 @@ TEST(CudaBackend, GpuGroupedPrefillEqualsHostGrouping) {
     off.gpu_grouping = false;
     auto grouped = cuda::make_cuda_backend(model, on), host = cuda::make_cuda_backend(model, off);
     ASSERT_TRUE(grouped->stats().fully_resident);
+    ASSERT_TRUE(host->stats().fully_resident);
     auto a = grouped->new_session(700), b = host->new_session(700);
     TopkRecorder ra, rb;
     a->set_trace(&ra);
@@ -220,6 +221,12 @@ TEST(CudaBackend, GpuGroupedPrefillEqualsHostGrouping) {
     ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, prompt(300, model->config().n_vocab, 5), true, 4));
     EXPECT_EQ(grouped->stats().cache.hits, host->stats().cache.hits);
     EXPECT_EQ(grouped->stats().cache.misses, 0u);
+    // Both prefills of the grouped backend took the GPU grouping (every layer of every chunk),
+    // the other backend never.
+    uint64_t layers = 0;  // the MoE layers
+    for (const LayerWeights& l : model->layers) layers += l.moe.gate_exps.present();
+    EXPECT_EQ(grouped->stats().gpu_grouped_layers, (2 + 1) * layers);
+    EXPECT_EQ(host->stats().gpu_grouped_layers, 0u);
   }
 }
 

@@ -187,22 +187,30 @@ TEST_F(CudaGpuRouting, FusedGateUpSwigluEqualsTwoExpertLaunchesAndSwiglu) {
   }
 }
 
-// group_by_expert on selections with experts of 0, 1, 16, 17, 33 and many rows (and in the
-// 2048-expert case most experts unused): every selection has one row, each expert's rows are
-// contiguous and in ascending expert order, gather names each row's token, the groups cut each
-// expert's rows in order into pieces of at most 16 with the expert's slot pointer, the groups past
-// the last have no rows, and the number of experts used is right. Then the refusals.
+// group_by_expert on random selections (experts with 0 to ~30 rows; in the 2048-expert case most
+// experts unused) and on a fixed pattern whose experts have 1, 33, 266 and 300 rows (cut into 1, 3,
+// 17 and 19 groups): every selection has one row, each expert's rows are contiguous and in
+// ascending expert order, gather names each row's token, the groups cut each expert's rows in
+// order into pieces of at most 16 with the expert's slot pointer, the groups past the last have
+// no rows, and the number of experts used is right. Then the refusals.
 TEST_F(CudaGpuRouting, GroupByExpertMatchesTheDefinition) {
   struct Case {
     int T, K, E;
+    bool pattern;  // token t selects 3 and then 0 (t = 0), 1 (t <= 33) or 2
   };
-  for (Case cs : {Case{512, 10, 512}, Case{37, 4, 8}, Case{76, 10, 512}, Case{300, 8, 2048}, Case{2, 1, 3}}) {
+  for (Case cs : {Case{512, 10, 512, false}, Case{37, 4, 8, false}, Case{76, 10, 512, false},
+                  Case{300, 8, 2048, false}, Case{2, 1, 3, false}, Case{300, 2, 4, true}}) {
     SCOPED_TRACE(std::to_string(cs.T) + " tokens, " + std::to_string(cs.K) + " of " + std::to_string(cs.E));
     const int n = cs.T * cs.K, n_groups = cuda::expert_group_bound(n, cs.E);
     std::mt19937 rng(cs.T + cs.E);
     std::vector<int32_t> ids(n);
     for (int t = 0; t < cs.T; t++) {
-      // Distinct experts per token, skewed towards low ids so that some experts get many rows.
+      if (cs.pattern) {
+        ids[(size_t)t * 2] = 3;
+        ids[(size_t)t * 2 + 1] = t == 0 ? 0 : t <= 33 ? 1 : 2;
+        continue;
+      }
+      // Distinct experts per token, skewed towards low ids so that some experts get more rows.
       std::vector<int> pick;
       while ((int)pick.size() < cs.K) {
         const int e = (int)(std::min(rng() % cs.E, rng() % cs.E));
