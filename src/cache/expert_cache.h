@@ -82,6 +82,10 @@ class ExpertCache {
   // Refreshes the LRU stamps of experts used without a reservation (GPU-routed tokens); each
   // resident one counts as a hit. Experts not resident are skipped.
   void touch(int layer, std::span<const int> experts);
+  // Counts n hits of experts used without a reservation on a cache that holds every expert (the
+  // GPU-grouped prefill): nothing is ever evicted, so the LRU order does not matter and is left as
+  // it is. Throws rl::Error unless holds_all().
+  void count_hits(uint64_t n);
 
   void record_copy(size_t bytes, double seconds);
   const Stats& stats() const { return stats_; }

@@ -79,8 +79,10 @@ int run_bench(const BenchOptions& o) {
 #endif
   std::vector<double> decode_rates, prefill_rates;
   uint64_t gpu_routed_tokens = 0, gpu_routed_fallbacks = 0;  // over the timed decode passes
+  uint64_t prefill_grouped_layers = 0;                        // the last timed prefill's
   (void)gpu_routed_tokens;
   (void)gpu_routed_fallbacks;
+  (void)prefill_grouped_layers;
   for (int rep = 0; rep < o.reps; rep++) {
     // Decode: prompt, then decode_tokens greedy tokens; the first comes from the prompt's logits,
     // so decode_tokens - 1 decode passes are timed.
@@ -109,6 +111,10 @@ int run_bench(const BenchOptions& o) {
     const auto t1 = std::chrono::steady_clock::now();
     session->prefill(long_prompt);  // the session splits it into chunks of 512
     prefill_rates.push_back(o.prefill_tokens / seconds_since(t1));
+#ifdef REDLITE_HAVE_CUDA
+    // (reset with the decode statistics above; decode groups nothing)
+    if (cuda_backend) prefill_grouped_layers = cuda_backend->stats().gpu_grouped_layers;
+#endif
   }
   const Summary dec = summarize(decode_rates), pre = summarize(prefill_rates);
 
@@ -153,6 +159,7 @@ int run_bench(const BenchOptions& o) {
     j["copy_gb_s"] = s.cache.copy_seconds > 0 ? s.cache.bytes_copied / s.cache.copy_seconds / 1e9 : 0.0;
     j["gpu_routed_tokens"] = gpu_routed_tokens;
     j["gpu_routed_fallbacks"] = gpu_routed_fallbacks;
+    j["prefill_gpu_grouped_layers"] = prefill_grouped_layers;
     if (!profile.empty()) j["profile_decode"] = profile;
   }
 #endif

@@ -27,6 +27,7 @@ CudaOptions CudaOptions::from_env(int64_t cache_mib) {
   if (const char* e = std::getenv("RL_ENGINE_PROFILE")) o.profile = std::string(e) == "1";
   if (const char* e = std::getenv("RL_ENGINE_OVERLAP")) o.overlap_copies = std::string(e) != "0";
   if (const char* e = std::getenv("RL_ENGINE_X24")) o.x24 = std::string(e) != "0";
+  if (const char* e = std::getenv("RL_ENGINE_GPU_GROUPING")) o.gpu_grouping = std::string(e) != "0";
   if (const char* e = std::getenv("RL_ENGINE_SPECULATIVE")) {
     const std::string v = e;
     if (v == "0") o.speculation = Speculation::kOff;
@@ -175,6 +176,7 @@ class CudaBackendImpl final : public CudaBackend {
     stats_.tokens_decoded = 0;
     stats_.gpu_routed_tokens = 0;
     stats_.gpu_routed_fallbacks = 0;
+    stats_.gpu_grouped_layers = 0;
     profiler_.reset();
   }
   std::string profile_report() const override;
@@ -205,6 +207,12 @@ class CudaBackendImpl final : public CudaBackend {
   void moe_layer(int L, const float* h2, int T, float* x, TraceSink* trace, const float* next_norm, float* h_out);
   void run_expert_batch(int L, std::span<const int> experts, std::span<const int> group_rows,
                         std::span<const int> group_offset, int T, int row0 = 0);
+  void expert_products(int L, const uint8_t* const* ptr_d, const int* off_d, int n, int max_cnt, size_t row0,
+                       size_t rows);
+  void gather_expert_inputs(const MoeDev& moe, const float* h2, const int32_t* gather_d, int n);
+  // Prefill routing on the GPU (moe_experts_grouped): a chunk, every expert resident, not switched off.
+  bool gpu_grouping(int T) const;
+  void moe_experts_grouped(int L, const float* h2, int T, float* x, const float* next_norm, float* h_out);
   // Enqueues the misses' copies; with wait, the compute stream waits for them.
   void copy_misses(int L, const ExpertCache::Reservation& r, bool wait = true);
   // Reserves experts of layer L, copies the misses (copy_misses), commits and brings the device
@@ -282,6 +290,11 @@ class CudaBackendImpl final : public CudaBackend {
   size_t pinned_logits_floats_ = 0;
   float* pinned_router_ = nullptr;  // [kMaxChunk][n_expert]
   DeviceBuffer route_ids_, route_weights_;  // [kMaxChunk][k] from route_tokens
+  // moe_experts_grouped: the gathered order and the groups (group_by_expert), each layer's number
+  // of experts used (statistics, read after the pass) and the layers grouped in this pass.
+  DeviceBuffer gg_gather_, gg_assign_, gg_ptrs_, gg_groups_, gg_distinct_;
+  int32_t* gg_distinct_host_ = nullptr;
+  std::vector<int> grouped_layers_;
   int32_t* pinned_route_ids_ = nullptr;     // their host copy
 
   // GPU-routed decode: [0] token id, [1] position, read by the captured graph.
@@ -368,6 +381,7 @@ CudaBackendImpl::~CudaBackendImpl() {
   if (pinned_logits_) cudaFreeHost(pinned_logits_);
   if (pinned_router_) cudaFreeHost(pinned_router_);
   if (pinned_route_ids_) cudaFreeHost(pinned_route_ids_);
+  if (gg_distinct_host_) cudaFreeHost(gg_distinct_host_);
   for (void* p : {(void*)tokpos_host_, (void*)gr_io_host_, (void*)gr_router_host_})
     if (p) cudaFreeHost(p);
   for (cudaEvent_t e : {slots_free_, copies_done_, router_ready_})
@@ -601,6 +615,13 @@ void CudaBackendImpl::allocate_working_set() {
   RL_CUDA_CHECK(cudaMallocHost(&pinned_route_ids_, n_assign * sizeof(int32_t)));
   staging_dev_.allocate(kStagingBytes);
   total += kStagingBytes + 2 * T * sizeof(int32_t) + 2 * n_assign * sizeof(int32_t);
+  const size_t n_groups = (size_t)expert_group_bound((int)n_assign, c.n_expert);
+  alloc_bytes(gg_gather_, n_assign * sizeof(int32_t));
+  alloc_bytes(gg_assign_, n_assign * sizeof(int32_t));
+  alloc_bytes(gg_ptrs_, n_groups * sizeof(void*));
+  alloc_bytes(gg_groups_, 2 * n_groups * sizeof(int32_t));
+  alloc_bytes(gg_distinct_, (size_t)c.n_layer * sizeof(int32_t));
+  RL_CUDA_CHECK(cudaMallocHost(&gg_distinct_host_, (size_t)c.n_layer * sizeof(int32_t)));
   stats_.working_bytes = total;
 }
 
@@ -819,6 +840,44 @@ void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const fl
   swiglu(act, up_out, act, (size_t)T * gate.rows, stream_);
 }
 
+// The prefill products of layer L's routed experts: group g (slot ptr_d[g]) over the gathered rows
+// [off_d[g], + off_d[n + g]) (at most max_cnt), the groups' rows being [row0, row0 + rows).
+void CudaBackendImpl::expert_products(int L, const uint8_t* const* ptr_d, const int* off_d, int n, int max_cnt,
+                                      size_t row0, size_t rows) {
+  const Config& c = config();
+  const MoeDev& moe = layers_[L].moe;
+  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
+  const int ff = c.n_ff_exp, n_embd = c.n_embd;
+  // One product: the X24 form of its input (the gathered rows of moe_layer's conversion; `aq` the
+  // SwiGLU outputs) for the IQ types, else the fp64 products on the fp32 input.
+  const uint8_t* xq = xq_buf_.get<uint8_t>();
+  const double* xs = xq_scale_.get<double>();
+  auto product = [&](const TensorView& v, size_t offset, int out_rows, int cols, const float* x, const uint8_t* q,
+                     const double* qs, float* y) {
+    if (use_x24(v.type))
+      matmul_x24_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, q, qs, off_d, off_d + n, n, max_cnt, y,
+                         stream_);
+    else
+      matmul_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y, stream_);
+  };
+  if (gv.type == uv.type && gv.row_bytes == uv.row_bytes) {
+    if (use_x24(gv.type))
+      matmul_x24_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xq, xs, off_d,
+                                 off_d + n, n, max_cnt, g_buf_.f(), stream_);
+    else
+      matmul_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xg_buf_.f(), off_d,
+                             off_d + n, n, max_cnt, g_buf_.f(), stream_);
+  } else {
+    product(gv, 0, ff, n_embd, xg_buf_.f(), xq, xs, g_buf_.f());
+    product(uv, moe.up_offset, ff, n_embd, xg_buf_.f(), xq, xs, u_buf_.f());
+    swiglu(g_buf_.f() + row0 * ff, u_buf_.f() + row0 * ff, g_buf_.f() + row0 * ff, rows * ff, stream_);
+  }
+  if (use_x24(dv.type))
+    quantize_x24(g_buf_.f() + row0 * ff, (int)rows, ff, aq_buf_.get<uint8_t>() + x24_bytes(row0, ff),
+                 aq_scale_.get<double>() + row0 * (ff / 256), stream_);
+  product(dv, moe.down_offset, n_embd, ff, g_buf_.f(), aq_buf_.get<uint8_t>(), aq_scale_.get<double>(), y_buf_.f());
+}
+
 // Expert kernels for one batch of experts (all reserved and resident): group g = experts[g] over
 // rows [group_offset[g], +group_rows[g]) of the gathered activations (prefill) or, for one token,
 // the shared input h (decode).
@@ -850,37 +909,9 @@ void CudaBackendImpl::run_expert_batch(int L, std::span<const int> experts, std:
     }
     RL_CUDA_CHECK(cudaMemcpyAsync(off_d, off_h, 2 * n * sizeof(int), cudaMemcpyHostToDevice, stream_));
     // This batch's rows of the gathered order (contiguous: groups are in gathered order).
-    const size_t row0 = (size_t)group_offset[0];
     size_t rows = 0;
     for (int g = 0; g < n; g++) rows += group_rows[g];
-    // One product of the batch: the X24 form of its input (moe_layer quantized the gathered rows;
-    // `aq` the SwiGLU outputs) for the IQ types, else the fp64 products on the fp32 input.
-    const uint8_t* xq = xq_buf_.get<uint8_t>();
-    const double* xs = xq_scale_.get<double>();
-    auto product = [&](const TensorView& v, size_t offset, int out_rows, int cols, const float* x, const uint8_t* q,
-                       const double* qs, float* y) {
-      if (use_x24(v.type))
-        matmul_x24_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, q, qs, off_d, off_d + n, n, max_cnt, y,
-                           stream_);
-      else
-        matmul_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y, stream_);
-    };
-    if (gv.type == uv.type && gv.row_bytes == uv.row_bytes) {
-      if (use_x24(gv.type))
-        matmul_x24_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xq, xs, off_d,
-                                   off_d + n, n, max_cnt, g_buf_.f(), stream_);
-      else
-        matmul_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xg_buf_.f(), off_d,
-                               off_d + n, n, max_cnt, g_buf_.f(), stream_);
-    } else {
-      product(gv, 0, ff, n_embd, xg_buf_.f(), xq, xs, g_buf_.f());
-      product(uv, moe.up_offset, ff, n_embd, xg_buf_.f(), xq, xs, u_buf_.f());
-      swiglu(g_buf_.f() + row0 * ff, u_buf_.f() + row0 * ff, g_buf_.f() + row0 * ff, rows * ff, stream_);
-    }
-    if (use_x24(dv.type))
-      quantize_x24(g_buf_.f() + row0 * ff, (int)rows, ff, aq_buf_.get<uint8_t>() + x24_bytes(row0, ff),
-                   aq_scale_.get<double>() + row0 * (ff / 256), stream_);
-    product(dv, moe.down_offset, n_embd, ff, g_buf_.f(), aq_buf_.get<uint8_t>(), aq_scale_.get<double>(), y_buf_.f());
+    expert_products(L, ptr_d, off_d, n, max_cnt, (size_t)group_offset[0], rows);
   }
   // These slots may be overwritten once the kernels above have read them.
   RL_CUDA_CHECK(cudaEventRecord(slots_free_, stream_));
@@ -893,33 +924,42 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   const int E = c.n_expert, K = c.n_expert_used, n_embd = c.n_embd;
 
   // Routing on the GPU, the selections to the host (which reserves the experts); the shared expert
-  // runs on the GPU meanwhile.
+  // runs on the GPU meanwhile. With every expert resident a chunk's selections are grouped on the
+  // GPU instead (moe_experts_grouped) and the layer does not wait for the host.
   profiler_.mark(kRouter, stream_);
   project_group({{&d.moe.router, h2, router_logits_.f()}, {&d.moe.shared_gate_inp, h2, sh_scalar_.f()}}, T);
   route_tokens(router_logits_.f(), T, E, K, c.expert_weights_scale, route_ids_.get<int32_t>(), route_weights_.f(),
                stream_);
-  RL_CUDA_CHECK(cudaMemcpyAsync(pinned_route_ids_, route_ids_.get(), (size_t)T * K * sizeof(int32_t),
-                                cudaMemcpyDeviceToHost, stream_));
-  if (trace)
-    RL_CUDA_CHECK(cudaMemcpyAsync(pinned_router_, router_logits_.f(), (size_t)T * E * sizeof(float),
+  // The selections to the host: to reserve the experts, or (grouped on the GPU) for the trace only.
+  const bool grouped = gpu_grouping(T);
+  if (!grouped || trace) {
+    RL_CUDA_CHECK(cudaMemcpyAsync(pinned_route_ids_, route_ids_.get(), (size_t)T * K * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream_));
-  RL_CUDA_CHECK(cudaEventRecord(router_ready_, stream_));
+    if (trace)
+      RL_CUDA_CHECK(cudaMemcpyAsync(pinned_router_, router_logits_.f(), (size_t)T * E * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+    RL_CUDA_CHECK(cudaEventRecord(router_ready_, stream_));
+  }
   profiler_.mark(kSharedExpert, stream_);
   // Prefill: h2 in the X24 form once, for the shared pair and (gathered) the routed gate and up.
   const bool h2_x24 = T > 1 && moe_input_x24(d.moe);
   if (h2_x24) quantize_x24(h2, T, n_embd, dq_buf_.get<uint8_t>(), dq_scale_.get<double>(), stream_);
   project_gate_up(d.moe.gate_sh, d.moe.up_sh, h2, T, sh_gate_.f(), sh_up_.f(), h2_x24);
   project(d.moe.down_sh, sh_gate_.f(), T, sh_out_.f());
-  RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
-  stage_reset();
-  profiler_.mark(kExperts, stream_);
-
   const int32_t* ids_h = pinned_route_ids_;
   const float* w_d = route_weights_.f();
   if (trace) {
+    RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
     trace->tensor(fmt::format("ffn_moe_logits-{}", L), T, E, pinned_router_);
     trace->ids(fmt::format("ffn_moe_topk-{}", L), T, K, ids_h);
   }
+  if (grouped) {
+    moe_experts_grouped(L, h2, T, x, next_norm, h_out);
+    return;
+  }
+  if (!trace) RL_CUDA_CHECK(cudaEventSynchronize(router_ready_));
+  stage_reset();
+  profiler_.mark(kExperts, stream_);
 
   // The distinct experts: the selections in order (decode), or ascending with the (token,
   // selection) pairs i = t*K + k of each, tokens in order (prefill: each expert's weights are read
@@ -988,14 +1028,7 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
     }
     RL_CUDA_CHECK(cudaMemcpyAsync(gather_d, gather_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   stream_));
-    // The gathered rows: of h2's X24 form for X24 gate/up products (bit copies: the same as
-    // converting the gathered rows), of h2 itself for the others.
-    const bool gate_x24 = use_x24(d.moe.gate_exps.type), up_x24 = use_x24(d.moe.up_exps.type);
-    if (!gate_x24 || !up_x24) gather_rows(h2, gather_d, xg_buf_.f(), T * K, n_embd, stream_);
-    if (gate_x24 || up_x24) {
-      gather_words(dq_buf_.get(), gather_d, xq_buf_.get(), T * K, (int)(x24_bytes(1, n_embd) / 4), stream_);
-      gather_words(dq_scale_.get(), gather_d, xq_scale_.get(), T * K, n_embd / 256 * 2, stream_);
-    }
+    gather_expert_inputs(d.moe, h2, gather_d, T * K);
   }
   RL_CUDA_CHECK(cudaMemcpyAsync(assign_d, assign_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                 stream_));
@@ -1040,6 +1073,49 @@ void CudaBackendImpl::moe_layer(int L, const float* h2, int T, float* x, TraceSi
   }
   moe_combine_norm(x, y_buf_.f(), assign_d, w_d, K, sh_out_.f(), sh_scalar_.f(), T, n_embd, next_norm, c.rms_eps, h_out,
                    stream_);
+}
+
+// The gathered rows of the routed experts' input (row a = token gather_d[a] of h2): of h2's X24
+// form for X24 gate/up products (bit copies: the same as converting the gathered rows), of h2
+// itself for the others.
+void CudaBackendImpl::gather_expert_inputs(const MoeDev& moe, const float* h2, const int32_t* gather_d, int n) {
+  const int n_embd = config().n_embd;
+  const bool gate_x24 = use_x24(moe.gate_exps.type), up_x24 = use_x24(moe.up_exps.type);
+  if (!gate_x24 || !up_x24) gather_rows(h2, gather_d, xg_buf_.f(), n, n_embd, stream_);
+  if (gate_x24 || up_x24) {
+    gather_words(dq_buf_.get(), gather_d, xq_buf_.get(), n, (int)(x24_bytes(1, n_embd) / 4), stream_);
+    gather_words(dq_scale_.get(), gather_d, xq_scale_.get(), n, n_embd / 256 * 2, stream_);
+  }
+}
+
+bool CudaBackendImpl::gpu_grouping(int T) const {
+  const Config& c = config();
+  return T > 1 && opts_.gpu_grouping && c.n_expert <= kMaxGroupExperts &&
+         cache_->n_resident() == c.n_layer * c.n_expert;
+}
+
+// moe_layer's routed experts when every expert is resident: the selections (route_ids_) are
+// grouped by expert on the GPU, with the slots from the residency table, so the layer never waits
+// for the host. The same products on the same rows as the host's grouping (groups of at most
+// kExpertGroupRows rows instead of one group per expert; each row's products do not depend on
+// the others), so the same results bit for bit (test).
+void CudaBackendImpl::moe_experts_grouped(int L, const float* h2, int T, float* x, const float* next_norm,
+                                          float* h_out) {
+  const Config& c = config();
+  const int E = c.n_expert, K = c.n_expert_used, n = T * K, n_groups = expert_group_bound(n, E);
+  profiler_.mark(kExperts, stream_);
+  int32_t* gather = gg_gather_.get<int32_t>();
+  int32_t* assign = gg_assign_.get<int32_t>();
+  const uint8_t** ptrs = gg_ptrs_.get<const uint8_t*>();
+  int32_t* groups = gg_groups_.get<int32_t>();  // [n_groups] first rows, then [n_groups] row counts
+  group_by_expert(route_ids_.get<int32_t>(), n, K, E, residency_table_.get<uint64_t>() + (size_t)L * E, gather, assign,
+                  ptrs, groups, groups + n_groups, n_groups, gg_distinct_.get<int32_t>() + L, stream_);
+  gather_expert_inputs(layers_[L].moe, h2, gather, n);
+  expert_products(L, ptrs, groups, n_groups, kExpertGroupRows, 0, (size_t)n);
+  moe_combine_norm(x, y_buf_.f(), assign, route_weights_.f(), K, sh_out_.f(), sh_scalar_.f(), T, c.n_embd, next_norm,
+                   c.rms_eps, h_out, stream_);
+  grouped_layers_.push_back(L);
+  stats_.gpu_grouped_layers++;
 }
 
 void CudaBackendImpl::allocate_gpu_routed_buffers() {
@@ -1215,7 +1291,11 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
     logits_.allocate((size_t)rows * c.n_vocab * sizeof(float));
     logits_rows_ = rows;
   }
+  grouped_layers_.clear();
   encode_pass(st, ids_d, pos_d, T, all_logits, logits_.f(), trace, false);
+  if (!grouped_layers_.empty())
+    RL_CUDA_CHECK(cudaMemcpyAsync(gg_distinct_host_, gg_distinct_.get(), (size_t)c.n_layer * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream_));
   const size_t n_out = (size_t)rows * c.n_vocab;
   if (n_out > pinned_logits_floats_) {
     if (pinned_logits_) cudaFreeHost(pinned_logits_);
@@ -1230,6 +1310,10 @@ void CudaBackendImpl::forward(SessionState& st, std::span<const int32_t> tokens,
   std::memcpy(logits_out, pinned_logits_, n_out * sizeof(float));
   st.position = pos0 + T;
   last_pass_loaded_ = loads_this_pass_;
+  // The GPU-grouped layers' experts, each a hit (as a reservation would have counted them).
+  uint64_t grouped_hits = 0;
+  for (int L : grouped_layers_) grouped_hits += (uint64_t)gg_distinct_host_[L];
+  if (!grouped_layers_.empty()) cache_->count_hits(grouped_hits);
 
   // Statistics that need the GPU's clock.
   RL_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));

@@ -59,7 +59,12 @@ struct CudaOptions {
   // tensor cores with X24 activations (kernels.h, matmul_x24); RL_ENGINE_X24=0: the fp64 products
   // on the fp32 activations.
   bool x24 = true;
-  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP and RL_ENGINE_X24.
+  // Prefill with every expert resident: a layer's selections are grouped by expert on the GPU
+  // (group_by_expert) and never wait for the host (RL_ENGINE_GPU_GROUPING=0: the host groups them,
+  // as on a bounded cache).
+  bool gpu_grouping = true;
+  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP,
+  // RL_ENGINE_X24 and RL_ENGINE_GPU_GROUPING.
   static CudaOptions from_env(int64_t cache_mib);
 };
 
@@ -81,6 +86,7 @@ struct EngineStats {
   uint64_t tokens_decoded = 0;       // decode() calls since reset_stats()
   uint64_t gpu_routed_tokens = 0;    // of those, completed by the GPU-routed graph
   uint64_t gpu_routed_fallbacks = 0; // graph replays discarded (a non-resident expert was selected)
+  uint64_t gpu_grouped_layers = 0;   // prefill layers whose selections were grouped on the GPU
 };
 
 class CudaBackend : public Backend {

@@ -210,6 +210,23 @@ void route_topk(const float* logits, int n_expert, int k, float scale, const uin
 // synchronous path's routing, whose ids the host reads to reserve the experts.
 void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,
                   cudaStream_t stream);
+// Prefill routing without the host, for a cache that holds every expert: groups the n = T·k
+// selections `ids` by expert as moe_layer's host path does — gather[a] the token of gathered row a,
+// assign[i] the row of selection i, each expert's rows contiguous, experts ascending (the order of
+// an expert's own rows is not fixed: each row's products do not depend on its neighbours) — and
+// cuts each expert's rows into groups of at most kExpertGroupRows: group v's slot pointer (from the
+// layer's residency row), first row and row count in slot_ptrs[v], group_off[v], group_cnt[v] for
+// v < n_groups = expert_group_bound(n, n_expert); groups past the last have no rows. The expert
+// products take them with max_cnt = kExpertGroupRows. *n_distinct (when given): the number of
+// experts with rows. n_expert <= kMaxGroupExperts.
+constexpr int kExpertGroupRows = 16;
+constexpr int kMaxGroupExperts = 2048;
+inline int expert_group_bound(int n, int n_expert) {
+  return (n + kExpertGroupRows - 1) / kExpertGroupRows + (n < n_expert ? n : n_expert);
+}
+void group_by_expert(const int32_t* ids, int n, int k, int n_expert, const uint64_t* residency_row, int32_t* gather,
+                     int32_t* assign, const uint8_t** slot_ptrs, int32_t* group_off, int32_t* group_cnt,
+                     int n_groups, int32_t* n_distinct, cudaStream_t stream);
 // moe_combine, then out = RMSNorm(x) * norm_w per token (the next layer's input norm): the same
 // values as moe_combine followed by rms_norm.
 void moe_combine_norm(float* x, const float* y, const int32_t* assign, const float* weights, int k,

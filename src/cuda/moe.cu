@@ -1,5 +1,7 @@
 // Mixture-of-experts glue: router softmax, SwiGLU, and the weighted combine of routed and shared
 // experts. The expert products themselves are matvec_experts / matmul_experts on slot pointers.
+#include <cub/block/block_scan.cuh>
+
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
@@ -237,6 +239,71 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(
   if (lane == 0 && residency) miss_count[blockIdx.x] = misses;
 }
 
+
+// group_by_expert in one block: counts per expert (shared-memory atomics), one block scan of the
+// rows and of the groups per expert (packed in one 64-bit sum: rows above, groups below), then
+// the group table (and the number of experts with rows), then each selection's row (a per-expert
+// cursor).
+constexpr int kGroupThreads = 512;
+__global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids, int n, int k, int n_expert,
+                                                                 const uint64_t* residency, int32_t* gather,
+                                                                 int32_t* assign, const uint8_t** slot_ptrs,
+                                                                 int32_t* group_off, int32_t* group_cnt,
+                                                                 int n_groups, int32_t* n_distinct) {
+  using Scan = cub::BlockScan<long long, kGroupThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int count[kMaxGroupExperts], start[kMaxGroupExperts], first_group[kMaxGroupExperts];
+  __shared__ int used_groups, distinct;
+  const int tid = threadIdx.x;
+  for (int e = tid; e < n_expert; e += kGroupThreads) count[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += kGroupThreads) atomicAdd(&count[ids[i]], 1);
+  __syncthreads();
+  constexpr int kPer = kMaxGroupExperts / kGroupThreads;  // experts per thread, consecutive
+  long long mine = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; j++) {
+    const int e = tid * kPer + j;
+    if (e < n_expert) mine += ((long long)count[e] << 32) + (count[e] + kExpertGroupRows - 1) / kExpertGroupRows;
+  }
+  long long before, all;
+  Scan(scan_tmp).ExclusiveSum(mine, before, all);
+  int row = (int)(before >> 32), group = (int)(before & 0xFFFFFFFF);
+#pragma unroll
+  for (int j = 0; j < kPer; j++) {
+    const int e = tid * kPer + j;
+    if (e < n_expert) {
+      start[e] = row, first_group[e] = group;
+      row += count[e], group += (count[e] + kExpertGroupRows - 1) / kExpertGroupRows;
+    }
+  }
+  if (tid == 0) used_groups = (int)(all & 0xFFFFFFFF), distinct = 0;
+  __syncthreads();
+  for (int e = tid; e < n_expert; e += kGroupThreads) {
+    const uint8_t* slot = reinterpret_cast<const uint8_t*>(residency[e]);
+    if (count[e] > 0) atomicAdd(&distinct, 1);
+    for (int r = 0, v = first_group[e]; r < count[e]; r += kExpertGroupRows, v++) {
+      slot_ptrs[v] = slot;
+      group_off[v] = start[e] + r;
+      group_cnt[v] = min(kExpertGroupRows, count[e] - r);
+    }
+  }
+  for (int v = used_groups + tid; v < n_groups; v += kGroupThreads) {
+    slot_ptrs[v] = nullptr;
+    group_off[v] = 0;
+    group_cnt[v] = 0;
+  }
+  __syncthreads();
+  if (tid == 0 && n_distinct) *n_distinct = distinct;
+  for (int e = tid; e < n_expert; e += kGroupThreads) count[e] = start[e];  // the cursors
+  __syncthreads();
+  for (int i = tid; i < n; i += kGroupThreads) {
+    const int a = atomicAdd(&count[ids[i]], 1);
+    gather[a] = i / k;
+    assign[i] = a;
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -307,6 +374,21 @@ void gather_words(const void* src, const int32_t* idx, void* dst, int n, int wid
 
 void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width, cudaStream_t stream) {
   gather_words(src, idx, dst, n, width, stream);
+}
+
+void group_by_expert(const int32_t* ids, int n, int k, int n_expert, const uint64_t* residency_row, int32_t* gather,
+                     int32_t* assign, const uint8_t** slot_ptrs, int32_t* group_off, int32_t* group_cnt,
+                     int n_groups, int32_t* n_distinct, cudaStream_t stream) {
+  if (n_expert <= 0 || n_expert > kMaxGroupExperts)
+    throw_error("group_by_expert: " + std::to_string(n_expert) + " experts (1 to " + std::to_string(kMaxGroupExperts) +
+                " supported)");
+  if (n < 0 || k <= 0 || n % k != 0) throw_error("group_by_expert: " + std::to_string(n) + " selections of " + std::to_string(k));
+  if (n_groups < expert_group_bound(n, n_expert))
+    throw_error("group_by_expert: " + std::to_string(n_groups) + " groups cannot hold " + std::to_string(n) +
+                " selections of " + std::to_string(n_expert) + " experts");
+  group_kernel<<<1, kGroupThreads, 0, stream>>>(ids, n, k, n_expert, residency_row, gather, assign, slot_ptrs,
+                                                 group_off, group_cnt, n_groups, n_distinct);
+  RL_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace rl::cuda

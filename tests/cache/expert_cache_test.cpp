@@ -50,6 +50,25 @@ TEST(ExpertCache, TouchRefreshesLruAndCountsHits) {
   EXPECT_GE(c.lookup(0, 0), 0);
 }
 
+// count_hits() (the GPU-grouped prefill) adds hits on a cache that holds every expert and leaves
+// the residency as it is; on a bounded cache, whose LRU order matters, it is refused.
+TEST(ExpertCache, CountHitsOnlyWhenEverythingFits) {
+  ExpertCache all(2, 4, kSlot, 8 * kSlot, 1);
+  ASSERT_TRUE(all.holds_all());
+  auto four = ids({0, 1, 2, 3});
+  all.reserve(1, four);
+  all.commit();
+  all.reset_stats();
+  all.count_hits(7);
+  all.count_hits(5);
+  EXPECT_EQ(all.stats().hits, 12u);
+  EXPECT_EQ(all.stats().misses, 0u);
+  EXPECT_EQ(all.n_resident(), 4);
+  ExpertCache bounded(2, 4, kSlot, 7 * kSlot, 1);
+  EXPECT_THROW(bounded.count_hits(1), Error);
+  EXPECT_EQ(bounded.stats().hits, 0u);
+}
+
 TEST(ExpertCache, BudgetTooSmallNamesTheFlag) {
   try {
     ExpertCache c(4, 8, 1 << 20, 3 << 20, 4);

@@ -190,6 +190,46 @@ TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
   }
 }
 
+// The prefill's grouping by expert on the GPU (every expert resident) runs the same products on
+// the same rows as the host's grouping: logits bit for bit — a traced prefill of two chunks
+// (512 + 88), an untraced one with every position's logits, decode after each — the same router
+// selections in the trace and the same hit count, on both fixtures (the IQ one takes the X24
+// expert products, the other the fp64 ones).
+TEST(CudaBackend, GpuGroupedPrefillEqualsHostGrouping) {
+  RL_REQUIRE_GPU();
+  const auto models = fixture_models();
+  if (models.empty()) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
+  for (const auto& [name, path] : models) {
+    SCOPED_TRACE(name);
+    auto model = Model::open(path);
+    cuda::CudaOptions on, off;
+    off.gpu_grouping = false;
+    auto grouped = cuda::make_cuda_backend(model, on), host = cuda::make_cuda_backend(model, off);
+    ASSERT_TRUE(grouped->stats().fully_resident);
+    ASSERT_TRUE(host->stats().fully_resident);
+    auto a = grouped->new_session(700), b = host->new_session(700);
+    TopkRecorder ra, rb;
+    a->set_trace(&ra);
+    b->set_trace(&rb);
+    ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, prompt(600, model->config().n_vocab, 4), false, 4));
+    EXPECT_EQ(ra.topk, rb.topk);
+    a->set_trace(nullptr);
+    b->set_trace(nullptr);
+    // Without a trace the grouped layers never wait for the host; every position's logits.
+    a->reset();
+    b->reset();
+    ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, prompt(300, model->config().n_vocab, 5), true, 4));
+    EXPECT_EQ(grouped->stats().cache.hits, host->stats().cache.hits);
+    EXPECT_EQ(grouped->stats().cache.misses, 0u);
+    // Both prefills of the grouped backend took the GPU grouping (every layer of every chunk),
+    // the other backend never.
+    uint64_t layers = 0;  // the MoE layers
+    for (const LayerWeights& l : model->layers) layers += l.moe.gate_exps.present();
+    EXPECT_EQ(grouped->stats().gpu_grouped_layers, (2 + 1) * layers);
+    EXPECT_EQ(host->stats().gpu_grouped_layers, 0u);
+  }
+}
+
 TEST(CudaBackend, SnapshotRestoreAndChunkedPrefill) {
   RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");

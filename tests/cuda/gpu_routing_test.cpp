@@ -3,11 +3,14 @@
 // index, renormalised weights), with near-ties and exact ties; the fused add + RMSNorm against
 // add_inplace followed by rms_norm (bit for bit); the fused MoE combine + next norm against
 // moe_combine followed by rms_norm; attention_prep against split/norm/rope/store; the fused gate/up/SwiGLU expert product against
-// two matvec_experts launches and swiglu (bit for bit).
+// two matvec_experts launches and swiglu (bit for bit); the prefill's grouping by expert
+// (group_by_expert) against the grouping's definition.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 
+#include "common/error.h"
 #include "cuda/kernels.h"
 #include "gpu_test_util.h"
 
@@ -182,6 +185,86 @@ TEST_F(CudaGpuRouting, FusedGateUpSwigluEqualsTwoExpertLaunchesAndSwiglu) {
     const auto want = to_host<float>(g1, n * rows);
     EXPECT_EQ(want, to_host<float>(act, n * rows)) << type_name(t);
   }
+}
+
+// group_by_expert on random selections (experts with 0 to ~30 rows; in the 2048-expert case most
+// experts unused) and on a fixed pattern whose experts have 1, 33, 266 and 300 rows (cut into 1, 3,
+// 17 and 19 groups): every selection has one row, each expert's rows are contiguous and in
+// ascending expert order, gather names each row's token, the groups cut each expert's rows in
+// order into pieces of at most 16 with the expert's slot pointer, the groups past the last have
+// no rows, and the number of experts used is right. Then the refusals.
+TEST_F(CudaGpuRouting, GroupByExpertMatchesTheDefinition) {
+  struct Case {
+    int T, K, E;
+    bool pattern;  // token t selects 3 and then 0 (t = 0), 1 (t <= 33) or 2
+  };
+  for (Case cs : {Case{512, 10, 512, false}, Case{37, 4, 8, false}, Case{76, 10, 512, false},
+                  Case{300, 8, 2048, false}, Case{2, 1, 3, false}, Case{300, 2, 4, true}}) {
+    SCOPED_TRACE(std::to_string(cs.T) + " tokens, " + std::to_string(cs.K) + " of " + std::to_string(cs.E));
+    const int n = cs.T * cs.K, n_groups = cuda::expert_group_bound(n, cs.E);
+    std::mt19937 rng(cs.T + cs.E);
+    std::vector<int32_t> ids(n);
+    for (int t = 0; t < cs.T; t++) {
+      if (cs.pattern) {
+        ids[(size_t)t * 2] = 3;
+        ids[(size_t)t * 2 + 1] = t == 0 ? 0 : t <= 33 ? 1 : 2;
+        continue;
+      }
+      // Distinct experts per token, skewed towards low ids so that some experts get more rows.
+      std::vector<int> pick;
+      while ((int)pick.size() < cs.K) {
+        const int e = (int)(std::min(rng() % cs.E, rng() % cs.E));
+        if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+      }
+      std::copy(pick.begin(), pick.end(), ids.begin() + (size_t)t * cs.K);
+    }
+    std::vector<uint64_t> residency(cs.E);
+    for (int e = 0; e < cs.E; e++) residency[e] = 0x100000ull + 4096ull * (uint64_t)e;
+    auto d_ids = to_device(ids), d_res = to_device(residency);
+    cuda::DeviceBuffer d_gather(n * 4), d_assign(n * 4), d_ptrs(n_groups * 8), d_groups(2 * n_groups * 4), d_used(4);
+    cuda::group_by_expert(d_ids.get<int32_t>(), n, cs.K, cs.E, d_res.get<uint64_t>(), d_gather.get<int32_t>(),
+                          d_assign.get<int32_t>(), d_ptrs.get<const uint8_t*>(), d_groups.get<int32_t>(),
+                          d_groups.get<int32_t>() + n_groups, n_groups, d_used.get<int32_t>(), nullptr);
+    const auto gather = to_host<int32_t>(d_gather, n), assign = to_host<int32_t>(d_assign, n);
+    const auto ptrs = to_host<uint64_t>(d_ptrs, n_groups);
+    const auto groups = to_host<int32_t>(d_groups, 2 * n_groups);
+    const int used = to_host<int32_t>(d_used, 1)[0];
+    // The definition: expert e's rows are [start[e], start[e] + count[e]), experts ascending.
+    std::vector<int> count(cs.E, 0), start(cs.E, 0);
+    for (int32_t e : ids) count[e]++;
+    for (int e = 1; e < cs.E; e++) start[e] = start[e - 1] + count[e - 1];
+    std::vector<char> taken(n, 0);
+    for (int i = 0; i < n; i++) {
+      const int a = assign[i], e = ids[i];
+      ASSERT_GE(a, start[e]) << "selection " << i;
+      ASSERT_LT(a, start[e] + count[e]) << "selection " << i;
+      ASSERT_FALSE(taken[a]) << "row " << a << " assigned twice";
+      taken[a] = 1;
+      ASSERT_EQ(gather[a], i / cs.K) << "row " << a;
+    }
+    int v = 0, experts_used = 0;
+    for (int e = 0; e < cs.E; e++) {
+      experts_used += count[e] > 0;
+      for (int r = 0; r < count[e]; r += 16, v++) {
+        ASSERT_LT(v, n_groups);
+        EXPECT_EQ(ptrs[v], residency[e]) << "group " << v;
+        EXPECT_EQ(groups[v], start[e] + r) << "group " << v;
+        EXPECT_EQ(groups[n_groups + v], std::min(16, count[e] - r)) << "group " << v;
+      }
+    }
+    for (; v < n_groups; v++) EXPECT_EQ(groups[n_groups + v], 0) << "group " << v << " past the last";
+    EXPECT_EQ(used, experts_used);
+  }
+  cuda::DeviceBuffer b(64);
+  EXPECT_THROW(cuda::group_by_expert(b.get<int32_t>(), 10, 2, 4096, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                     nullptr, 100, nullptr, nullptr),
+               Error);
+  EXPECT_THROW(cuda::group_by_expert(b.get<int32_t>(), 64, 2, 8, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                     cuda::expert_group_bound(64, 8) - 1, nullptr, nullptr),
+               Error);
+  EXPECT_THROW(cuda::group_by_expert(b.get<int32_t>(), 9, 2, 8, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                     100, nullptr, nullptr),
+               Error);
 }
 
 }  // namespace
