@@ -33,6 +33,8 @@
 #   AB_ROUNDS=N: instead of each variant's bench, N rounds of one-rep benches alternating the
 #   tree's binary and each variant's, in reverse order every other round (ab-NAME-ROUND.log;
 #   summary.txt lists each binary's prefill and decode figures round by round).
+#   AB_ENV="NAME=VAR=value ...": with AB_ROUNDS, NAME joins the alternation: the tree's binary run
+#   under VAR=value (no rebuild).
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
 #   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
@@ -65,17 +67,25 @@ step() {  # step NAME CMD...: runs, logs to $OUT/NAME.log, records the exit code
   return $rc
 }
 # The parity checks against the CPU oracle, logged as parity-MODEL or parity-MODEL-SUFFIX: on the
-# carried fixture models, and on the 80B model ($M80, set below).
+# carried fixture models, and on the 80B model ($M80, set below). Each runs a second time with
+# RL_ENGINE_X32=2 (logged with -x32): the parity prompts are too short for the default to put the
+# dense Q4_K products on X32, so that run checks them (DENSE_PARITY=0 leaves it out).
+parity_both() {  # parity_both NAME ARGS...
+  local name=$1; shift
+  step "$name" "$BIN" parity "$@"
+  [ "${DENSE_PARITY:-1}" = 1 ] && step "$name-x32" env RL_ENGINE_X32=2 "$BIN" parity "$@"
+  return 0
+}
 parity_fixtures() {  # parity_fixtures [SUFFIX]
   local m
   for m in "$FIX"/*.gguf; do
     [ -e "$m" ] || continue
-    step "parity-$(basename "$m" .gguf)${1:+-$1}" "$BIN" parity -m "$m" --backend cuda --repeat 2 --prompt-tokens 40 \
+    parity_both "parity-$(basename "$m" .gguf)${1:+-$1}" -m "$m" --backend cuda --repeat 2 --prompt-tokens 40 \
       --budget-fractions 1,0.5,0.1
   done
 }
 parity_80b() {  # parity_80b [SUFFIX]
-  step "parity-80b${1:+-$1}" "$BIN" parity -m "$M80" --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
+  parity_both "parity-80b${1:+-$1}" -m "$M80" --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
 }
 
 # --- dependencies: unpack the carried .debs into a prefix ------------------------------------
@@ -169,11 +179,17 @@ fi
 # Variants: each built (with test_cuda, run on it), its binary kept; with AB_ROUNDS=N the benches
 # then alternate between the tree's binary and the variants' (--reps 1 each, N rounds), so that a
 # machine's drift during the call falls on all of them alike.
-if [ -n "${VARIANT:-}" ]; then
+if [ -n "${VARIANT:-}${AB_ENV:-}" ]; then
   rm -rf /tmp/rl-bin && mkdir -p /tmp/rl-bin  # a warm machine keeps an earlier call's binaries
   cp "$BIN" /tmp/rl-bin/base
 fi
 AB_BINS=base
+# AB_ENV="NAME=VAR=value ...": NAME takes part in the alternation as the tree's binary under VAR=value.
+for e in ${AB_ENV:-}; do
+  name=${e%%=*}
+  printf '#!/bin/sh\nexec env %s /tmp/rl-bin/base "$@"\n' "${e#*=}" > "/tmp/rl-bin/$name"
+  chmod +x "/tmp/rl-bin/$name" && AB_BINS="$AB_BINS $name"
+done
 for V in ${VARIANT:-}; do
   name=$(basename "$V")
   if [ ! -d "$ROOT/$V" ] || [ "$name" = base ] || [ -e "/tmp/rl-bin/$name" ]; then
@@ -197,7 +213,7 @@ for V in ${VARIANT:-}; do
     if [ -e "/tmp/rl-orig-$name/$f" ]; then cp "/tmp/rl-orig-$name/$f" "$ROOT/$f"; else rm -f "$ROOT/$f"; fi
   done
 done
-if [ -n "${AB_ROUNDS:-}" ] && [ -n "${VARIANT:-}" ]; then
+if [ -n "${AB_ROUNDS:-}" ] && [ -n "${VARIANT:-}${AB_ENV:-}" ]; then
   reverse=$(echo $AB_BINS | tr ' ' '\n' | tac | tr '\n' ' ')
   for r in $(seq "$AB_ROUNDS"); do
     [ $((r % 2)) = 0 ] && order=$reverse || order=$AB_BINS

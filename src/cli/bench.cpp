@@ -79,10 +79,11 @@ int run_bench(const BenchOptions& o) {
 #endif
   std::vector<double> decode_rates, prefill_rates;
   uint64_t gpu_routed_tokens = 0, gpu_routed_fallbacks = 0;  // over the timed decode passes
-  uint64_t prefill_grouped_layers = 0;                        // the last timed prefill's
+  uint64_t prefill_grouped_layers = 0, prefill_x32 = 0;  // the last timed prefill's
   (void)gpu_routed_tokens;
   (void)gpu_routed_fallbacks;
   (void)prefill_grouped_layers;
+  (void)prefill_x32;
   for (int rep = 0; rep < o.reps; rep++) {
     // Decode: prompt, then decode_tokens greedy tokens; the first comes from the prompt's logits,
     // so decode_tokens - 1 decode passes are timed.
@@ -113,7 +114,10 @@ int run_bench(const BenchOptions& o) {
     prefill_rates.push_back(o.prefill_tokens / seconds_since(t1));
 #ifdef REDLITE_HAVE_CUDA
     // (reset with the decode statistics above; decode groups nothing)
-    if (cuda_backend) prefill_grouped_layers = cuda_backend->stats().gpu_grouped_layers;
+    if (cuda_backend) {
+      prefill_grouped_layers = cuda_backend->stats().gpu_grouped_layers;
+      prefill_x32 = cuda_backend->stats().x32_products;
+    }
 #endif
   }
   const Summary dec = summarize(decode_rates), pre = summarize(prefill_rates);
@@ -160,6 +164,7 @@ int run_bench(const BenchOptions& o) {
     j["gpu_routed_tokens"] = gpu_routed_tokens;
     j["gpu_routed_fallbacks"] = gpu_routed_fallbacks;
     j["prefill_gpu_grouped_layers"] = prefill_grouped_layers;
+    j["prefill_x32_products"] = prefill_x32;
     if (!profile.empty()) j["profile_decode"] = profile;
   }
 #endif

@@ -27,6 +27,13 @@ CudaOptions CudaOptions::from_env(int64_t cache_mib) {
   if (const char* e = std::getenv("RL_ENGINE_PROFILE")) o.profile = std::string(e) == "1";
   if (const char* e = std::getenv("RL_ENGINE_OVERLAP")) o.overlap_copies = std::string(e) != "0";
   if (const char* e = std::getenv("RL_ENGINE_X24")) o.x24 = std::string(e) != "0";
+  if (const char* e = std::getenv("RL_ENGINE_X32")) {
+    const std::string v = e;
+    if (v == "0") o.x32 = X32Mode::kOff;
+    else if (v == "1") o.x32 = X32Mode::kAuto;
+    else if (v == "2") o.x32 = X32Mode::kAlways;
+    else fail("RL_ENGINE_X32={}: expected 0 (off), 1 (when the grid fills the GPU) or 2 (always)", v);
+  }
   if (const char* e = std::getenv("RL_ENGINE_GPU_GROUPING")) o.gpu_grouping = std::string(e) != "0";
   if (const char* e = std::getenv("RL_ENGINE_SPECULATIVE")) {
     const std::string v = e;
@@ -177,6 +184,7 @@ class CudaBackendImpl final : public CudaBackend {
     stats_.gpu_routed_tokens = 0;
     stats_.gpu_routed_fallbacks = 0;
     stats_.gpu_grouped_layers = 0;
+    stats_.x32_products = 0;
     profiler_.reset();
   }
   std::string profile_report() const override;
@@ -220,7 +228,7 @@ class CudaBackendImpl final : public CudaBackend {
   // receives whether each expert was already resident (request order).
   void reserve_and_copy(int L, std::span<const int> experts, bool wait, std::vector<char>* resident = nullptr);
   void sync_residency_rows();
-  void project(const DMat& w, const float* x, int T, float* y);
+  const float* project(const DMat& w, const float* x, int T, float* y, const float* kq_from = nullptr);
   struct Projection {
     const DMat* w;
     const float* x;
@@ -280,6 +288,16 @@ class CudaBackendImpl final : public CudaBackend {
   DeviceBuffer xq_buf_, xq_scale_, aq_buf_, aq_scale_;
   DeviceBuffer dq_buf_, dq_scale_;
   bool use_x24(GgmlType t) const { return x24_ && x24_supported(t); }
+  // Dense prefill products on X32 (CudaOptions::x32): inputs of up to kq_cols_ columns in the X32
+  // form with their 32-column sums, converted once for the products that share them.
+  bool x32_ = false;
+  int kq_cols_ = 0;
+  DeviceBuffer kq_buf_, kq_scale_, kq_sum_;
+  bool use_x32(const DMat& w, int T) const {
+    return x32_ && x32_supported(w.type) && w.cols % 256 == 0 && w.cols <= kq_cols_ &&
+           reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
+           (opts_.x32 == CudaOptions::X32Mode::kAlways || x32_blocks(w.rows, T) >= device_info().sm_count);
+  }
   // Whether a layer's prefill converts its MoE input to X24 (shared pair or routed gate/up).
   bool moe_input_x24(const MoeDev& m) const {
     return use_x24(m.gate_sh.type) || (m.gate_exps.present() && (use_x24(m.gate_exps.type) || use_x24(m.up_exps.type)));
@@ -600,6 +618,18 @@ void CudaBackendImpl::allocate_working_set() {
     alloc_bytes(dq_buf_, x24_bytes(T, n_embd));
     alloc_bytes(dq_scale_, T * (n_embd / 256) * sizeof(double));
   }
+  x32_ = x24_ && opts_.x32 != CudaOptions::X32Mode::kOff && device_info().cc_major >= 9;
+  kq_cols_ = 0;
+  if (x32_) {
+    for (const LayerDev& d : layers_)
+      for (const DMat* m : {&d.attn.q, &d.attn.k, &d.attn.v, &d.attn.o, &d.ssm.qkv, &d.ssm.z, &d.ssm.ba, &d.ssm.out})
+        if (x32_supported(m->type) && m->cols % 256 == 0) kq_cols_ = std::max(kq_cols_, m->cols);
+    if (kq_cols_ > 0) {
+      alloc_bytes(kq_buf_, x32_bytes(T, kq_cols_));
+      alloc_bytes(kq_scale_, T * (kq_cols_ / 256) * sizeof(double));
+      alloc_bytes(kq_sum_, T * (kq_cols_ / 32) * sizeof(double));
+    }
+  }
   alloc(sh_gate_, T * ff_sh);
   alloc(sh_up_, T * ff_sh);
   alloc(sh_out_, T * n_embd);
@@ -774,18 +804,31 @@ void CudaBackendImpl::preload_all() {
   cache_->reset_stats();
 }
 
-void CudaBackendImpl::project(const DMat& w, const float* x, int T, float* y) {
-  if (T == 1)
+// kq_from: the X32 buffers already hold this input (a group's earlier product converted it);
+// returns the input the buffers hold afterwards.
+const float* CudaBackendImpl::project(const DMat& w, const float* x, int T, float* y, const float* kq_from) {
+  if (T == 1) {
     matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_);
-  else
+  } else if (use_x32(w, T)) {
+    if (kq_from != x) {
+      quantize_x32(x, T, w.cols, kq_buf_.get<uint8_t>(), kq_scale_.get<double>(), kq_sum_.get<double>(), stream_);
+      kq_from = x;
+    }
+    matmul_x32(w.type, w.data, w.row_bytes, w.rows, w.cols, kq_buf_.get<uint8_t>(), kq_scale_.get<double>(),
+               kq_sum_.get<double>(), T, y, stream_);
+    stats_.x32_products++;
+  } else {
     matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
+  }
+  return kq_from;
 }
 
-// Several products of T tokens; for one token, consecutive products of one type and width are one
-// launch (matvec_jobs).
+// Several products of T tokens (an input shared by X32 products converted once); for one token,
+// consecutive products of one type and width are one launch (matvec_jobs).
 void CudaBackendImpl::project_group(std::initializer_list<Projection> list, int T) {
   if (T != 1) {
-    for (const Projection& p : list) project(*p.w, p.x, T, p.y);
+    const float* kq_from = nullptr;
+    for (const Projection& p : list) kq_from = project(*p.w, p.x, T, p.y, kq_from);
     return;
   }
   std::vector<MatvecJob> jobs;

@@ -63,8 +63,14 @@ struct CudaOptions {
   // (group_by_expert) and never wait for the host (RL_ENGINE_GPU_GROUPING=0: the host groups them,
   // as on a bounded cache).
   bool gpu_grouping = true;
+  // Dense prefill products of Q4_K weights on 8-bit tensor cores with X32 activations (matmul_x32;
+  // compute capability 9.0), under `x24`: RL_ENGINE_X32=1 (default) when the product's grid has a
+  // block for every SM (smaller ones keep the fp64 products' column splits), 2 for every such
+  // product (parity checks on short prompts, tests), 0 never.
+  enum class X32Mode { kOff, kAuto, kAlways };
+  X32Mode x32 = X32Mode::kAuto;
   // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP,
-  // RL_ENGINE_X24 and RL_ENGINE_GPU_GROUPING.
+  // RL_ENGINE_X24, RL_ENGINE_X32 and RL_ENGINE_GPU_GROUPING.
   static CudaOptions from_env(int64_t cache_mib);
 };
 
@@ -87,6 +93,7 @@ struct EngineStats {
   uint64_t gpu_routed_tokens = 0;    // of those, completed by the GPU-routed graph
   uint64_t gpu_routed_fallbacks = 0; // graph replays discarded (a non-resident expert was selected)
   uint64_t gpu_grouped_layers = 0;   // prefill layers whose selections were grouped on the GPU
+  uint64_t x32_products = 0;         // prefill dense products run by matmul_x32
 };
 
 class CudaBackend : public Backend {

@@ -65,30 +65,6 @@ constexpr bool x_index_splits() {
 template <int BT>
 constexpr int kXTileDoubles = kTileK * (BT + 4) + 2 * (kTileK / 4);
 
-// Two stacked 8×8 tiles: D0 += A0·B and D1 += A1·B, A0/A1 8×4 (row-major), B 4×8 (column-major),
-// all double, one warp. Fragments (PTX ISA), with g = lane/4, q = lane%4: a0 = A0[g][q],
-// a1 = A1[g][q], b = B[q][g], d0 = {D0[g][2q], D0[g][2q+1]}, d1 likewise. On compute capability
-// 9.0 this is one mma.m16n8k4 (A = A0 over A1, D = D0 over D1, the same fragments): on the H200
-// a 512-token chunk went from 254 ms of kernels with the legacy m8n8k4 pair (measured on another
-// machine of the kind) to 205 (docs/perf/cuda.md, fourth session); before 9.0 it is two m8n8k4.
-// Each D element is the same sum of four exact double products plus the accumulator either way.
-__device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], double a0, double a1,
-                                            double b) {
-#if __CUDA_ARCH__ >= 900
-  asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-      "{%0, %1, %2, %3};"
-      : "+d"(d0[0]), "+d"(d0[1]), "+d"(d1[0]), "+d"(d1[1])
-      : "d"(a0), "d"(a1), "d"(b));
-#else
-  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-      : "+d"(d0[0]), "+d"(d0[1])
-      : "d"(a0), "d"(b));
-  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-      : "+d"(d1[0]), "+d"(d1[1])
-      : "d"(a1), "d"(b));
-#endif
-}
-
 // The IQ types' weights enter the products in their integer form (quant_device.cuh), scaled:
 // w_j = s·(u_j − b) is formed as fma(u_j·2^-1074, s·2^474, −b·s·2^-600) = w_j·2^-600 — the byte
 // u_j placed in the low word of a double is the subnormal u_j·2^-1074, the product and the sum

@@ -51,8 +51,6 @@ constexpr int kStepBytes = kLimbs * kStep;  // a token's X24 bytes of one step: 
 // How far ahead (in super-blocks) x24_kernel prefetches a row's weights into L2.
 constexpr int kPrefetchSupers = 2;
 
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 // D = A·B + 0 for a 16×16 s8 A (a0: row g, a1: row g + 8, columns 4q..4q+3) and a 16×8 B (columns
 // 4q..4q+3 of token g), s8 or u8; d0, d1: row g, tokens 2q, 2q + 1; d2, d3: row g + 8.
 template <bool kSigned>
@@ -189,9 +187,15 @@ template <GgmlType T>
 constexpr bool kX24Type = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS || T == GgmlType::IQ1_M;
 
 // One warp per (row, super-block): the block's largest magnitude m gives e with m < 2^e (frexp),
-// the scale 2^(e-23) (NaN when the block holds a NaN or an infinity, so that the products carry it),
-// and each value's 24-bit integer in three byte planes.
-__global__ void quantize_x24_kernel(const float* x, int rows, int cols, uint8_t* xq, double* xscale) {
+// the scale 2^(e-B) with B = 8L - 1 (NaN when the block holds a NaN or an infinity, so that the
+// products carry it), and each value's (B+1)-bit integer n = round(x · 2^(B-e)) in L byte planes,
+// the first signed: L = 3 is the X24 form, L = 4 the X32 form (kernels.h), which also writes the
+// sum of n over each 32 columns (xsum, exact in double: |sum| < 2^36).
+template <int L>
+__global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum) {
+  static_assert(L == 3 || L == 4);
+  constexpr int kBits = 8 * L - 1;
+  constexpr double kMax = (double)((1LL << kBits) - 1);
   const int nsb = cols / kSuper;
   const int wid = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (wid >= rows * nsb) return;
@@ -211,25 +215,30 @@ __global__ void quantize_x24_kernel(const float* x, int rows, int cols, uint8_t*
   finite = __all_sync(0xFFFFFFFFu, finite);
   int e;
   frexpf(mx, &e);  // mx < 2^e (mx = 0: e = 0)
-  if (lane == 0) xscale[(size_t)row * nsb + sb] = finite ? ldexp(1.0, e - 23) : __longlong_as_double(0x7FF8000000000000LL);
-  uint32_t l0[2] = {0, 0}, l1[2] = {0, 0}, l2[2] = {0, 0};
+  if (lane == 0) xscale[(size_t)row * nsb + sb] = finite ? ldexp(1.0, e - kBits) : __longlong_as_double(0x7FF8000000000000LL);
+  uint32_t limb[L][2] = {};
+  long long sum = 0;  // of the lane's 8 integers (X32)
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     int n = 0;
     if (finite) {
-      const double s = rint(ldexp((double)v[j], 23 - e));
-      n = (int)fmin(fmax(s, -8388608.0), 8388607.0);
+      const double s = rint(ldexp((double)v[j], kBits - e));
+      n = (int)fmin(fmax(s, -kMax - 1.0), kMax);
     }
+    if constexpr (L == 4) sum += n;
     const int w = j / 4, sh = 8 * (j % 4);
-    l0[w] |= (uint32_t)((n >> 16) & 0xFF) << sh;
-    l1[w] |= (uint32_t)((n >> 8) & 0xFF) << sh;
-    l2[w] |= (uint32_t)(n & 0xFF) << sh;
+#pragma unroll
+    for (int l = 0; l < L; l++) limb[l][w] |= (uint32_t)((n >> (8 * (L - 1 - l))) & 0xFF) << sh;
   }
   // Columns sb·256 + 8·lane .. +7: step sb·8 + lane/4, bytes 8·(lane%4) of each limb's 32.
-  uint8_t* q = xq + (size_t)row * cols * kLimbs + (size_t)(sb * kStepsPerSuper + lane / 4) * kStepBytes + 8 * (lane % 4);
-  *reinterpret_cast<uint2*>(q) = make_uint2(l0[0], l0[1]);
-  *reinterpret_cast<uint2*>(q + kStep) = make_uint2(l1[0], l1[1]);
-  *reinterpret_cast<uint2*>(q + 2 * kStep) = make_uint2(l2[0], l2[1]);
+  uint8_t* q = xq + (size_t)row * cols * L + (size_t)(sb * kStepsPerSuper + lane / 4) * (L * kStep) + 8 * (lane % 4);
+#pragma unroll
+  for (int l = 0; l < L; l++) *reinterpret_cast<uint2*>(q + l * kStep) = make_uint2(limb[l][0], limb[l][1]);
+  if constexpr (L == 4) {  // the 32 columns of lanes 4k .. 4k + 3
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+    if (lane % 4 == 0) xsum[(size_t)row * (cols / kStep) + sb * kStepsPerSuper + lane / 4] = (double)sum;
+  }
 }
 
 // GU (a SwiGLU pair): row tile 0 of each warp is rows of the gate matrix, row tile 1 the same rows
@@ -413,13 +422,23 @@ bool x24_supported(GgmlType t) {  // kX24Type's list, the one the launchers disp
   return ok;
 }
 
-void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream) {
+template <int L>
+void quantize(const char* what, const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum,
+              cudaStream_t stream) {
   if (cols % kSuper != 0)
-    throw_error("quantize_x24: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
+    throw_error(std::string(what) + ": " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
   if (rows == 0 || cols == 0) return;
   const long warps = (long)rows * (cols / kSuper);
-  quantize_x24_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, stream>>>(x, rows, cols, xq, xscale);
+  quantize_kernel<L><<<(unsigned)((warps * 32 + 255) / 256), 256, 0, stream>>>(x, rows, cols, xq, xscale, xsum);
   RL_CUDA_LAUNCH_CHECK();
+}
+
+void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream) {
+  quantize<kLimbs>("quantize_x24", x, rows, cols, xq, xscale, nullptr, stream);
+}
+
+void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream) {
+  quantize<4>("quantize_x32", x, rows, cols, xq, xscale, xsum, stream);
 }
 
 void matmul_x24(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,

@@ -72,6 +72,32 @@ struct TopkRecorder final : TraceSink {
   }
 };
 
+// The oracle session `cpu` against the GPU session `gpu`: prefill `toks` with every position's
+// logits (relative RMS ≤ 1e-3, the same top-1 at each position), then `steps` greedy decode steps
+// (the same token, relative RMS ≤ 1e-3), and the same router selections throughout.
+void expect_matches_oracle(Session& cpu, Session& gpu, std::span<const int32_t> toks, int n_vocab, int steps) {
+  TopkRecorder ra, rb;
+  cpu.set_trace(&ra);
+  gpu.set_trace(&rb);
+  std::vector<float> la_all, lb_all;
+  auto la = cpu.prefill(toks, &la_all);
+  auto lb = gpu.prefill(toks, &lb_all);
+  EXPECT_LE(relative_rms(lb_all, la_all), 1e-3);
+  for (size_t p = 0; p < toks.size(); p++)
+    EXPECT_EQ(argmax_token(std::span(lb_all).subspan(p * n_vocab, n_vocab)),
+              argmax_token(std::span(la_all).subspan(p * n_vocab, n_vocab))) << "position " << p;
+  for (int step = 0; step < steps; step++) {
+    const int32_t next = argmax_token(la);
+    ASSERT_EQ(argmax_token(lb), next) << "greedy step " << step;
+    la = cpu.decode(next);
+    lb = gpu.decode(next);
+    EXPECT_LE(relative_rms(lb, la), 1e-3) << "step " << step;
+  }
+  EXPECT_EQ(ra.topk, rb.topk) << "router selections differ";
+  cpu.set_trace(nullptr);
+  gpu.set_trace(nullptr);
+}
+
 TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
   RL_REQUIRE_GPU();
   const auto models = fixture_models();
@@ -87,32 +113,64 @@ TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
       auto gpu = cuda::make_cuda_backend(model, o);
       EXPECT_EQ(gpu->stats().fully_resident, fraction == 1.0);
       auto a = cpu->new_session(256), b = gpu->new_session(256);
-      TopkRecorder ra, rb;
-      a->set_trace(&ra);
-      b->set_trace(&rb);
-      const auto toks = prompt(37, n_vocab, 1);
-      std::vector<float> la_all, lb_all;
-      auto la = a->prefill(toks, &la_all);
-      auto lb = b->prefill(toks, &lb_all);
-      EXPECT_LE(relative_rms(lb_all, la_all), 1e-3);
-      for (size_t p = 0; p < toks.size(); p++)
-        EXPECT_EQ(argmax_token(std::span(lb_all).subspan(p * n_vocab, n_vocab)),
-                  argmax_token(std::span(la_all).subspan(p * n_vocab, n_vocab))) << "position " << p;
-      // Greedy decode, token by token.
-      for (int step = 0; step < 12; step++) {
-        const int32_t next = argmax_token(la);
-        ASSERT_EQ(argmax_token(lb), next) << "greedy step " << step;
-        la = a->decode(next);
-        lb = b->decode(next);
-        EXPECT_LE(relative_rms(lb, la), 1e-3) << "step " << step;
-      }
-      EXPECT_EQ(ra.topk, rb.topk) << "router selections differ";
+      ASSERT_NO_FATAL_FAILURE(expect_matches_oracle(*a, *b, prompt(37, n_vocab, 1), n_vocab, 12));
       const auto st = gpu->stats();
       if (fraction < 1.0) {
         EXPECT_GT(st.cache.misses, 0u);
       }
       EXPECT_GT(st.decode_bytes_per_token, 0u);
     }
+  }
+}
+
+// The switches from the environment (host only: runs without a GPU); a value that names no
+// setting is refused with the variable's name.
+TEST(CudaOptions, ReadsTheSwitchesFromTheEnvironment) {
+  using D = cuda::CudaOptions::X32Mode;
+  EXPECT_EQ(cuda::CudaOptions::from_env(0).x32, D::kAuto);
+  const std::pair<const char*, D> cases[] = {{"0", D::kOff}, {"1", D::kAuto}, {"2", D::kAlways}};
+  for (const auto& [v, want] : cases) {
+    setenv("RL_ENGINE_X32", v, 1);
+    EXPECT_EQ(cuda::CudaOptions::from_env(0).x32, want) << v;
+  }
+  setenv("RL_ENGINE_X32", "yes", 1);
+  try {
+    cuda::CudaOptions::from_env(0);
+    ADD_FAILURE() << "RL_ENGINE_X32=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RL_ENGINE_X32"), std::string::npos) << e.what();
+  }
+  unsetenv("RL_ENGINE_X32");
+  setenv("RL_ENGINE_X24", "0", 1);
+  setenv("RL_ENGINE_GPU_GROUPING", "0", 1);
+  const auto o = cuda::CudaOptions::from_env(64);
+  EXPECT_FALSE(o.x24);
+  EXPECT_FALSE(o.gpu_grouping);
+  EXPECT_EQ(o.cache_mib, 64);
+  unsetenv("RL_ENGINE_X24");
+  unsetenv("RL_ENGINE_GPU_GROUPING");
+}
+
+// The dense Q4_K products on X32 (RL_ENGINE_X32=2: every product of the type, since the
+// fixtures' products are too small for the default's rule of a block per SM) against the oracle on
+// both fixtures: a prefill's logits at every position and greedy decode within 1e-3 relative RMS
+// with the same top-1, the same router selections; and the products did run.
+TEST(CudaBackend, X32ProductsMatchTheOracle) {
+  RL_REQUIRE_GPU();
+  if (cuda::device_info().cc_major < 9) GTEST_SKIP() << "matmul_x32 needs compute capability 9.0";
+  const auto models = fixture_models();
+  if (models.empty()) GTEST_SKIP() << "no fixture model found in " << test::fixtures_dir();
+  for (const auto& [name, path] : models) {
+    SCOPED_TRACE(name);
+    auto model = Model::open(path);
+    const int n_vocab = model->config().n_vocab;
+    auto cpu = cpu::make_cpu_backend(model, 0);
+    cuda::CudaOptions o;
+    o.x32 = cuda::CudaOptions::X32Mode::kAlways;
+    auto gpu = cuda::make_cuda_backend(model, o);
+    auto a = cpu->new_session(256), b = gpu->new_session(256);
+    ASSERT_NO_FATAL_FAILURE(expect_matches_oracle(*a, *b, prompt(45, n_vocab, 3), n_vocab, 8));
+    EXPECT_GT(gpu->stats().x32_products, 0u);
   }
 }
 

@@ -1,12 +1,14 @@
 // The X24 activations (quantize_x24) against their definition, computed here on the CPU, and the
 // 8-bit tensor-core products of the IQ types (matmul_x24*) against the CPU reference dequantisation:
 // each output the fp32 rounding of Σ w·x̃ for the X24 activations x̃, and within the X24 rounding of
-// the exact fp32 product.
+// the exact fp32 product. The X32 form (quantize_x32) and the dense Q4_K products on it
+// (matmul_x32) likewise, against the exact Q4_K values decoded here.
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "common/error.h"
+#include "common/fp16.h"
 #include "cuda/kernels.h"
 #include "gpu_test_util.h"
 
@@ -20,15 +22,16 @@ using test::to_host;
 
 const GgmlType kX24Types[] = {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
 
-// The X24 form by its definition: per row and 256 columns, e with max |x| < 2^e (frexp; 0 for an
-// all-zero block), scale 2^(e-23), n = round-to-nearest-even(x / scale) clamped to 24 bits; a
-// block with a NaN or an infinity: scale NaN, n = 0.
+// The X24 (bits = 23) and X32 (bits = 31) forms by their definition: per row and 256 columns, e
+// with max |x| < 2^e (frexp; 0 for an all-zero block), scale 2^(e-bits), n = round-to-nearest-even
+// (x / scale) clamped to bits + 1 bits; a block with a NaN or an infinity: scale NaN, n = 0.
 struct X24Ref {
   std::vector<int32_t> n;      // [rows][cols]
   std::vector<double> scale;   // [rows][cols / 256]
   std::vector<double> value;   // n · scale (x̃)
 };
-X24Ref x24_reference(const std::vector<float>& x, int rows, int cols) {
+X24Ref x24_reference(const std::vector<float>& x, int rows, int cols, int bits = 23) {
+  const double lim = std::ldexp(1.0, bits);
   const int nsb = cols / 256;
   X24Ref r{std::vector<int32_t>(x.size()), std::vector<double>((size_t)rows * nsb), std::vector<double>(x.size())};
   for (int row = 0; row < rows; row++)
@@ -42,12 +45,12 @@ X24Ref x24_reference(const std::vector<float>& x, int rows, int cols) {
       }
       int e = 0;
       std::frexp(mx, &e);
-      const double scale = finite ? std::ldexp(1.0, e - 23) : std::numeric_limits<double>::quiet_NaN();
+      const double scale = finite ? std::ldexp(1.0, e - bits) : std::numeric_limits<double>::quiet_NaN();
       r.scale[(size_t)row * nsb + sb] = scale;
       for (int i = 0; i < 256; i++) {
         const size_t k = (size_t)row * cols + 256 * sb + i;
-        double n = finite ? std::nearbyint(std::ldexp((double)p[i], 23 - e)) : 0.0;
-        n = std::min(std::max(n, -8388608.0), 8388607.0);
+        double n = finite ? std::nearbyint(std::ldexp((double)p[i], bits - e)) : 0.0;
+        n = std::min(std::max(n, -lim), lim - 1);
         r.n[k] = (int32_t)n;
         r.value[k] = n * scale;
       }
@@ -61,19 +64,25 @@ class CudaX24 : public ::testing::Test {
     RL_REQUIRE_GPU();
     cuda::upload_quant_tables();
   }
-  // xq and xscale of x [rows][cols] on the device.
+  // xq, xscale and (X32) xsum of x [rows][cols] on the device, in the X24 form or (x32) the X32 one.
   struct Quantized {
-    cuda::DeviceBuffer q, scale;
+    cuda::DeviceBuffer q, scale, sum;
   };
-  static Quantized quantize(const std::vector<float>& x, int rows, int cols) {
+  static Quantized quantize(const std::vector<float>& x, int rows, int cols, bool x32 = false) {
     auto dx = to_device(x);
-    Quantized out{cuda::DeviceBuffer(cuda::x24_bytes(rows, cols)), cuda::DeviceBuffer((size_t)rows * cols / 256 * 8)};
-    cuda::quantize_x24(dx.f(), rows, cols, out.q.get<uint8_t>(), out.scale.get<double>(), nullptr);
+    Quantized out{cuda::DeviceBuffer(x32 ? cuda::x32_bytes(rows, cols) : cuda::x24_bytes(rows, cols)),
+                  cuda::DeviceBuffer((size_t)rows * cols / 256 * 8), cuda::DeviceBuffer((size_t)rows * cols / 32 * 8)};
+    if (x32)
+      cuda::quantize_x32(dx.f(), rows, cols, out.q.get<uint8_t>(), out.scale.get<double>(), out.sum.get<double>(),
+                         nullptr);
+    else
+      cuda::quantize_x24(dx.f(), rows, cols, out.q.get<uint8_t>(), out.scale.get<double>(), nullptr);
     RL_CUDA_CHECK(cudaDeviceSynchronize());
     return out;
   }
 };
 
+// Both forms: the scales, every value's integer from its byte planes, and (X32) the 32-column sums.
 TEST_F(CudaX24, QuantizeMatchesTheDefinition) {
   const int rows = 7, cols = 768;
   std::vector<float> x = random_floats((size_t)rows * cols, 5);
@@ -88,25 +97,42 @@ TEST_F(CudaX24, QuantizeMatchesTheDefinition) {
   x[4 * cols + 300] = -std::nextafter(4.0f, 0.0f);
   x[5 * cols + 600] = std::numeric_limits<float>::quiet_NaN();
   x[6 * cols + 3] = std::numeric_limits<float>::infinity();
-  const X24Ref ref = x24_reference(x, rows, cols);
-  Quantized d = quantize(x, rows, cols);
-  const auto q = to_host<uint8_t>(d.q, cuda::x24_bytes(rows, cols));
-  const auto s = to_host<double>(d.scale, (size_t)rows * cols / 256);
-  for (size_t i = 0; i < s.size(); i++) {
-    if (std::isnan(ref.scale[i]))
-      EXPECT_TRUE(std::isnan(s[i])) << "scale " << i;
-    else
-      EXPECT_EQ(s[i], ref.scale[i]) << "scale " << i;
-  }
-  EXPECT_EQ(ref.n[4 * cols + 17], -4194304);  // -2 in a block whose largest magnitude is 2: -2^22
-  EXPECT_EQ(ref.n[4 * cols + 256], 8388607);  // rounds to 2^23, clamped
-  EXPECT_EQ(ref.n[4 * cols + 300], -8388608);
-  for (int row = 0; row < rows; row++)
-    for (int c = 0; c < cols; c++) {
-      const uint8_t* b = q.data() + (size_t)row * cols * 3 + (size_t)(c / 32) * 96 + c % 32;
-      const int32_t n = (int32_t)(int8_t)b[0] * 65536 + (int32_t)b[32] * 256 + (int32_t)b[64];
-      ASSERT_EQ(n, ref.n[(size_t)row * cols + c]) << "row " << row << " col " << c;
+  for (const bool x32 : {false, true}) {
+    SCOPED_TRACE(x32 ? "X32" : "X24");
+    const int planes = x32 ? 4 : 3;
+    const X24Ref ref = x24_reference(x, rows, cols, x32 ? 31 : 23);
+    Quantized d = quantize(x, rows, cols, x32);
+    const auto q = to_host<uint8_t>(d.q, (size_t)rows * cols * planes);
+    const auto s = to_host<double>(d.scale, (size_t)rows * cols / 256);
+    for (size_t i = 0; i < s.size(); i++) {
+      if (std::isnan(ref.scale[i]))
+        EXPECT_TRUE(std::isnan(s[i])) << "scale " << i;
+      else
+        EXPECT_EQ(s[i], ref.scale[i]) << "scale " << i;
     }
+    if (x32) {
+      EXPECT_EQ(ref.n[4 * cols + 17], -1073741824);  // -2 in a block whose largest magnitude is 2: -2^30
+      EXPECT_EQ(ref.n[4 * cols + 256], 2147483520);  // 4 - 2^-22 exactly: 2^31 - 2^7
+      const auto sums = to_host<double>(d.sum, (size_t)rows * cols / 32);
+      for (int row = 0; row < rows; row++)
+        for (int j = 0; j < cols / 32; j++) {
+          int64_t want = 0;
+          for (int c = 32 * j; c < 32 * j + 32; c++) want += ref.n[(size_t)row * cols + c];
+          ASSERT_EQ(sums[(size_t)row * cols / 32 + j], (double)want) << "row " << row << " sub-block " << j;
+        }
+    } else {
+      EXPECT_EQ(ref.n[4 * cols + 17], -4194304);  // -2^22
+      EXPECT_EQ(ref.n[4 * cols + 256], 8388607);  // rounds to 2^23, clamped
+      EXPECT_EQ(ref.n[4 * cols + 300], -8388608);
+    }
+    for (int row = 0; row < rows; row++)
+      for (int c = 0; c < cols; c++) {
+        const uint8_t* b = q.data() + (size_t)row * cols * planes + (size_t)(c / 32) * 32 * planes + c % 32;
+        int64_t n = (int8_t)b[0];
+        for (int l = 1; l < planes; l++) n = n * 256 + b[32 * l];
+        ASSERT_EQ(n, ref.n[(size_t)row * cols + c]) << "row " << row << " col " << c;
+      }
+  }
 }
 
 // Dense and expert forms, token counts that leave partial 8- and 16-token tiles, rows that are not
@@ -214,6 +240,83 @@ TEST_F(CudaX24, ExpertsAndSwigluPairsMatchTheDenseProducts) {
   }
 }
 
+// The Q4_K values of one row exactly, in double: d·sc·q − dmin·m, decoded here from the block
+// format (d, dmin, 12 bytes of packed 6-bit scales and mins, 128 bytes of nibbles).
+std::vector<double> q4k_exact_row(const uint8_t* row, int cols) {
+  std::vector<double> w(cols);
+  for (int b = 0; b < cols / 256; b++) {
+    const uint8_t* blk = row + 144 * b;
+    uint16_t dh, mh;
+    std::memcpy(&dh, blk, 2);
+    std::memcpy(&mh, blk + 2, 2);
+    const double d = fp16_to_f32(dh), dmin = fp16_to_f32(mh);
+    const uint8_t* sc = blk + 4;
+    const uint8_t* qs = blk + 16;
+    for (int j = 0; j < 8; j++) {
+      const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+      const int m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+      for (int l = 0; l < 32; l++) {
+        const uint8_t byte = qs[32 * (j / 2) + l];
+        const int q = j % 2 ? byte >> 4 : byte & 15;
+        w[256 * b + 32 * j + l] = d * s * q - dmin * m;
+      }
+    }
+  }
+  return w;
+}
+
+// Dense Q4_K products on X32: token counts that leave partial 8- and 24-token tiles, rows that are
+// not a multiple of the block's 128: every output the fp32 rounding of Σ w·x̂ for the exact Q4_K
+// values w (which the library's fp32 dequantisation rounds once, checked here as well) and the X32
+// activations x̂; a row of large mins and one of zero scales.
+TEST_F(CudaX24, X32Q4KProductsAreTheRoundingOfTheExactSum) {
+  if (cuda::device_info().cc_major < 9) GTEST_SKIP() << "matmul_x32 needs compute capability 9.0";
+  const GgmlType t = GgmlType::Q4_K;
+  struct Case {
+    int rows, cols, T;
+  };
+  for (const Case& k : {Case{130, 256, 37}, Case{300, 2048, 17}, Case{129, 768, 70}, Case{64, 512, 1},
+                        Case{256, 1024, 96}}) {
+    SCOPED_TRACE(std::to_string(k.rows) + "x" + std::to_string(k.cols) + " T=" + std::to_string(k.T));
+    const size_t rb = row_size(t, k.cols);
+    auto w = random_rows(t, k.rows, k.cols, 500 + k.T);
+    // Row 1: every min 63 (the scale bytes' min fields all ones); row 2: every scale 0.
+    for (int b = 0; b < k.cols / 256 && k.rows > 2; b++) {
+      uint8_t* s1 = w.data() + rb + 144 * b + 4;
+      for (int i = 4; i < 8; i++) s1[i] = 0xFF;   // mins 0..3, and the top bits of mins 4..7
+      for (int i = 8; i < 12; i++) s1[i] |= 0xF0;  // the low bits of mins 4..7
+      uint8_t* s2 = w.data() + 2 * rb + 144 * b + 4;
+      for (int i = 0; i < 4; i++) s2[i] = 0;       // scales 0..3, and the top bits of scales 4..7
+      for (int i = 8; i < 12; i++) s2[i] &= 0xF0;  // the low bits of scales 4..7
+    }
+    auto x = random_floats((size_t)k.T * k.cols, 501 + k.T);
+    for (size_t i = 0; i < x.size(); i += 89) x[i] *= 30.0f;
+    const X24Ref ref = x24_reference(x, k.T, k.cols, 31);
+    Quantized d = quantize(x, k.T, k.cols, true);
+    auto dw = to_device(w);
+    cuda::DeviceBuffer dy((size_t)k.T * k.rows * 4);
+    cuda::matmul_x32(t, dw.get(), rb, k.rows, k.cols, d.q.get<uint8_t>(), d.scale.get<double>(), d.sum.get<double>(),
+                     k.T, dy.f(), nullptr);
+    const auto y = to_host<float>(dy, (size_t)k.T * k.rows);
+    std::vector<float> wf(k.cols);
+    for (int r = 0; r < k.rows; r++) {
+      const std::vector<double> we = q4k_exact_row(w.data() + r * rb, k.cols);
+      dequantize_row(t, w.data() + r * rb, wf.data(), k.cols);
+      for (int c = 0; c < k.cols; c++) ASSERT_EQ((float)we[c], wf[c]) << "row " << r << " col " << c;
+      for (int tok = 0; tok < k.T; tok++) {
+        const size_t o = (size_t)tok * k.rows + r;
+        double want = 0, mag = 0;
+        for (int c = 0; c < k.cols; c++) {
+          const double p = we[c] * ref.value[(size_t)tok * k.cols + c];
+          want += p;
+          mag += std::fabs(p);
+        }
+        test::expect_fp32_rounding(y[o], want, mag, "out", (int)o);
+      }
+    }
+  }
+}
+
 // Gathering rows of the X24 form (gather_words, as the backend does for the routed experts) gives
 // bit for bit the X24 form of the gathered rows, NaN scales included.
 TEST_F(CudaX24, GatheredRowsEqualTheConvertedGatheredRows) {
@@ -254,18 +357,21 @@ TEST_F(CudaX24, NanActivationsPropagate) {
   }
 }
 
-// Which types have X24 products: exactly the three IQ types, among every raw type id (host only:
-// runs without a GPU).
+// Which types have X24 products: exactly the three IQ types, and X32 ones: Q4_K, among
+// every raw type id (host only: runs without a GPU).
 TEST(X24Support, ExactlyTheIqTypesOfTheRecipes) {
-  int supported = 0;
+  int supported = 0, dense = 0;
   for (uint32_t raw = 0; raw < 64; raw++) {
     const QuantType* q = find_quant_type(raw);
     if (!q) continue;
     const bool want = q->type == GgmlType::IQ2_XXS || q->type == GgmlType::IQ2_XS || q->type == GgmlType::IQ1_M;
     EXPECT_EQ(cuda::x24_supported(q->type), want) << type_name(q->type);
+    EXPECT_EQ(cuda::x32_supported(q->type), q->type == GgmlType::Q4_K) << type_name(q->type);
     supported += cuda::x24_supported(q->type);
+    dense += cuda::x32_supported(q->type);
   }
   EXPECT_EQ(supported, 3);
+  EXPECT_EQ(dense, 1);
 }
 
 TEST_F(CudaX24, RejectsOtherTypesAndShapes) {
@@ -279,6 +385,17 @@ TEST_F(CudaX24, RejectsOtherTypesAndShapes) {
                                 nullptr),
                Error);
   EXPECT_THROW(cuda::quantize_x24(d.f(), 1, 100, d.get<uint8_t>(), d.get<double>(), nullptr), Error);
+  const double* sum = d.get<double>();
+  EXPECT_THROW(cuda::matmul_x32(GgmlType::IQ2_XS, d.get(), 74, 1, 256, d.get<uint8_t>(), d.get<double>(), sum, 1, d.f(),
+                                nullptr),
+               Error);
+  EXPECT_THROW(cuda::matmul_x32(GgmlType::Q4_K, d.get(), 144, 1, 128, d.get<uint8_t>(), d.get<double>(), sum, 1, d.f(),
+                                nullptr),
+               Error);
+  EXPECT_THROW(cuda::matmul_x32(GgmlType::Q4_K, d.get<uint8_t>() + 4, 144, 1, 256, d.get<uint8_t>(), d.get<double>(),
+                                sum, 1, d.f(), nullptr),
+               Error);
+  EXPECT_THROW(cuda::quantize_x32(d.f(), 1, 100, d.get<uint8_t>(), d.get<double>(), d.get<double>(), nullptr), Error);
 }
 
 }  // namespace
