@@ -186,8 +186,11 @@ fi
 AB_BINS=base
 # AB_ENV="NAME=VAR=value ...": NAME takes part in the alternation as the tree's binary under VAR=value.
 for e in ${AB_ENV:-}; do
-  name=${e%%=*}
-  printf '#!/bin/sh\nexec env %s /tmp/rl-bin/base "$@"\n' "${e#*=}" > "/tmp/rl-bin/$name"
+  name=${e%%=*} assign=${e#*=}
+  case "$name" in ''|base|*[!A-Za-z0-9_-]*) log "AB_ENV $e: the name is empty, base, or not [A-Za-z0-9_-]"; status=1; continue ;; esac
+  case "$assign" in [A-Za-z_]*=*) ;; *) log "AB_ENV $e: expected NAME=VAR=value"; status=1; continue ;; esac
+  if [ -e "/tmp/rl-bin/$name" ]; then log "AB_ENV $e: the name $name is taken"; status=1; continue; fi
+  printf '#!/bin/sh\nexec env %q /tmp/rl-bin/base "$@"\n' "$assign" > "/tmp/rl-bin/$name"
   chmod +x "/tmp/rl-bin/$name" && AB_BINS="$AB_BINS $name"
 done
 for V in ${VARIANT:-}; do

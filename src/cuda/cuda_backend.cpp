@@ -228,7 +228,12 @@ class CudaBackendImpl final : public CudaBackend {
   // receives whether each expert was already resident (request order).
   void reserve_and_copy(int L, std::span<const int> experts, bool wait, std::vector<char>* resident = nullptr);
   void sync_residency_rows();
-  const float* project(const DMat& w, const float* x, int T, float* y, const float* kq_from = nullptr);
+  // What the X32 buffers hold: the conversion of input x of `cols` columns (x null: nothing).
+  struct KqHeld {
+    const float* x = nullptr;
+    int cols = 0;
+  };
+  void project(const DMat& w, const float* x, int T, float* y, KqHeld* held = nullptr);
   struct Projection {
     const DMat* w;
     const float* x;
@@ -621,9 +626,15 @@ void CudaBackendImpl::allocate_working_set() {
   x32_ = x24_ && opts_.x32 != CudaOptions::X32Mode::kOff && device_info().cc_major >= 9;
   kq_cols_ = 0;
   if (x32_) {
+    // Every matrix a prefill projects through project() (the LM head when all logits are asked for).
+    auto widen = [&](const DMat& m) {
+      if (x32_supported(m.type) && m.cols % 256 == 0) kq_cols_ = std::max(kq_cols_, m.cols);
+    };
+    widen(output_);
     for (const LayerDev& d : layers_)
-      for (const DMat* m : {&d.attn.q, &d.attn.k, &d.attn.v, &d.attn.o, &d.ssm.qkv, &d.ssm.z, &d.ssm.ba, &d.ssm.out})
-        if (x32_supported(m->type) && m->cols % 256 == 0) kq_cols_ = std::max(kq_cols_, m->cols);
+      for (const DMat* m : {&d.attn.q, &d.attn.k, &d.attn.v, &d.attn.o, &d.ssm.qkv, &d.ssm.z, &d.ssm.ba, &d.ssm.out,
+                            &d.moe.router, &d.moe.shared_gate_inp, &d.moe.gate_sh, &d.moe.up_sh, &d.moe.down_sh})
+        widen(*m);
     if (kq_cols_ > 0) {
       alloc_bytes(kq_buf_, x32_bytes(T, kq_cols_));
       alloc_bytes(kq_scale_, T * (kq_cols_ / 256) * sizeof(double));
@@ -804,15 +815,15 @@ void CudaBackendImpl::preload_all() {
   cache_->reset_stats();
 }
 
-// kq_from: the X32 buffers already hold this input (a group's earlier product converted it);
-// returns the input the buffers hold afterwards.
-const float* CudaBackendImpl::project(const DMat& w, const float* x, int T, float* y, const float* kq_from) {
+// held (optional): what the X32 buffers hold, kept up to date, so that products of one input in a
+// row convert it once (the caller starts from an empty KqHeld).
+void CudaBackendImpl::project(const DMat& w, const float* x, int T, float* y, KqHeld* held) {
   if (T == 1) {
     matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_);
   } else if (use_x32(w, T)) {
-    if (kq_from != x) {
+    if (!held || held->x != x || held->cols != w.cols) {
       quantize_x32(x, T, w.cols, kq_buf_.get<uint8_t>(), kq_scale_.get<double>(), kq_sum_.get<double>(), stream_);
-      kq_from = x;
+      if (held) *held = {x, w.cols};
     }
     matmul_x32(w.type, w.data, w.row_bytes, w.rows, w.cols, kq_buf_.get<uint8_t>(), kq_scale_.get<double>(),
                kq_sum_.get<double>(), T, y, stream_);
@@ -820,15 +831,16 @@ const float* CudaBackendImpl::project(const DMat& w, const float* x, int T, floa
   } else {
     matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
   }
-  return kq_from;
+  // An output written over the converted input makes the conversion stale.
+  if (held && held->x && y < held->x + (size_t)T * held->cols && held->x < y + (size_t)T * w.rows) *held = {};
 }
 
 // Several products of T tokens (an input shared by X32 products converted once); for one token,
 // consecutive products of one type and width are one launch (matvec_jobs).
 void CudaBackendImpl::project_group(std::initializer_list<Projection> list, int T) {
   if (T != 1) {
-    const float* kq_from = nullptr;
-    for (const Projection& p : list) kq_from = project(*p.w, p.x, T, p.y, kq_from);
+    KqHeld held;
+    for (const Projection& p : list) project(*p.w, p.x, T, p.y, &held);
     return;
   }
   std::vector<MatvecJob> jobs;
@@ -878,8 +890,9 @@ void CudaBackendImpl::project_gate_up(const DMat& gate, const DMat& up, const fl
     matmul_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, x, T, act, stream_);
     return;
   }
-  project(gate, x, T, act);
-  project(up, x, T, up_out);
+  KqHeld held;
+  project(gate, x, T, act, &held);
+  project(up, x, T, up_out, &held);
   swiglu(act, up_out, act, (size_t)T * gate.rows, stream_);
 }
 

@@ -97,8 +97,8 @@ constexpr size_t x24_bytes(size_t rows, size_t cols) { return rows * cols * 3; }
 void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream);
 // The X32 form: as X24 with the scale 2^(e-31), n = round(x / scale) clamped to 32 bits, in four
 // byte planes (xq [rows][cols/32][4][32]: n >> 24 signed, then the next bytes unsigned; exact for
-// every value within 2^8 of its block's largest magnitude), and xsum [rows][cols/32] (double,
-// exact): the sum of n over each 32 columns. x32_bytes: the size of xq.
+// every value of magnitude 2^(e-8) or more, i.e. at least 2^-7 of its block's largest), and xsum
+// [rows][cols/32] (double, exact): the sum of n over each 32 columns. x32_bytes: the size of xq.
 constexpr size_t x32_bytes(size_t rows, size_t cols) { return rows * cols * 4; }
 void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream);
 // True for the weight types with X24 products (IQ2_XXS, IQ2_XS, IQ1_M).
@@ -121,7 +121,8 @@ void matmul_x24_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, siz
 // ---- matmul_x32.cu: dense prefill products of Q4_K on 8-bit tensor cores ----------------------------
 // Y [T][rows] = X̂ · Wᵀ on X32 activations (quantize_x32, with xsum): every output the fp32 rounding
 // of the sum of products w · x̂, w the exact Q4_K value d·sc·q − dmin·m (the oracle rounds it to fp32
-// once), summed in double. Compute capability 9.0; w and row_bytes 16-byte aligned.
+// once), summed in double. Compute capability 9.0; w, row_bytes and xq 16-byte aligned, xscale and
+// xsum 8-byte aligned (cp.async copies), as cudaMalloc gives.
 // x32_supported: the weight types it takes (Q4_K); x32_blocks: its grid's block count.
 bool x32_supported(GgmlType t);
 int x32_blocks(int rows, int T);

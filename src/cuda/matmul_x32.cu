@@ -2,8 +2,9 @@
 //
 // The X32 form (quantize_x32, matmul_x24.cu) is X24's with a fourth byte: per token and 256
 // columns a power of two 2^e above the block's largest magnitude, each value as the 32-bit integer
-// n = round(x · 2^(31-e)) in four byte planes (the first signed). A value within 2^8 of the block's
-// largest magnitude is held exactly (fp32 has 24 significant bits), a smaller one to 2^(e-32). (Three
+// n = round(x · 2^(31-e)) in four byte planes (the first signed). A value of magnitude 2^(e-8) or
+// more — at least 2^-7 of the block's largest — is held exactly (fp32 has 24 significant bits), a
+// smaller one to 2^(e-32). (Three
 // planes, the X24 form, were measured to move the 80B model's router selections against the
 // oracle's once these products took them: docs/perf/cuda.md, eighth session.)
 //
@@ -291,6 +292,9 @@ void matmul_x32(GgmlType t, const void* w, size_t row_bytes, int rows, int cols,
     throw_error("matmul_x32: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
   if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || row_bytes % 16 != 0)
     throw_error("matmul_x32: the weights are not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(xq) % 16 != 0 || reinterpret_cast<uintptr_t>(xscale) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(xsum) % 8 != 0)
+    throw_error("matmul_x32: the activations are not aligned (X32 bytes to 16, scales and sums to 8)");
   if (device_info().cc_major < 9) throw_error("matmul_x32: needs compute capability 9.0 (fp64 m16n8k4)");
   if (rows == 0 || T == 0) return;
   const dim3 grid((T + kTokens - 1) / kTokens, (rows + kTileRows - 1) / kTileRows);

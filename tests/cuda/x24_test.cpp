@@ -338,8 +338,27 @@ TEST_F(CudaX24, GatheredRowsEqualTheConvertedGatheredRows) {
   EXPECT_TRUE(std::isnan(to_host<double>(sc, (size_t)n * cols / 256)[0]));  // row 3's first block
 }
 
-// A token whose activations hold a NaN gets NaN outputs; the other tokens are unaffected.
+// A token whose activations hold a NaN gets NaN outputs; the other tokens are unaffected (X32 and
+// the Q4_K products as well).
 TEST_F(CudaX24, NanActivationsPropagate) {
+  if (cuda::device_info().cc_major >= 9) {
+    const GgmlType t = GgmlType::Q4_K;
+    const int rows = 20, cols = 512, T = 3;
+    const size_t rb = row_size(t, cols);
+    auto w = random_rows(t, rows, cols, 13);
+    auto x = random_floats((size_t)T * cols, 14);
+    x[cols + 300] = std::numeric_limits<float>::quiet_NaN();
+    Quantized d = quantize(x, T, cols, true);
+    auto dw = to_device(w);
+    cuda::DeviceBuffer dy((size_t)T * rows * 4);
+    cuda::matmul_x32(t, dw.get(), rb, rows, cols, d.q.get<uint8_t>(), d.scale.get<double>(), d.sum.get<double>(), T,
+                     dy.f(), nullptr);
+    const auto y = to_host<float>(dy, (size_t)T * rows);
+    for (int r = 0; r < rows; r++) {
+      EXPECT_TRUE(std::isnan(y[rows + r])) << "X32 " << r;
+      EXPECT_TRUE(std::isfinite(y[r]) && std::isfinite(y[2 * rows + r])) << "X32 " << r;
+    }
+  }
   const GgmlType t = GgmlType::IQ2_XS;
   const int rows = 20, cols = 512, T = 3;
   const size_t rb = row_size(t, cols);
@@ -395,6 +414,12 @@ TEST_F(CudaX24, RejectsOtherTypesAndShapes) {
   EXPECT_THROW(cuda::matmul_x32(GgmlType::Q4_K, d.get<uint8_t>() + 4, 144, 1, 256, d.get<uint8_t>(), d.get<double>(),
                                 sum, 1, d.f(), nullptr),
                Error);
+  EXPECT_THROW(cuda::matmul_x32(GgmlType::Q4_K, d.get(), 152, 1, 256, d.get<uint8_t>(), d.get<double>(), sum, 1, d.f(),
+                                nullptr),
+               Error);  // rows 8 bytes off 16-byte alignment
+  EXPECT_THROW(cuda::matmul_x32(GgmlType::Q4_K, d.get(), 144, 1, 256, d.get<uint8_t>() + 8, d.get<double>(), sum, 1,
+                                d.f(), nullptr),
+               Error);  // activations off 16-byte alignment
   EXPECT_THROW(cuda::quantize_x32(d.f(), 1, 100, d.get<uint8_t>(), d.get<double>(), d.get<double>(), nullptr), Error);
 }
 
