@@ -154,7 +154,9 @@ void ExpertCache::touch(int layer, std::span<const int> experts) {
 }
 
 void ExpertCache::count_hits(uint64_t n) {
-  if (!holds_all()) fail("expert cache: count_hits() on a cache that does not hold every expert ({} of {} slots)", n_slots_, n_layers_ * n_experts_);
+  if (!holds_all())
+    fail("expert cache: count_hits() on a cache that does not hold every expert ({} slots for {} experts)", n_slots_,
+         n_layers_ * n_experts_);
   stats_.hits += n;
 }
 

@@ -20,29 +20,38 @@
 
 namespace rl::cuda {
 
+namespace {
+
+// A switch that is on unless set to 0 (`value` when unset).
+bool env_on(const char* name, bool value) {
+  const char* e = std::getenv(name);
+  return e ? std::string(e) != "0" : value;
+}
+
+// A switch whose digit 0 .. n - 1 is the enumerator of that number (`value` when unset); any other
+// value is refused, `expected` naming the choices.
+template <class E>
+E env_choice(const char* name, E value, int n, const char* expected) {
+  const char* e = std::getenv(name);
+  if (!e) return value;
+  const std::string v = e;
+  if (v.size() != 1 || v[0] < '0' || v[0] >= '0' + n) fail("{}={}: expected {}", name, v, expected);
+  return static_cast<E>(v[0] - '0');
+}
+
+}  // namespace
+
 CudaOptions CudaOptions::from_env(int64_t cache_mib) {
   CudaOptions o;
   o.cache_mib = cache_mib;
-  if (const char* e = std::getenv("RL_ENGINE_PRELOAD")) o.preload = std::string(e) != "0";
+  o.preload = env_on("RL_ENGINE_PRELOAD", o.preload);
   if (const char* e = std::getenv("RL_ENGINE_PROFILE")) o.profile = std::string(e) == "1";
-  if (const char* e = std::getenv("RL_ENGINE_OVERLAP")) o.overlap_copies = std::string(e) != "0";
-  if (const char* e = std::getenv("RL_ENGINE_X24")) o.x24 = std::string(e) != "0";
-  if (const char* e = std::getenv("RL_ENGINE_X32")) {
-    const std::string v = e;
-    if (v == "0") o.x32 = X32Mode::kOff;
-    else if (v == "1") o.x32 = X32Mode::kAuto;
-    else if (v == "2") o.x32 = X32Mode::kAlways;
-    else fail("RL_ENGINE_X32={}: expected 0 (off), 1 (when the grid fills the GPU) or 2 (always)", v);
-  }
-  if (const char* e = std::getenv("RL_ENGINE_GPU_GROUPING")) o.gpu_grouping = std::string(e) != "0";
-  if (const char* e = std::getenv("RL_ENGINE_SPECULATIVE")) {
-    const std::string v = e;
-    if (v == "0") o.speculation = Speculation::kOff;
-    else if (v == "1") o.speculation = Speculation::kFullyResident;
-    else if (v == "2") o.speculation = Speculation::kWarmCache;
-    else if (v == "3") o.speculation = Speculation::kAlways;
-    else fail("RL_ENGINE_SPECULATIVE={}: expected 0 (off), 1 (fully resident), 2 (warm cache) or 3 (always)", v);
-  }
+  o.overlap_copies = env_on("RL_ENGINE_OVERLAP", o.overlap_copies);
+  o.x24 = env_on("RL_ENGINE_X24", o.x24);
+  o.x32 = env_choice("RL_ENGINE_X32", o.x32, 3, "0 (off), 1 (when the grid fills the GPU) or 2 (always)");
+  o.gpu_grouping = env_on("RL_ENGINE_GPU_GROUPING", o.gpu_grouping);
+  o.speculation = env_choice("RL_ENGINE_SPECULATIVE", o.speculation, 4,
+                             "0 (off), 1 (fully resident), 2 (warm cache) or 3 (always)");
   return o;
 }
 

@@ -67,10 +67,11 @@ struct CudaOptions {
   // compute capability 9.0), under `x24`: RL_ENGINE_X32=1 (default) when the product's grid has a
   // block for every SM (smaller ones keep the fp64 products' column splits), 2 for every such
   // product (parity checks on short prompts, tests), 0 never.
-  enum class X32Mode { kOff, kAuto, kAlways };
+  enum class X32Mode { kOff, kAuto, kAlways };  // 0, 1, 2
   X32Mode x32 = X32Mode::kAuto;
   // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP,
-  // RL_ENGINE_X24, RL_ENGINE_X32 and RL_ENGINE_GPU_GROUPING.
+  // RL_ENGINE_X24, RL_ENGINE_X32 and RL_ENGINE_GPU_GROUPING (the two enumerations by their
+  // enumerators' numbers, as listed with them).
   static CudaOptions from_env(int64_t cache_mib);
 };
 

@@ -152,13 +152,36 @@ class ScopedEnv {
 // setting is refused with the variable's name. The caller's environment is restored.
 TEST(CudaOptions, ReadsTheSwitchesFromTheEnvironment) {
   using D = cuda::CudaOptions::X32Mode;
-  ScopedEnv x32("RL_ENGINE_X32", nullptr), x24("RL_ENGINE_X24", nullptr), grouping("RL_ENGINE_GPU_GROUPING", nullptr);
+  using S = cuda::CudaOptions::Speculation;
+  ScopedEnv x32("RL_ENGINE_X32", nullptr), x24("RL_ENGINE_X24", nullptr), grouping("RL_ENGINE_GPU_GROUPING", nullptr),
+      spec("RL_ENGINE_SPECULATIVE", nullptr), preload("RL_ENGINE_PRELOAD", nullptr), overlap("RL_ENGINE_OVERLAP", nullptr);
   EXPECT_EQ(cuda::CudaOptions::from_env(0).x32, D::kAuto);
+  EXPECT_EQ(cuda::CudaOptions::from_env(0).speculation, S::kFullyResident);
+  EXPECT_TRUE(cuda::CudaOptions::from_env(0).preload);
+  const std::pair<const char*, S> spec_cases[] = {
+      {"0", S::kOff}, {"1", S::kFullyResident}, {"2", S::kWarmCache}, {"3", S::kAlways}};
+  for (const auto& [v, want] : spec_cases) {
+    setenv("RL_ENGINE_SPECULATIVE", v, 1);
+    EXPECT_EQ(cuda::CudaOptions::from_env(0).speculation, want) << v;
+  }
+  for (const char* bad : {"4", "10", "", "on"}) {
+    setenv("RL_ENGINE_SPECULATIVE", bad, 1);
+    EXPECT_THROW(cuda::CudaOptions::from_env(0), Error) << "RL_ENGINE_SPECULATIVE=" << bad;
+  }
+  unsetenv("RL_ENGINE_SPECULATIVE");
+  setenv("RL_ENGINE_PRELOAD", "0", 1);
+  setenv("RL_ENGINE_OVERLAP", "0", 1);
+  EXPECT_FALSE(cuda::CudaOptions::from_env(0).preload);
+  EXPECT_FALSE(cuda::CudaOptions::from_env(0).overlap_copies);
+  setenv("RL_ENGINE_PRELOAD", "1", 1);
+  EXPECT_TRUE(cuda::CudaOptions::from_env(0).preload);
   const std::pair<const char*, D> cases[] = {{"0", D::kOff}, {"1", D::kAuto}, {"2", D::kAlways}};
   for (const auto& [v, want] : cases) {
     setenv("RL_ENGINE_X32", v, 1);
     EXPECT_EQ(cuda::CudaOptions::from_env(0).x32, want) << v;
   }
+  setenv("RL_ENGINE_X32", "3", 1);
+  EXPECT_THROW(cuda::CudaOptions::from_env(0), Error);
   setenv("RL_ENGINE_X32", "yes", 1);
   try {
     cuda::CudaOptions::from_env(0);
