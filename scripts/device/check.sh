@@ -107,9 +107,9 @@ if [ "$STAGE" != fixtures ] || [ ! -x "$BIN" ]; then
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_LIBRARY_PATH=$LIBDIR || exit 1
   step build ninja -C "$BUILD" -j16 redlite test_cache test_cuda || exit 1
 fi
-# SASS=1: the machine code of the products (fp64 and X24) and the recurrence ($OUT/sass-*.txt.gz), for instruction counts.
+# SASS=1: the machine code of the products (fp64, X24, X32) and the recurrence ($OUT/sass-*.txt.gz), for instruction counts.
 if [ "${SASS:-0}" = 1 ]; then
-  for f in matvec matmul matmul_x24 deltanet; do
+  for f in matvec matmul matmul_x24 matmul_x32 deltanet; do
     cuobjdump -sass "$BUILD/CMakeFiles/rl_cuda.dir/src/cuda/$f.cu.o" > "$OUT/sass-$f.txt" 2>&1
     gzip -f "$OUT/sass-$f.txt"
   done
