@@ -33,6 +33,8 @@ struct BenchOptions {
   int decode_tokens = 256;
   int prefill_tokens = 1100;
   int prompt_tokens = 16;
+  std::vector<int> depths;  // --depths: the protocol at depth instead (DESIGN.md §6)
+  int depth_decode_tokens = 128;
   bool json = false;
 };
 
@@ -62,8 +64,69 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The protocol at depth: for each depth D, the prefill of D tokens (chunks of 512; D = 0 is the
+// 16-token prompt of the main protocol) and then depth_decode_tokens greedy tokens after it, each
+// timed; median of --reps per depth. One session of the largest depth's context serves them all.
+int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
+  const Config& c = lm.model->config();
+  int max_ctx = 0;
+  for (int d : o.depths) max_ctx = std::max(max_ctx, std::max(d, o.prompt_tokens) + o.depth_decode_tokens);
+  if (c.n_ctx_train > 0 && max_ctx > c.n_ctx_train)
+    fail("--depths: depth {} plus {} decode tokens needs {} tokens of context, past the model's context_length "
+         "of {}", *std::max_element(o.depths.begin(), o.depths.end()), o.depth_decode_tokens, max_ctx,
+         c.n_ctx_train);
+  auto session = lm.backend->new_session(max_ctx);
+  nlohmann::json rows = nlohmann::json::array();
+  for (int depth : o.depths) {
+    const auto prompt = token_stream(depth > 0 ? depth : o.prompt_tokens, c.n_vocab, depth > 0 ? 2 : 1);
+    std::vector<double> prefill_rates, decode_rates;
+    for (int rep = 0; rep < o.reps; rep++) {
+      session->reset();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<float> logits = session->prefill(prompt);
+      prefill_rates.push_back(prompt.size() / seconds_since(t0));
+      const auto t1 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o.depth_decode_tokens; i++) logits = session->decode(argmax_token(logits));
+      decode_rates.push_back(o.depth_decode_tokens / seconds_since(t1));
+    }
+    const Summary pre = summarize(prefill_rates), dec = summarize(decode_rates);
+    rows.push_back({{"depth", depth},
+                    {"prompt_tokens", prompt.size()},
+                    {"prefill_tok_s", pre.median},
+                    {"prefill_tok_s_min", pre.min},
+                    {"prefill_tok_s_max", pre.max},
+                    {"decode_tokens", o.depth_decode_tokens},
+                    {"decode_tok_s", dec.median},
+                    {"decode_tok_s_min", dec.min},
+                    {"decode_tok_s_max", dec.max}});
+    if (!o.json)
+      std::printf("depth %7d: prefill %8.1f tok/s (min %.1f, max %.1f), decode %7.1f tok/s (min %.1f, max %.1f)\n",
+                  depth, pre.median, pre.min, pre.max, dec.median, dec.min, dec.max);
+    std::fflush(stdout);
+  }
+  size_t kv_per_token = 0;
+  for (int L = 0; L < c.n_layer; L++) kv_per_token += c.is_recurrent[L] ? 0 : 2 * (size_t)c.kv_dim() * sizeof(float);
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.common.model_path;
+    j["backend"] = lm.backend->name();
+    j["build"] = std::string("redlite ") + REDLITE_VERSION;
+    j["reps"] = o.reps;
+    j["kv_type"] = "f32";
+    j["kv_bytes_per_token"] = kv_per_token;
+    j["context"] = max_ctx;
+    j["cache_mib"] = o.common.cache_mib;
+    j["depths"] = rows;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("  KV cache f32, %zu bytes per token; context %d tokens\n", kv_per_token, max_ctx);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   LoadedModel lm = open_model(o.common);
+  if (!o.depths.empty()) return run_depth_bench(o, lm);
   const Config& c = lm.model->config();
   const int n_ctx = std::max(o.prefill_tokens, o.prompt_tokens + o.decode_tokens) + 1;
   auto session = lm.backend->new_session(n_ctx);
@@ -195,6 +258,13 @@ const Registrar registrar("bench", "decode and prefill throughput (DESIGN.md §6
       ->check(CLI::Range(2, 1 << 20));
   sub.add_option("--prefill-tokens", o->prefill_tokens, "prompt tokens of the prefill run (protocol: 1100)")
       ->check(CLI::PositiveNumber);
+  sub.add_option("--depths", o->depths,
+                 "comma-separated depths D: for each, prefill D tokens, then decode --depth-decode-tokens after them "
+                 "(0: the 16-token prompt); instead of the main protocol")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--depth-decode-tokens", o->depth_decode_tokens, "greedy tokens decoded after each depth (128)")
+      ->check(CLI::Range(1, 1 << 20));
   sub.add_flag("--json", o->json, "print the result as JSON");
   return [o] { return run_bench(*o); };
 });

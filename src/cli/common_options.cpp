@@ -44,8 +44,11 @@ LoadedModel open_model(const CommonOptions& opts) {
   if (opts.model_path.empty()) fail("-m/--model: no model file given");
   LoadedModel lm;
   lm.model = Model::open(opts.model_path);
+  const int n_ctx_train = lm.model->config().n_ctx_train;
+  if (opts.ctx > 0 && n_ctx_train > 0 && opts.ctx > n_ctx_train)
+    fail("--ctx {}: past the model's context_length of {} tokens ({})", opts.ctx, n_ctx_train, opts.model_path);
   lm.backend = open_backend(opts.backend.empty() ? default_backend_name() : opts.backend, lm.model, opts);
-  lm.n_ctx = opts.ctx > 0 ? opts.ctx : std::min(4096, lm.model->config().n_ctx_train);
+  lm.n_ctx = opts.ctx > 0 ? opts.ctx : std::min(4096, n_ctx_train);
   return lm;
 }
 

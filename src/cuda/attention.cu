@@ -1,13 +1,20 @@
 // Gated causal attention with GQA over an fp32 KV cache, for one token (decode) or a chunk
-// (prefill). One block per head and QT query tokens (1 for decode, 4 for a chunk) streams the keys
-// in steps of kTile = 32: each warp scores four keys for every query, warp i takes query i's step
-// maximum and 32 exponentials (once per key, not once per thread), then every thread folds the
-// step into its output dim with an online softmax
-// (running max and sum), so no score buffer of context length is needed. Scores, softmax and the
-// weighted sum are in double, as in the oracle (cpu/forward.cpp attention_layer).
+// (prefill), in double as in the oracle (cpu/forward.cpp attention_layer), without a score buffer
+// of context length: the keys go in splits of kSplitKeys, each split's softmax is formed whole
+// (maximum, exponentials, sum, weighted values) and the splits are folded in key order into a
+// running maximum, sum and output (flash attention's rescaling).
+//
+// Decode (flash-decoding): one block per split and G query heads of a KV head, so a token at
+// depth n runs n / kSplitKeys × n_kv blocks and reads each key once for its G heads; a second
+// kernel folds the splits. Prefill: one block per head and 4 query tokens walks the splits itself.
+// Both form a split and fold it with the same device functions in the same order, so a token's
+// output is the same bits whichever kernel computes it (the chunked prefill of a prompt equals
+// its token-by-token decode, which the tests check).
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
+
+#include <algorithm>
 
 namespace rl::cuda {
 
@@ -78,104 +85,157 @@ __global__ void __launch_bounds__(32) attention_prep_kernel(
 }
 
 constexpr int kKeysPerWarp = 4;
-constexpr int kTile = kWarps * kKeysPerWarp;  // keys per step
-constexpr int kPrefillQueries = 4;            // query tokens per block for T > 1
+constexpr int kRoundKeys = kWarps * kKeysPerWarp;  // keys scored per round, 4 by each warp
+constexpr int kPrefillQueries = 4;                 // query tokens per block for T > 1
+constexpr int kMaxDecodeHeads = 8;                 // query heads of one KV head per decode block
+constexpr int kCombineChunk = 1024;                // splits whose factors the combine stages at once
+static_assert(kSplitKeys % kRoundKeys == 0, "a split is whole rounds");
 
-// QT consecutive query tokens of one head per block (prefill: 4; decode: 1). Every key and value
-// is read and converted once per block for all QT queries; each query keeps its own running max,
-// sum and output, and sees only its own keys: for query i, keys past its position are left out of
-// the step (a step wholly past it multiplies by exp(0) = 1 and adds nothing), so each query's
-// arithmetic is exactly what a block of its own would do.
+// One block's view of NQ queries that share a KV head: their vectors in double, and per split the
+// scores, then the probabilities, of the split's keys, and each query's split maximum and sum.
+template <int NQ>
+struct SplitSmem {
+  double qs[NQ][kMaxHeadDim];
+  double p[NQ][kSplitKeys];
+  double m[NQ], l[NQ];
+};
+
+// Scores of keys j0 .. j0 + n - 1 (n <= kSplitKeys) for the NQ queries, times scale, into s.p.
+// Warp w takes keys 4w .. 4w + 3 of each round of 32, the 4 × NQ dot products side by side (lane
+// holds dims lane + 32i), summed by warp_sum_scatter (each sum in warp_sum_d's tree, so the score
+// of a query and a key does not depend on NQ).
+template <int NQ>
+__device__ __forceinline__ void split_scores(SplitSmem<NQ>& s, const float* kc, size_t kv_row, int kv_off, int hd,
+                                             int j0, int n, double scale, int warp, int lane) {
+  constexpr int kDimSteps = kMaxHeadDim / 32;
+  for (int base = warp * kKeysPerWarp; base < n; base += kRoundKeys) {
+    // The round's four key rows into registers first, so all their loads are in flight at once.
+    float kr[kKeysPerWarp][kDimSteps];
+#pragma unroll
+    for (int kk = 0; kk < kKeysPerWarp; kk++) {
+      const float* row = kc + (size_t)(j0 + min(base + kk, n - 1)) * kv_row + kv_off;
+#pragma unroll
+      for (int t = 0; t < kDimSteps; t++) kr[kk][t] = lane + 32 * t < hd ? row[lane + 32 * t] : 0.0f;
+    }
+    double acc[kKeysPerWarp * NQ] = {};  // key kk, query i at kk·NQ + i
+#pragma unroll
+    for (int t = 0; t < kDimSteps; t++) {
+      if (lane + 32 * t >= hd) break;
+#pragma unroll
+      for (int i = 0; i < NQ; i++) {
+        const double qv = s.qs[i][lane + 32 * t];
+#pragma unroll
+        for (int kk = 0; kk < kKeysPerWarp; kk++) acc[kk * NQ + i] = fma(qv, (double)kr[kk][t], acc[kk * NQ + i]);
+      }
+    }
+    int p;
+    const double v = warp_sum_scatter(acc, lane, p);
+    const int key = base + p / NQ;
+    if (lane % (32 / (kKeysPerWarp * NQ)) == 0 && key < n) s.p[p % NQ][key] = v * scale;
+  }
+}
+
+// Query i (warp i) sees the first lim keys of the split: their maximum m, p = exp(score - m)
+// (0 for the keys it does not see), and l = the sum of its p (each lane its keys in order, then
+// the warp's tree). lim >= 1.
+template <int NQ>
+__device__ __forceinline__ void split_softmax(SplitSmem<NQ>& s, int i, int lim, int lane) {
+  double mx = -INFINITY;
+  for (int j = lane; j < lim; j += 32) mx = fmax(mx, s.p[i][j]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  double sum = 0.0;
+  for (int j = lane; j < kSplitKeys; j += 32) {
+    const double e = j < lim ? exp(s.p[i][j] - mx) : 0.0;
+    s.p[i][j] = e;
+    sum += e;
+  }
+  sum = warp_sum_d(sum);
+  if (lane == 0) s.m[i] = mx, s.l[i] = sum;
+}
+
+// Thread d's weighted sums of the split's values for the NQ queries, keys in order, 32 keys' loads
+// in flight at a time. A key a query does not see, and a key past n, has p = 0 (split_softmax) and
+// adds fma(0, v, acc) = acc (v finite; past n, v = 0).
+template <int NQ>
+__device__ __forceinline__ void split_values(const SplitSmem<NQ>& s, const float* vc, size_t kv_row, int kv_off,
+                                             int j0, int n, int d, double (&acc)[NQ]) {
+#pragma unroll
+  for (int i = 0; i < NQ; i++) acc[i] = 0.0;
+  const float* vd = vc + (size_t)j0 * kv_row + kv_off + d;
+  for (int jb = 0; jb < n; jb += 32) {
+    float vv[32];
+#pragma unroll
+    for (int w = 0; w < 32; w++) vv[w] = jb + w < n ? vd[(size_t)(jb + w) * kv_row] : 0.0f;
+#pragma unroll
+    for (int w = 0; w < 32; w++)
+#pragma unroll
+      for (int i = 0; i < NQ; i++) acc[i] = fma(s.p[i][jb + w], (double)vv[w], acc[i]);
+  }
+}
+
+// Folds a split (maximum m, sum l, weighted values a) into a query's running maximum M, sum L and
+// output acc, splits in key order. The decode combine and the prefill kernel both fold with this,
+// so a query gives the same bits either way.
+struct Fold {
+  double a, b;  // exp(M - M'), exp(m - M') with M' = max(M, m)
+};
+__device__ __forceinline__ Fold fold_factors(double& M, double m) {
+  const double M_new = fmax(M, m);
+  const Fold f{exp(M - M_new), exp(m - M_new)};
+  M = M_new;
+  return f;
+}
+__device__ __forceinline__ double fold(double run, double split, Fold f) { return fma(split, f.b, run * f.a); }
+
+// Prefill: QT consecutive query tokens of head h per block (blockIdx.y = token tile). The keys go
+// in splits of kSplitKeys; query t sees keys 0 .. pos0 + t, so a split past its last key is not
+// folded into it, and in its last split it sees only its own keys: each query's arithmetic is
+// what the decode kernels do for that token alone.
 template <int QT>
-__global__ void __launch_bounds__(kThreads) gated_attention_kernel(
+__global__ void __launch_bounds__(kThreads) gated_attention_prefill_kernel(
     const float* q, const float* gate, const float* kc, const float* vc, float* out, int T, int n_head,
     int n_kv, int hd, int pos0, const int32_t* pos_dev, double scale) {
   pdl_trigger();  // the output projection follows
   if (pos_dev) pos0 = pos_dev[0];
   const int h = blockIdx.x, t0 = blockIdx.y * QT, nq = min(QT, T - t0);
-  const int kvh = h / (n_head / n_kv);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __shared__ double qs[QT][kMaxHeadDim];
-  __shared__ double scores[QT][kTile];
-  __shared__ double probs[QT][kTile];
-  __shared__ double step[QT][2];  // each query's new running max and the correction exp(m - m_new)
+  const int kv_off = (h / (n_head / n_kv)) * hd;
+  const size_t kv_row = (size_t)n_kv * hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = threadIdx.x;
+  __shared__ SplitSmem<QT> s;
   for (int i = threadIdx.x; i < QT * hd; i += kThreads) {
     const int qi = i / hd, c = i % hd;
-    qs[qi][c] = qi < nq ? (double)q[((size_t)(t0 + qi) * n_head + h) * hd + c] : 0.0;
+    s.qs[qi][c] = qi < nq ? (double)q[((size_t)(t0 + qi) * n_head + h) * hd + c] : 0.0;
   }
-  __syncthreads();
-
-  int n_keys[QT];  // query i sees keys 0 .. pos0 + t0 + i
+  int n_keys[QT];  // query i sees keys 0 .. pos0 + t0 + i (a missing query repeats the last one)
 #pragma unroll
   for (int i = 0; i < QT; i++) n_keys[i] = pos0 + t0 + min(i, nq - 1) + 1;
   const int n_all = n_keys[QT - 1];
-  const size_t kv_row = (size_t)n_kv * hd;
-  const int d = threadIdx.x;
-  double m[QT], l[QT], acc[QT];
+  double M[QT], L[QT], acc[QT];
 #pragma unroll
-  for (int i = 0; i < QT; i++) m[i] = -INFINITY, l[i] = 0.0, acc[i] = 0.0;
-  for (int j0 = 0; j0 < n_all; j0 += kTile) {
-    // Scores: warp w takes keys j0 + 4w .. j0 + 4w + 3, the four dot products side by side, for
-    // every query.
-    double s[kKeysPerWarp * QT] = {};  // key kk, query i at kk·QT + i
-#pragma unroll
-    for (int kk = 0; kk < kKeysPerWarp; kk++) {
-      const int j = min(j0 + warp * kKeysPerWarp + kk, n_all - 1);
-      const float* kj = kc + (size_t)j * kv_row + (size_t)kvh * hd;
-      for (int c = lane; c < hd; c += 32) {
-        const double kd = kj[c];
-#pragma unroll
-        for (int i = 0; i < QT; i++) s[kk * QT + i] = fma(qs[i][c], kd, s[kk * QT + i]);
-      }
-    }
-    {
-      int p;
-      const double v = warp_sum_scatter(s, lane, p);
-      if (lane % (32 / (kKeysPerWarp * QT)) == 0) scores[p % QT][warp * kKeysPerWarp + p / QT] = v * scale;
-    }
+  for (int i = 0; i < QT; i++) M[i] = -INFINITY, L[i] = 0.0, acc[i] = 0.0;
+  for (int j0 = 0; j0 < n_all; j0 += kSplitKeys) {
+    const int n = min(kSplitKeys, n_all - j0);
+    __syncthreads();  // q is staged; the previous split's p and m, l are read
+    split_scores(s, kc, kv_row, kv_off, hd, j0, n, scale, warp, lane);
     __syncthreads();
-    // Warp i (< QT): query i's step maximum, then each of its keys' exponential once (lane: key
-    // j0 + lane).
     if (warp < QT) {
-      const int i = warp;
-      double mi = m[0];  // m[i] and n_keys[i] without indexing registers by a run-time value
-      int nk = n_keys[0];
+      int lim = n_keys[0] - j0;  // n_keys[warp], without indexing registers by a run-time value
 #pragma unroll
       for (int k = 1; k < QT; k++)
-        if (i == k) mi = m[k], nk = n_keys[k];
-      const int n = min(kTile, nk - j0);
-      double tmax = lane < n ? scores[i][lane] : -INFINITY;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) tmax = fmax(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-      const double m_new = fmax(mi, tmax);
-      probs[i][lane] = lane < n ? exp(scores[i][lane] - m_new) : 0.0;
-      if (lane == 0) step[i][0] = m_new, step[i][1] = exp(mi - m_new);
+        if (warp == k) lim = n_keys[k] - j0;
+      if (lim > 0) split_softmax(s, warp, min(lim, kSplitKeys), lane);
     }
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < QT; i++) {
-      const double correction = step[i][1];
-      m[i] = step[i][0];
-      l[i] *= correction;
-      acc[i] *= correction;
-    }
-    const int n_step = min(kTile, n_all - j0);
-    float vv[kTile];
-#pragma unroll
-    for (int w = 0; w < kTile; w++)
-      vv[w] = w < n_step && d < hd ? vc[(size_t)(j0 + w) * kv_row + (size_t)kvh * hd + d] : 0.0f;
-    // The sums in key order. A key past query i's last (or past the step's end) has probs 0 and,
-    // past the step's end, v 0, so adding p and p·v = ±0 leaves l and acc as they were (at most
-    // the sign of a zero acc changes) and no branch per key and query is needed. The keys past
-    // query i but in the block's range are later tokens' values: were one of them Inf or NaN,
-    // 0·v would carry it into query i's output, which its own decode call would not see.
-#pragma unroll
-    for (int w = 0; w < kTile; w++) {
-      const double vd = vv[w];
+    if (d < hd) {
+      double a[QT];
+      split_values(s, vc, kv_row, kv_off, j0, n, d, a);
 #pragma unroll
       for (int i = 0; i < QT; i++) {
-        l[i] += probs[i][w];
-        acc[i] = fma(probs[i][w], vd, acc[i]);
+        if (n_keys[i] <= j0) continue;  // the split is past query i's keys
+        const Fold f = fold_factors(M[i], s.m[i]);
+        L[i] = fold(L[i], s.l[i], f);
+        acc[i] = fold(acc[i], a[i], f);
       }
     }
   }
@@ -184,9 +244,151 @@ __global__ void __launch_bounds__(kThreads) gated_attention_kernel(
     for (int i = 0; i < QT; i++) {
       if (i >= nq) break;
       const size_t o = ((size_t)(t0 + i) * n_head + h) * hd + d;
-      out[o] = __fmul_rn((float)(acc[i] / l[i]), sigmoid_f(gate[o]));
+      out[o] = __fmul_rn((float)(acc[i] / L[i]), sigmoid_f(gate[o]));
     }
   }
+}
+
+// Decode, first kernel (flash-decoding): block (head group, split) takes G query heads of one KV
+// head over one split of keys, each key read once for the G heads; it writes each head's split
+// maximum, sum and weighted values. Splits past the sequence (read from pos_dev, so a captured
+// graph replays at any position) exit at once.
+template <int G>
+__global__ void __launch_bounds__(kThreads) attention_decode_split_kernel(
+    const float* q, const float* kc, const float* vc, double* part_acc, double* part_ml, int n_head, int n_kv,
+    int hd, int pos0, const int32_t* pos_dev, double scale, int max_splits, int min_splits_used,
+    int max_splits_used) {
+  if (pos_dev) pos0 = pos_dev[0];
+  const int n_keys = pos0 + 1, split = blockIdx.y, j0 = split * kSplitKeys;
+  const int n_splits = (n_keys + kSplitKeys - 1) / kSplitKeys;
+  // Another launch of this step covers this many splits (attention_decode's two head groupings).
+  if (n_splits < min_splits_used || n_splits > max_splits_used) return;
+  if (j0 >= n_keys) return;
+  const int h0 = blockIdx.x * G, kv_off = (h0 / (n_head / n_kv)) * hd, n = min(kSplitKeys, n_keys - j0);
+  const size_t kv_row = (size_t)n_kv * hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = threadIdx.x;
+  __shared__ SplitSmem<G> s;
+  for (int i = threadIdx.x; i < G * hd; i += kThreads) s.qs[i / hd][i % hd] = (double)q[(size_t)h0 * hd + i];
+  __syncthreads();
+  split_scores(s, kc, kv_row, kv_off, hd, j0, n, scale, warp, lane);
+  __syncthreads();
+  if (warp < G) split_softmax(s, warp, n, lane);
+  __syncthreads();
+  if (d < hd) {
+    double a[G];
+    split_values(s, vc, kv_row, kv_off, j0, n, d, a);
+#pragma unroll
+    for (int i = 0; i < G; i++) part_acc[((size_t)(h0 + i) * max_splits + split) * hd + d] = a[i];
+  }
+  if (threadIdx.x < G) {
+    const size_t o = ((size_t)(h0 + threadIdx.x) * max_splits + split) * 2;
+    part_ml[o] = s.m[threadIdx.x];
+    part_ml[o + 1] = s.l[threadIdx.x];
+  }
+}
+
+// Decode, second kernel: head h's splits folded in key order (fold_factors' maxima by a warp
+// scan, the factors for up to kCombineChunk splits at once in shared memory), then the gate.
+__global__ void __launch_bounds__(kThreads) attention_decode_combine_kernel(
+    const double* part_acc, const double* part_ml, const float* gate, float* out, int hd, int pos0,
+    const int32_t* pos_dev, int max_splits) {
+  pdl_trigger();  // the output projection follows
+  if (pos_dev) pos0 = pos_dev[0];
+  const int h = blockIdx.x, n_splits = (pos0 + 1 + kSplitKeys - 1) / kSplitKeys;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, d = threadIdx.x;
+  __shared__ Fold f[kCombineChunk];
+  __shared__ double l_split[kCombineChunk];
+  const double* ml = part_ml + (size_t)h * max_splits * 2;
+  double M_run = -INFINITY;  // warp 0: the running maximum before this chunk
+  double L = 0.0, acc = 0.0;
+  for (int c0 = 0; c0 < n_splits; c0 += kCombineChunk) {
+    const int nc = min(kCombineChunk, n_splits - c0);
+    __syncthreads();  // the previous chunk's factors are read
+    if (warp == 0) {
+      for (int b = 0; b < nc; b += 32) {
+        // Lane k: fold_factors on the running maximum before split c0 + b + k, which is the
+        // maximum of M_run and the splits before it (a max scan: exact in any order).
+        const int sp = b + lane;
+        const double m = sp < nc ? ml[(size_t)(c0 + sp) * 2] : -INFINITY;
+        double incl = m;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const double up = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl = fmax(incl, up);
+        }
+        double before = __shfl_up_sync(0xffffffffu, incl, 1);
+        before = lane == 0 ? M_run : fmax(M_run, before);
+        if (sp < nc) {
+          f[sp] = fold_factors(before, m);
+          l_split[sp] = ml[(size_t)(c0 + sp) * 2 + 1];
+        }
+        M_run = fmax(M_run, __shfl_sync(0xffffffffu, incl, 31));
+      }
+    }
+    __syncthreads();
+    if (d < hd) {
+      const double* a = part_acc + ((size_t)h * max_splits + c0) * hd + d;
+      for (int b = 0; b < nc; b += 32) {
+        double av[32];  // 32 splits' loads in flight at once
+#pragma unroll
+        for (int k = 0; k < 32; k++) av[k] = b + k < nc ? a[(size_t)(b + k) * hd] : 0.0;
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+          if (b + k >= nc) break;
+          L = fold(L, l_split[b + k], f[b + k]);
+          acc = fold(acc, av[k], f[b + k]);
+        }
+      }
+    }
+  }
+  if (d < hd) {
+    const size_t o = (size_t)h * hd + d;
+    out[o] = __fmul_rn((float)(acc / L), sigmoid_f(gate[o]));
+  }
+}
+
+// Query heads per decode block at depth: the largest power of two up to kMaxDecodeHeads dividing
+// the group, so each key is read once for them.
+int decode_heads_per_block(int group) {
+  int g = kMaxDecodeHeads;
+  while (group % g != 0) g /= 2;
+  return g;
+}
+
+template <int G>
+void launch_decode_split(const float* q, const float* kc, const float* vc, int n_head, int n_kv, int hd, int pos0,
+                         const int32_t* pos_dev, double scale, const AttentionSplits& sp, int grid_splits,
+                         int min_used, int max_used, cudaStream_t stream) {
+  attention_decode_split_kernel<G><<<dim3(n_head / G, grid_splits), kThreads, 0, stream>>>(
+      q, kc, vc, sp.acc, sp.ml, n_head, n_kv, hd, pos0, pos_dev, scale, sp.max_splits, min_used, max_used);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+// A decode step: up to kShortSplits splits (2,048 keys) one query head per block, so a short
+// context still spreads over n_head × splits blocks; past that G heads per block, each key read
+// once for them. With the position on the device (a captured graph) both launches are made and the
+// one whose range excludes the step's split count exits at once. Either grouping gives the same
+// bits: a head's arithmetic does not depend on its block's other heads.
+constexpr int kShortSplits = 8;
+void attention_decode(const float* q, const float* gate, const float* kc, const float* vc, float* out, int n_head,
+                      int n_kv, int hd, int pos0, const int32_t* pos_dev, double scale, const AttentionSplits& sp,
+                      cudaStream_t stream) {
+  const int short_grid = std::min(sp.max_splits, kShortSplits);
+  const int host_splits = pos0 / kSplitKeys + 1;
+  if (pos_dev || host_splits <= kShortSplits)
+    launch_decode_split<1>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale, sp, short_grid, 1, kShortSplits,
+                           stream);
+  if (sp.max_splits > kShortSplits && (pos_dev || host_splits > kShortSplits)) {
+    const int g = decode_heads_per_block(n_head / n_kv), lo = kShortSplits + 1, hi = sp.max_splits;
+    switch (g) {
+      case 8: launch_decode_split<8>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale, sp, hi, lo, hi, stream); break;
+      case 4: launch_decode_split<4>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale, sp, hi, lo, hi, stream); break;
+      case 2: launch_decode_split<2>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale, sp, hi, lo, hi, stream); break;
+      default: launch_decode_split<1>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale, sp, hi, lo, hi, stream);
+    }
+  }
+  attention_decode_combine_kernel<<<n_head, kThreads, 0, stream>>>(sp.acc, sp.ml, gate, out, hd, pos0, pos_dev,
+                                                                   sp.max_splits);
 }
 
 }  // namespace
@@ -212,21 +414,41 @@ void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, in
   RL_CUDA_LAUNCH_CHECK();
 }
 
+size_t AttentionSplits::bytes(int n_ctx, int n_head, int hd) {
+  const size_t splits = (size_t)(n_ctx + kSplitKeys - 1) / kSplitKeys;
+  return splits * n_head * (hd + 2) * sizeof(double);
+}
+
+AttentionSplits AttentionSplits::within(void* storage, int n_ctx, int n_head, int hd) {
+  AttentionSplits s;
+  s.max_splits = (n_ctx + kSplitKeys - 1) / kSplitKeys;
+  s.acc = static_cast<double*>(storage);
+  s.ml = s.acc + (size_t)s.max_splits * n_head * hd;
+  return s;
+}
+
 void gated_attention(const float* q, const float* gate, const float* k_cache, const float* v_cache,
                      float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
-                     cudaStream_t stream, const int32_t* pos_dev) {
-  if (hd > kMaxHeadDim) throw_error("attention: head dim " + std::to_string(hd) + " > 256");
+                     cudaStream_t stream, const int32_t* pos_dev, const AttentionSplits* splits) {
+  if (hd > kMaxHeadDim || hd % 4 != 0)
+    throw_error("attention: head dim " + std::to_string(hd) + " is not a multiple of 4 up to 256");
   if (n_kv <= 0 || n_head % n_kv != 0)
     throw_error("attention: " + std::to_string(n_head) + " heads do not group over " +
                 std::to_string(n_kv) + " KV heads");
   if (T == 0) return;
-  if (T == 1)
-    gated_attention_kernel<1><<<dim3(n_head, 1), kThreads, 0, stream>>>(q, gate, k_cache, v_cache, out, T, n_head,
-                                                                       n_kv, hd, pos0, pos_dev, (double)scale);
-  else
-    gated_attention_kernel<kPrefillQueries><<<dim3(n_head, (T + kPrefillQueries - 1) / kPrefillQueries), kThreads, 0,
-                                              stream>>>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0,
-                                                        pos_dev, (double)scale);
+  if (T == 1) {
+    if (!splits || !splits->acc || splits->max_splits <= 0)
+      throw_error("attention: a decode step needs the split buffers (AttentionSplits)");
+    if (!pos_dev && pos0 >= splits->max_splits * kSplitKeys)
+      throw_error("attention: position " + std::to_string(pos0) + " is past the split buffers' " +
+                  std::to_string(splits->max_splits * kSplitKeys) + " keys");
+    attention_decode(q, gate, k_cache, v_cache, out, n_head, n_kv, hd, pos0, pos_dev, (double)scale, *splits,
+                     stream);
+  } else {
+    gated_attention_prefill_kernel<kPrefillQueries>
+        <<<dim3(n_head, (T + kPrefillQueries - 1) / kPrefillQueries), kThreads, 0, stream>>>(
+            q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, (double)scale);
+  }
   RL_CUDA_LAUNCH_CHECK();
 }
 

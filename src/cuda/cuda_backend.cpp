@@ -357,6 +357,10 @@ struct CudaBackendImpl::SessionState {
   int n_ctx = 0;
   std::vector<DeviceBuffer> k_cache, v_cache;  // [n_layer]: [n_ctx][kv_dim] (attention layers)
   std::vector<DeviceBuffer> conv, ssm;         // [n_layer]: [K-1][conv_dim], [nv][dv][dk]
+  // A decode step's attention splits (kernels.h AttentionSplits; one set serves every layer, as
+  // the layers run one after another): [n_head][ceil(n_ctx / kSplitKeys)][hd + 2] doubles.
+  DeviceBuffer attn_split_storage;
+  AttentionSplits attn_splits;
   // GPU-routed decode: the state backups the graph writes first, and the graph (captured on the
   // first GPU-routed token; it holds this session's buffer addresses).
   std::vector<DeviceBuffer> conv_backup, ssm_backup;
@@ -1301,7 +1305,7 @@ void CudaBackendImpl::encode_pass(SessionState& st, const int32_t* ids_d, const 
       attention_prep(qg, k, v, q, gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv, hd,
                      c.rms_eps, c.rope_dim, theta_scale, pos_d, stream_);
       gated_attention(q, gate, st.k_cache[L].f(), st.v_cache[L].f(), att, T, nh, nkv, hd, 0,
-                      (float)(1.0 / std::sqrt((double)hd)), stream_, pos_d);
+                      (float)(1.0 / std::sqrt((double)hd)), stream_, pos_d, &st.attn_splits);
       profiler_.mark(kProjections, stream_);
       project(w.o, att, T, mix);
     }
@@ -1554,6 +1558,24 @@ class CudaSnapshot final : public SessionSnapshot {
   int position() const override { return pos; }
 };
 
+// Device bytes of a session's KV cache (f32 K and V rows of every attention layer).
+size_t kv_bytes(const Config& c, int n_ctx) {
+  size_t attention_layers = 0;
+  for (int L = 0; L < c.n_layer; L++) attention_layers += !c.is_recurrent[L];
+  return attention_layers * 2 * (size_t)n_ctx * c.kv_dim() * sizeof(float);
+}
+
+// Device bytes a session allocates: the KV cache, the DeltaNet states (and their backups for the
+// GPU-routed token) and the decode attention's split buffers.
+size_t session_bytes(const Config& c, int n_ctx) {
+  size_t recurrent = 0;
+  for (int L = 0; L < c.n_layer; L++)
+    if (c.is_recurrent[L])
+      recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
+                    (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
+  return kv_bytes(c, n_ctx) + 2 * recurrent + AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim);
+}
+
 class CudaSessionImpl final : public Session {
  public:
   CudaSessionImpl(CudaBackendImpl* backend, int n_ctx) : b_(backend) {
@@ -1563,6 +1585,13 @@ class CudaSessionImpl final : public Session {
     st_.v_cache.resize(c.n_layer);
     st_.conv.resize(c.n_layer);
     st_.ssm.resize(c.n_layer);
+    const size_t need = session_bytes(c, n_ctx);
+    size_t free_bytes = 0, total_bytes = 0;
+    RL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (need > free_bytes)
+      fail("--ctx {}: a session of {} tokens needs {:.1f} MiB of device memory (KV cache {:.1f} MiB), but only "
+           "{:.1f} MiB are free", n_ctx, n_ctx, need / 1048576.0, kv_bytes(c, n_ctx) / 1048576.0,
+           free_bytes / 1048576.0);
     for (int L = 0; L < c.n_layer; L++) {
       if (c.is_recurrent[L]) {
         st_.conv[L].allocate((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() * sizeof(float));
@@ -1572,6 +1601,8 @@ class CudaSessionImpl final : public Session {
         st_.v_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
       }
     }
+    st_.attn_split_storage.allocate(AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim));
+    st_.attn_splits = AttentionSplits::within(st_.attn_split_storage.get(), n_ctx, c.n_head, c.head_dim);
     reset();
   }
 

@@ -169,12 +169,32 @@ void attention_prep(const float* qg, const float* k, const float* v, float* q, f
 // CUDA graph replays at any position.
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
               int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev = nullptr);
+// Keys per split of the attention kernels (attention.cu). A decode step at depth n runs
+// ceil(n / kSplitKeys) splits per KV head; 256 keys keep a split's scores in shared memory and give
+// a 32k-token context 128 splits (256 blocks at the 80B's 2 KV heads) to fill the GPU.
+constexpr int kSplitKeys = 256;
+
+// A decode step's per-split partial results, in device memory the caller owns: for each query head
+// and split, the weighted values acc [n_head][max_splits][hd] and the maximum and sum
+// ml [n_head][max_splits][2], in double. max_splits = ceil(n_ctx / kSplitKeys) covers every
+// position of a context of n_ctx tokens.
+struct AttentionSplits {
+  double* acc = nullptr;
+  double* ml = nullptr;
+  int max_splits = 0;
+  static size_t bytes(int n_ctx, int n_head, int hd);
+  // The views into `storage` (at least bytes(n_ctx, n_head, hd), 8-byte aligned).
+  static AttentionSplits within(void* storage, int n_ctx, int n_head, int hd);
+};
+
 // For each query token t (position pos0 + t), attends causally over cache positions
 // [0, pos0 + t]: out[t][h] = softmax(q·k * scale) · v with KV head h / (n_head / n_kv), times
-// sigmoid(gate[t][h]). q, gate, out [T][n_head][hd]; hd <= 256. pos_dev: as for store_kv.
+// sigmoid(gate[t][h]). q, gate, out [T][n_head][hd]; hd a multiple of 4 up to 256. pos_dev: as for
+// store_kv. A decode step (T = 1) needs `splits` covering its position; a chunk does not use them.
 void gated_attention(const float* q, const float* gate, const float* k_cache, const float* v_cache,
                      float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
-                     cudaStream_t stream, const int32_t* pos_dev = nullptr);
+                     cudaStream_t stream, const int32_t* pos_dev = nullptr,
+                     const AttentionSplits* splits = nullptr);
 
 // ---- deltanet.cu: Gated DeltaNet ---------------------------------------------------------------------
 // Causal depthwise conv (kernel K) + SiLU over channels [T][C] with state [K-1][C] (the previous

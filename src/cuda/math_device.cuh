@@ -41,7 +41,7 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 // (each addition is own + partner, commutative), so each result is bit for bit warp_sum_d's.
 template <int N, int O = 16>
 __device__ __forceinline__ double warp_sum_scatter(const double (&v)[N], int lane, int& p) {
-  static_assert(N >= 1 && N <= 2 * O && (N & (N - 1)) == 0, "N is a power of two up to 32");
+  static_assert(N >= 1 && (N <= 2 * O || N == 1) && (N & (N - 1)) == 0, "N is a power of two up to 32");
   if constexpr (N == 1) {
     double x = v[0];
 #pragma unroll

@@ -104,62 +104,107 @@ TEST_F(CudaLayerKernels, PartialNeoxRope) {
   }
 }
 
-// Causal GQA attention with a sigmoid output gate, written out in double.
-TEST_F(CudaLayerKernels, GatedAttentionDecodeAndPrefill) {
-  struct Case {
-    int n_head, n_kv, hd, pos0, T;
-  };
-  // The last case's query tiles straddle a 32-key step: some of their queries have a step past
-  // their last key.
-  for (Case cs : {Case{4, 2, 64, 0, 9}, Case{4, 2, 64, 9, 1}, Case{16, 2, 256, 30, 5}, Case{8, 2, 128, 61, 7}}) {
-    SCOPED_TRACE(cs.hd * 1000 + cs.pos0);
-    const int n_keys = cs.pos0 + cs.T, n_ctx = std::max(64, n_keys), kv = cs.n_kv * cs.hd;
-    auto kc = random_floats((size_t)n_ctx * kv, 6), vc = random_floats((size_t)n_ctx * kv, 7);
-    auto knew = random_floats((size_t)cs.T * kv, 8), vnew = random_floats((size_t)cs.T * kv, 9);
-    auto q = random_floats((size_t)cs.T * cs.n_head * cs.hd, 10), g = random_floats(q.size(), 11);
-    auto dkc = to_device(kc), dvc = to_device(vc), dk = to_device(knew), dv = to_device(vnew);
-    auto dq = to_device(q), dg = to_device(g);
-    cuda::DeviceBuffer dout(q.size() * 4);
-    const float scale = 1.0f / std::sqrt((float)cs.hd);
-    cuda::store_kv(dk.f(), dv.f(), dkc.f(), dvc.f(), cs.T, cs.n_kv, cs.hd, cs.pos0, nullptr);
-    cuda::gated_attention(dq.f(), dg.f(), dkc.f(), dvc.f(), dout.f(), cs.T, cs.n_head, cs.n_kv, cs.hd, cs.pos0,
-                          scale, nullptr);
-    std::copy(knew.begin(), knew.end(), kc.begin() + (size_t)cs.pos0 * kv);
-    std::copy(vnew.begin(), vnew.end(), vc.begin() + (size_t)cs.pos0 * kv);
-    std::vector<double> ref(q.size());
-    for (int t = 0; t < cs.T; t++)
-      for (int h = 0; h < cs.n_head; h++) {
-        const int kh = h / (cs.n_head / cs.n_kv), nk = cs.pos0 + t + 1;
-        std::vector<double> p(nk);
-        double mx = -1e300, sum = 0;
-        for (int j = 0; j < nk; j++) {
-          double s = 0;
-          for (int i = 0; i < cs.hd; i++) s += (double)q[((size_t)t * cs.n_head + h) * cs.hd + i] * kc[(size_t)j * kv + kh * cs.hd + i];
-          p[j] = s * scale;
-          mx = std::max(mx, p[j]);
-        }
-        for (double& v : p) sum += (v = std::exp(v - mx));
-        for (int i = 0; i < cs.hd; i++) {
-          double acc = 0;
-          for (int j = 0; j < nk; j++) acc += p[j] * vc[(size_t)j * kv + kh * cs.hd + i];
-          const size_t o = ((size_t)t * cs.n_head + h) * cs.hd + i;
-          ref[o] = acc / sum * sigmoid(g[o]);
-        }
+// Causal GQA attention with a sigmoid output gate, written out in double (the oracle's two-pass
+// softmax): out [T][n_head][hd] for queries at positions pos0 .. pos0 + T - 1.
+std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& g,
+                                        const std::vector<float>& kc, const std::vector<float>& vc, int T,
+                                        int n_head, int n_kv, int hd, int pos0, double scale) {
+  const int kv = n_kv * hd;
+  std::vector<double> ref(q.size());
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < n_head; h++) {
+      const int kh = h / (n_head / n_kv), nk = pos0 + t + 1;
+      const float* qh = q.data() + ((size_t)t * n_head + h) * hd;
+      std::vector<double> p(nk), acc(hd, 0.0);
+      double mx = -1e300, sum = 0;
+      for (int j = 0; j < nk; j++) {
+        double sc = 0;
+        const float* kj = kc.data() + (size_t)j * kv + kh * hd;
+        for (int i = 0; i < hd; i++) sc += (double)qh[i] * kj[i];
+        p[j] = sc * scale;
+        mx = std::max(mx, p[j]);
       }
-    const auto got = to_host<float>(dout, q.size());
-    expect_all_near(got, ref, 2e-5, "attention");
-    // A chunk's queries (several per block) give bit for bit what one decode call per token gives.
-    const size_t row = (size_t)cs.n_head * cs.hd;
-    cuda::DeviceBuffer dout1(row * 4);
-    for (int t = 0; t < cs.T && cs.T > 1; t++) {
-      cuda::gated_attention(dq.f() + t * row, dg.f() + t * row, dkc.f(), dvc.f(), dout1.f(), 1, cs.n_head, cs.n_kv,
-                            cs.hd, cs.pos0 + t, scale, nullptr);
-      const auto one = to_host<float>(dout1, row);
-      for (size_t i = 0; i < row; i++)
-        ASSERT_EQ(one[i], got[t * row + i]) << "token " << t << " value " << i;
+      for (double& v : p) sum += (v = std::exp(v - mx));
+      for (int j = 0; j < nk; j++) {
+        const float* vj = vc.data() + (size_t)j * kv + kh * hd;
+        for (int i = 0; i < hd; i++) acc[i] += p[j] * vj[i];
+      }
+      for (int i = 0; i < hd; i++) {
+        const size_t o = ((size_t)t * n_head + h) * hd + i;
+        ref[o] = acc[i] / sum * sigmoid(g[o]);
+      }
     }
+  return ref;
+}
+
+struct AttentionCase {
+  int n_head, n_kv, hd, pos0, T;
+};
+
+// Runs one case (keys already in the caches up to pos0, the T new ones stored by store_kv) and
+// checks it against the reference; for a chunk, also that each token's decode step gives its
+// output bit for bit.
+void check_attention(const AttentionCase& cs, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << cs.n_head << "/" << cs.n_kv << " heads, hd " << cs.hd << ", pos0 "
+                                    << cs.pos0 << ", T " << cs.T);
+  const int n_keys = cs.pos0 + cs.T, n_ctx = std::max(64, n_keys), kv = cs.n_kv * cs.hd;
+  // Keys of unit scale give scores of a few units: the softmax is neither flat nor one-hot.
+  auto kc = random_floats((size_t)n_ctx * kv, seed), vc = random_floats((size_t)n_ctx * kv, seed + 1);
+  auto knew = random_floats((size_t)cs.T * kv, seed + 2), vnew = random_floats((size_t)cs.T * kv, seed + 3);
+  auto q = random_floats((size_t)cs.T * cs.n_head * cs.hd, seed + 4, 2.0f), g = random_floats(q.size(), seed + 5);
+  auto dkc = to_device(kc), dvc = to_device(vc), dk = to_device(knew), dv = to_device(vnew);
+  auto dq = to_device(q), dg = to_device(g);
+  cuda::DeviceBuffer dout(q.size() * 4);
+  cuda::DeviceBuffer split_storage(cuda::AttentionSplits::bytes(n_ctx, cs.n_head, cs.hd));
+  const auto splits = cuda::AttentionSplits::within(split_storage.get(), n_ctx, cs.n_head, cs.hd);
+  const float scale = 1.0f / std::sqrt((float)cs.hd);
+  cuda::store_kv(dk.f(), dv.f(), dkc.f(), dvc.f(), cs.T, cs.n_kv, cs.hd, cs.pos0, nullptr);
+  cuda::gated_attention(dq.f(), dg.f(), dkc.f(), dvc.f(), dout.f(), cs.T, cs.n_head, cs.n_kv, cs.hd, cs.pos0,
+                        scale, nullptr, nullptr, &splits);
+  std::copy(knew.begin(), knew.end(), kc.begin() + (size_t)cs.pos0 * kv);
+  std::copy(vnew.begin(), vnew.end(), vc.begin() + (size_t)cs.pos0 * kv);
+  const auto ref = attention_reference(q, g, kc, vc, cs.T, cs.n_head, cs.n_kv, cs.hd, cs.pos0, scale);
+  const auto got = to_host<float>(dout, q.size());
+  // Sums in double, one rounding to fp32 and the fp32 gate product: a few ulp of fp32.
+  expect_all_near(got, ref, 1e-6, "attention");
+  // A chunk's queries give bit for bit what one decode step per token gives (the splits' arithmetic
+  // is shared), and the decode step reads its position from device memory as a graph does.
+  const size_t row = (size_t)cs.n_head * cs.hd;
+  cuda::DeviceBuffer dout1(row * 4), dpos(sizeof(int32_t));
+  for (int t = 0; t < cs.T && cs.T > 1; t++) {
+    const int32_t pos = cs.pos0 + t;
+    RL_CUDA_CHECK(cudaMemcpy(dpos.get(), &pos, sizeof pos, cudaMemcpyHostToDevice));
+    cuda::gated_attention(dq.f() + t * row, dg.f() + t * row, dkc.f(), dvc.f(), dout1.f(), 1, cs.n_head, cs.n_kv,
+                          cs.hd, 0, scale, nullptr, dpos.get<int32_t>(), &splits);
+    const auto one = to_host<float>(dout1, row);
+    for (size_t i = 0; i < row; i++) ASSERT_EQ(one[i], got[t * row + i]) << "token " << t << " value " << i;
   }
 }
+
+// Chunks at the start and straddling split boundaries (kSplitKeys = 256), including query tiles of
+// four whose queries end in different splits; the last case's decode steps take the many-split
+// grouping (8 heads a block), the others one head a block.
+TEST_F(CudaLayerKernels, GatedAttentionPrefillChunks) {
+  for (AttentionCase cs : {AttentionCase{4, 2, 64, 0, 9}, AttentionCase{16, 2, 256, 30, 5},
+                           AttentionCase{8, 2, 128, 61, 7}, AttentionCase{4, 2, 64, 250, 13},
+                           AttentionCase{16, 2, 256, 509, 7}, AttentionCase{8, 2, 128, 1020, 70},
+                           AttentionCase{16, 2, 256, 4000, 9}})
+    check_attention(cs, 6);
+}
+
+// Decode steps at depths 1, 31, 32, 33, 4,095 and 70,001 (many splits, a partial last one) for the
+// fixtures' 4/2 heads and the 80B's 16/2 (and 8/2) at their head dims.
+TEST_F(CudaLayerKernels, GatedAttentionDecodeAtDepth) {
+  for (int depth : {1, 31, 32, 33, 255, 256, 257, 4095})
+    for (AttentionCase cs : {AttentionCase{4, 2, 64, depth - 1, 1}, AttentionCase{8, 2, 128, depth - 1, 1},
+                             AttentionCase{16, 2, 256, depth - 1, 1}})
+      check_attention(cs, 20 + depth);
+  check_attention({16, 2, 256, 70000, 1}, 90);
+  check_attention({4, 2, 64, 70000, 2}, 91);  // a two-token chunk there too
+}
+
+// A group of 3 query heads per KV head (no power of two): one head per decode block.
+TEST_F(CudaLayerKernels, GatedAttentionOddGroup) { check_attention({6, 2, 64, 300, 3}, 95); }
 
 // The decode step's fused L2 norm: recurrence with `norm` on raw q/k equals l2_norm, then the
 // plain recurrence, bit for bit (outputs and state), over several single-token steps.

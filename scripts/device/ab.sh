@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# An A/B of two builds on the GPU host, in one call: the tree and a base tree carried as a source
+# tarball (made here with `git archive --format=tar.gz -o .deps/base/base-src.tgz COMMIT`). Both
+# are built (in /tmp, so a warm machine reuses them), the 80B seed-mix model is made once in
+# /dev/shm, and the benches alternate between the two binaries so that drift falls on both alike.
+#
+#   scripts/device/ab.sh STEP...     steps, in order:
+#     build        build both (redlite; the tree's test_cuda too)
+#     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX)
+#     parity       the tree's `parity --backend cuda` on each carried fixture model vs the oracle,
+#                  prompts up to $PARITY_TOKENS (default 40) tokens, budgets 1, 0.5, 0.1
+#     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
+#     depths       `bench --depths $DEPTHS` on the tree's binary (default 0,4096,16384,32768,65536)
+#     base-depths  the same on the base binary with $BASE_DEPTHS (default: $DEPTHS); the base must
+#                  know --depths
+#     variant      a copy of the tree with $VARIANT_SED (a sed script) applied to $VARIANT_FILE, built
+#                  as the variant's redlite (an experiment that leaves no switch in the code)
+#     variant-depths  `bench --depths $DEPTHS` on the variant's binary
+#     ncu-detail   Nsight Compute's detailed sections for the first $NCU_COUNT (default 2) kernels
+#                  matching $NCU_RE after the prefill of depth $NCU_DETAIL_DEPTH (default 32768)
+#     ncu          GPU time of each kernel matching $NCU_RE (default: attention) over 2 decode tokens
+#                  after each of $NCU_DEPTHS (default 0,32768), tree's binary ($OUT/ncu-*.csv)
+# Results: $OUT/*.log and $OUT/summary.txt. STEP_TIMEOUT (s) bounds each bench (default 240).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT"
+source "$ROOT/scripts/device/deps.sh"
+BUILD=/tmp/rl-build-tree BASE_SRC=/tmp/rl-base-src BASE_BUILD=/tmp/rl-build-base
+FIX=$ROOT/${FIX_DIR:-.deps/fix}
+M80=/dev/shm/redlite/80b-seed-mix.gguf
+DEPTHS=${DEPTHS:-0,4096,16384,32768,65536}
+status=0
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
+  local name=$1; shift
+  log "$name: $*"
+  local t0=$SECONDS
+  timeout "${STEP_TIMEOUT:-240}" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  log "$name: exit $rc ($((SECONDS - t0)) s)"
+  tail -n 12 "$OUT/$name.log"
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+configure() {  # configure SRC BUILD
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREDLITE_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DCMAKE_LIBRARY_PATH="$RL_DEPS_LIBDIR" > /dev/null
+}
+model() {
+  mkdir -p "$(dirname $M80)"
+  [ -e $M80 ] || STEP_TIMEOUT=400 step synth-80b "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
+}
+for s in "$@"; do
+  case "$s" in
+    build)
+      if [ ! -d $BASE_SRC ]; then mkdir -p $BASE_SRC && tar -xzf "$ROOT/.deps/base/base-src.tgz" -C $BASE_SRC; fi
+      configure "$ROOT" $BUILD && configure $BASE_SRC $BASE_BUILD || { log "configure failed"; exit 1; }
+      STEP_TIMEOUT=500 step build bash -c "ninja -C $BUILD -j16 redlite test_cuda test_cache & ninja -C $BASE_BUILD -j16 redlite; r=\$?; wait %1 && exit \$r" || exit 1
+      ;;
+    test) REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step test_cuda "$BUILD/test_cuda" ;;
+    parity)
+      for m in "$FIX"/*.gguf; do
+        STEP_TIMEOUT=400 step "parity-$(basename "$m" .gguf)" "$BUILD/redlite" parity -m "$m" --backend cuda --repeat 2 \
+          --prompt-tokens "${PARITY_TOKENS:-40}" --budget-fractions 1,0.5,0.1
+      done
+      ;;
+    main)
+      model
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        order="tree base"; [ $((r % 2)) = 0 ] && order="base tree"
+        for b in $order; do
+          bin=$BUILD/redlite; [ $b = base ] && bin=$BASE_BUILD/redlite
+          step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json
+          log "ab $b $r: prefill $(grep '"prefill_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.')"
+        done
+      done
+      ;;
+    depths) model; step depths-tree "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depths "$DEPTHS" ;;
+    base-depths) model; step depths-base "$BASE_BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depths "${BASE_DEPTHS:-$DEPTHS}" ;;
+    variant)
+      rm -rf /tmp/rl-variant-src && mkdir -p /tmp/rl-variant-src
+      (cd "$ROOT" && tar --exclude=./.deps --exclude=./.git --exclude='./build*' --exclude=./out -cf - .) | tar -xf - -C /tmp/rl-variant-src
+      sed -i "$VARIANT_SED" "/tmp/rl-variant-src/$VARIANT_FILE" && diff <(cd "$ROOT" && cat "$VARIANT_FILE") "/tmp/rl-variant-src/$VARIANT_FILE" > "$OUT/variant.diff"
+      configure /tmp/rl-variant-src /tmp/rl-build-variant && STEP_TIMEOUT=400 step build-variant ninja -C /tmp/rl-build-variant -j16 redlite
+      ;;
+    variant-depths) model; step depths-variant /tmp/rl-build-variant/redlite bench -m $M80 --backend cuda --reps 1 --depths "$DEPTHS" ;;
+    ncu-detail)
+      model
+      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      STEP_TIMEOUT=400 step ncu-detail "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_RE:-attention_decode}" \
+        --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-2} --csv --page details "$BUILD/redlite" bench -m $M80 \
+        --backend cuda --reps 1 --depth-decode-tokens 2 --depths "${NCU_DETAIL_DEPTH:-32768}"
+      ;;
+    ncu)
+      model
+      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      STEP_TIMEOUT=400 step ncu "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        -k "regex:${NCU_RE:-attention}" "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depth-decode-tokens 2 \
+        --depths "${NCU_DEPTHS:-0,32768}"
+      grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
+      ;;
+    *) log "unknown step $s"; status=1 ;;
+  esac
+done
+# At most 8 files come back: the logs go as one archive beside the summary.
+(cd "$OUT" && tar -czf logs.tgz --remove-files *.log 2>/dev/null)
+exit $status
