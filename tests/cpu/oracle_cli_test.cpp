@@ -115,5 +115,41 @@ TEST_F(OracleCli, UserErrorsExitNonZeroWithTheArgumentNamed) {
   EXPECT_NE(r.out.find("tpu"), std::string::npos) << r.out;
 }
 
+
+// The bench protocol at depth on the CPU backend: one row per depth with the prompt it prefilled
+// and the decode tokens after it, and the KV bytes per token of the file: model B has one attention
+// layer of 2 KV heads of dim 64, so K and V in f32 take 2 * 2 * 64 * 4 = 1,024 bytes a token.
+TEST_F(OracleCli, BenchAtDepthReportsEachDepth) {
+  CliRun r = run_redlite("bench -m " + model_ + " --backend cpu --reps 1 --depths 0,300 --depth-decode-tokens 4 --json",
+                         true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv_bytes_per_token"], 1024);
+  EXPECT_EQ(j["kv_type"], "f32");
+  ASSERT_EQ(j["depths"].size(), 2u);
+  EXPECT_EQ(j["depths"][0]["depth"], 0);
+  EXPECT_EQ(j["depths"][0]["prompt_tokens"], 16);  // depth 0: the main protocol's prompt
+  EXPECT_EQ(j["depths"][1]["depth"], 300);
+  EXPECT_EQ(j["depths"][1]["prompt_tokens"], 300);
+  for (const auto& row : j["depths"]) {
+    EXPECT_EQ(row["decode_tokens"], 4);
+    EXPECT_GT(row["prefill_tok_s"].get<double>(), 0.0);
+    EXPECT_GT(row["decode_tok_s"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(j["context"], 304);
+}
+
+// A context past the file's context_length (262,144 for the fixtures) is refused before anything
+// runs, naming the flag and the limit.
+TEST_F(OracleCli, ContextPastTheModelsLimitIsRefused) {
+  CliRun r = run_redlite("generate -m " + model_ + " --tokens 1,2 -n 1 --greedy --ctx 262145");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--ctx 262145"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("262144"), std::string::npos) << r.out;
+  r = run_redlite("bench -m " + model_ + " --backend cpu --reps 1 --depths 262100");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("context_length of 262144"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace rl
