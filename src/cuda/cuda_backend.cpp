@@ -22,41 +22,6 @@ namespace rl::cuda {
 
 namespace {
 
-// A switch that is on unless set to 0 (`value` when unset).
-bool env_on(const char* name, bool value) {
-  const char* e = std::getenv(name);
-  return e ? std::string(e) != "0" : value;
-}
-
-// A switch whose digit 0 .. n - 1 is the enumerator of that number (`value` when unset); any other
-// value is refused, `expected` naming the choices.
-template <class E>
-E env_choice(const char* name, E value, int n, const char* expected) {
-  const char* e = std::getenv(name);
-  if (!e) return value;
-  const std::string v = e;
-  if (v.size() != 1 || v[0] < '0' || v[0] >= '0' + n) fail("{}={}: expected {}", name, v, expected);
-  return static_cast<E>(v[0] - '0');
-}
-
-}  // namespace
-
-CudaOptions CudaOptions::from_env(int64_t cache_mib) {
-  CudaOptions o;
-  o.cache_mib = cache_mib;
-  o.preload = env_on("RL_ENGINE_PRELOAD", o.preload);
-  if (const char* e = std::getenv("RL_ENGINE_PROFILE")) o.profile = std::string(e) == "1";
-  o.overlap_copies = env_on("RL_ENGINE_OVERLAP", o.overlap_copies);
-  o.x24 = env_on("RL_ENGINE_X24", o.x24);
-  o.x32 = env_choice("RL_ENGINE_X32", o.x32, 3, "0 (off), 1 (when the grid fills the GPU) or 2 (always)");
-  o.gpu_grouping = env_on("RL_ENGINE_GPU_GROUPING", o.gpu_grouping);
-  o.speculation = env_choice("RL_ENGINE_SPECULATIVE", o.speculation, 4,
-                             "0 (off), 1 (fully resident), 2 (warm cache) or 3 (always)");
-  return o;
-}
-
-namespace {
-
 constexpr int kMaxChunk = 512;          // tokens per forward pass (DESIGN.md §5)
 constexpr size_t kAlign = 256;
 constexpr size_t kStagingBytes = 64u << 20;  // pinned ring for per-layer host<->device tables
@@ -118,7 +83,7 @@ class Arena {
   size_t size_ = 0;
 };
 
-// ---- per-stage GPU timing (RL_ENGINE_PROFILE=1) ------------------------------------------------
+// ---- per-stage GPU timing (--profile) ---------------------------------------------------------
 
 // kBackups: the GPU-routed token's state backups (compute stream). kCopyWait: the compute stream
 // idle until a layer's expert copies land (after its resident experts ran). kCopies: expert copies,
@@ -294,15 +259,14 @@ class CudaBackendImpl final : public CudaBackend {
   // Activations for one chunk of up to kMaxChunk tokens.
   DeviceBuffer x_, h_, mix_, proj_a_, proj_b_, proj_c_, small_a_, small_b_, logits_;
   DeviceBuffer router_logits_, g_buf_, u_buf_, y_buf_, xg_buf_, sh_gate_, sh_up_, sh_out_, sh_scalar_;
-  // X24 prefill products (CudaOptions::x24) allowed: the option, compute capability 8.0, widths of
-  // whole 256-column blocks. Buffers in the X24 form: the gathered expert inputs and the SwiGLU
+  // X24 prefill products allowed: compute capability 8.0, widths of whole 256-column blocks. Buffers in the X24 form: the gathered expert inputs and the SwiGLU
   // outputs (when some routed expert has an X24 type), the MoE input h2 (T × n_embd; converted
   // once a layer for the shared expert's pair and, gathered, the routed experts' gate and up).
   bool x24_ = false;
   DeviceBuffer xq_buf_, xq_scale_, aq_buf_, aq_scale_;
   DeviceBuffer dq_buf_, dq_scale_;
   bool use_x24(GgmlType t) const { return x24_ && x24_supported(t); }
-  // Dense prefill products on X32 (CudaOptions::x32): inputs of up to kq_cols_ columns in the X32
+  // Dense prefill products on X32 (compute capability 9.0; CudaOptions::x32_always): inputs of up to kq_cols_ columns in the X32
   // form with their 32-column sums, converted once for the products that share them.
   bool x32_ = false;
   int kq_cols_ = 0;
@@ -310,7 +274,7 @@ class CudaBackendImpl final : public CudaBackend {
   bool use_x32(const DMat& w, int T) const {
     return x32_ && x32_supported(w.type) && w.cols % 256 == 0 && w.cols <= kq_cols_ &&
            reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
-           (opts_.x32 == CudaOptions::X32Mode::kAlways || x32_blocks(w.rows, T) >= device_info().sm_count);
+           (opts_.x32_always || x32_blocks(w.rows, T) >= device_info().sm_count);
   }
   // Whether a layer's prefill converts its MoE input to X24 (shared pair or routed gate/up).
   bool moe_input_x24(const MoeDev& m) const {
@@ -611,7 +575,7 @@ void CudaBackendImpl::allocate_working_set() {
   alloc(u_buf_, n_assign * ff);
   alloc(y_buf_, n_assign * n_embd);
   alloc(xg_buf_, n_assign * n_embd);
-  x24_ = opts_.x24 && device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
+  x24_ = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
   bool routed_x24 = false, h2_x24 = false;
   for (const LayerDev& d : layers_) {
     for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
@@ -632,7 +596,7 @@ void CudaBackendImpl::allocate_working_set() {
     alloc_bytes(dq_buf_, x24_bytes(T, n_embd));
     alloc_bytes(dq_scale_, T * (n_embd / 256) * sizeof(double));
   }
-  x32_ = x24_ && opts_.x32 != CudaOptions::X32Mode::kOff && device_info().cc_major >= 9;
+  x32_ = x24_ && device_info().cc_major >= 9;
   kq_cols_ = 0;
   if (x32_) {
     // Every matrix a prefill projects through project() (the LM head when all logits are asked for).
@@ -1468,7 +1432,7 @@ bool CudaBackendImpl::decode_gpu_routed(SessionState& st, int32_t token, float* 
   const Config& c = config();
   const int K = c.n_expert_used, E = c.n_expert, n_layer = c.n_layer;
   if (profiler_.on) {
-    // RL_ENGINE_PROFILE=1: the same work launched one by one with stage marks, no graph. A spin
+    // --profile: the same work launched one by one with stage marks, no graph. A spin
     // kernel holds the GPU while the host enqueues the whole token, so the GPU then runs it back
     // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
     upload_token_position(token, st.position);

@@ -12,9 +12,9 @@
 // synchronisation. The graph starts by backing up the DeltaNet conv/SSM states; if any layer
 // selected a non-resident expert, the host restores them and recomputes the token on the
 // synchronous path. By default it is tried only when every expert is resident; on a bounded cache
-// (RL_ENGINE_SPECULATIVE=2) only after a pass that loaded nothing; RL_ENGINE_SPECULATIVE=0 turns it
-// off (CudaOptions::Speculation). Under RL_ENGINE_PROFILE=1 the same token is launched kernel by kernel with stage
-// marks instead of the graph (see decode_gpu_routed). Under a trace a GPU-routed token reports only the router
+// (--speculation warm) only after a pass that loaded nothing; --speculation off turns it off
+// (CudaOptions::Speculation). Under --profile the same token is launched kernel by kernel with
+// stage marks instead of the graph (see decode_gpu_routed). Under a trace a GPU-routed token reports only the router
 // logits and selections of each layer (what parity compares); prefill traces everything.
 //
 // Device memory = dense weights + expert slots (--cache-mib) + a working set: per session the KV
@@ -29,51 +29,11 @@
 #include <string>
 
 #include "cache/expert_cache.h"
+#include "cuda/cuda_options.h"
 #include "model/model.h"
 #include "model/session.h"
 
 namespace rl::cuda {
-
-struct CudaOptions {
-  // Expert-cache budget in MiB; 0: every expert when that fits in free device memory, else what
-  // fits after the working set.
-  int64_t cache_mib = 0;
-  // Load every expert at open when the budget holds them all (RL_ENGINE_PRELOAD=0 disables).
-  bool preload = true;
-  // Per-stage GPU timing (RL_ENGINE_PROFILE=1); the GPU-routed decode then runs without its graph.
-  bool profile = false;
-  // When decode tries the GPU-routed graph (RL_ENGINE_SPECULATIVE=0|1|2|3).
-  enum class Speculation {
-    kOff,            // 0: always the synchronous path
-    kFullyResident,  // 1 (default): when the cache holds every expert, so no token can miss
-    kWarmCache,      // 2: also on a bounded cache, after a pass that loaded nothing (DESIGN.md §5)
-    kAlways,         // 3: every decode token (tests: exercises the discard-and-recompute path)
-  };
-  // Bounded caches (2, 3) are off by default: their discard-and-recompute path is tested on the GPU
-  // (bit-identical to the synchronous path) but its speed on a bounded cache was never measured.
-  Speculation speculation = Speculation::kFullyResident;
-  // Synchronous path: a layer's resident experts run while its misses are copied, the missed ones
-  // after the copies (RL_ENGINE_OVERLAP=0: all of them after the copies).
-  bool overlap_copies = true;
-  // Prefill products of the IQ types (routed experts, a shared expert's SwiGLU pair) on 8-bit
-  // tensor cores with X24 activations (kernels.h, matmul_x24); RL_ENGINE_X24=0: the fp64 products
-  // on the fp32 activations.
-  bool x24 = true;
-  // Prefill with every expert resident: a layer's selections are grouped by expert on the GPU
-  // (group_by_expert) and never wait for the host (RL_ENGINE_GPU_GROUPING=0: the host groups them,
-  // as on a bounded cache).
-  bool gpu_grouping = true;
-  // Dense prefill products of Q4_K weights on 8-bit tensor cores with X32 activations (matmul_x32;
-  // compute capability 9.0), under `x24`: RL_ENGINE_X32=1 (default) when the product's grid has a
-  // block for every SM (smaller ones keep the fp64 products' column splits), 2 for every such
-  // product (parity checks on short prompts, tests), 0 never.
-  enum class X32Mode { kOff, kAuto, kAlways };  // 0, 1, 2
-  X32Mode x32 = X32Mode::kAuto;
-  // Reads RL_ENGINE_PRELOAD, RL_ENGINE_PROFILE, RL_ENGINE_SPECULATIVE, RL_ENGINE_OVERLAP,
-  // RL_ENGINE_X24, RL_ENGINE_X32 and RL_ENGINE_GPU_GROUPING (the two enumerations by their
-  // enumerators' numbers, as listed with them).
-  static CudaOptions from_env(int64_t cache_mib);
-};
 
 struct EngineStats {
   std::string gpu_name;
@@ -101,7 +61,7 @@ class CudaBackend : public Backend {
  public:
   virtual EngineStats stats() const = 0;
   virtual void reset_stats() = 0;
-  // Per-stage GPU milliseconds since the last reset (RL_ENGINE_PROFILE=1), as a table; "" when off.
+  // Per-stage GPU milliseconds since the last reset (--profile), as a table; "" when off.
   virtual std::string profile_report() const = 0;
 };
 
