@@ -3,6 +3,7 @@
 #include "cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include "common/error.h"
 #include "cuda/engine.h"
@@ -34,7 +35,7 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
       forms(NumericForms::choose(model->config(), weights, opts.x32_always)),
       ws(model->config(), forms),
       residency(*model, weights, streams, opts.cache_mib, ws.bytes()),
-      products(model->config(), forms, ws, streams.compute, &stats.x32_products) {
+      products(model->config(), ws, streams.compute, &stats.x32_products) {
   profiler.on = opts.profile;
   const ExpertCache& cache = residency.cache();
   stats.dense_bytes = weights.dense_bytes;
@@ -47,6 +48,13 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
   stats.fully_resident = cache.holds_all();
   stats.pinned_copies = residency.pinned_copies();
   if (cache.holds_all() && opts.preload) stats.preload_seconds = residency.preload_all();
+}
+
+const PassPlan& Engine::plan(int T) {
+  auto it = plans.find(T);
+  if (it == plans.end())
+    it = plans.emplace(T, make_pass_plan(config(), weights, forms, opts, residency.cache().holds_all(), T)).first;
+  return it->second;
 }
 
 Engine::~Engine() {
@@ -79,6 +87,17 @@ class CudaBackendImpl final : public CudaBackend {
     engine_.profiler.reset();
   }
   std::string profile_report() const override { return engine_.profiler.report(); }
+  std::string plan_report(int tokens) const override {
+    if (tokens < 1 || tokens > kMaxChunk) fail("plan: {} tokens is not a pass (1 to {})", tokens, kMaxChunk);
+    const Engine& e = engine_;
+    const ExpertCache& cache = e.residency.cache();
+    const PassPlan plan =
+        make_pass_plan(e.config(), e.weights, e.forms, e.opts, cache.holds_all(), tokens);
+    return fmt::format("{}, {} SMs, compute capability {}; expert cache: {} of {} experts ({})\n",
+                       e.stats.gpu_name, device_info().sm_count, device_info().cc_major, cache.n_slots(),
+                       e.stats.n_experts_total, cache.holds_all() ? "all resident" : "bounded") +
+           format_plan(plan, e.weights);
+  }
 
  private:
   Engine engine_;

@@ -3,7 +3,8 @@
 //   device_weights   dense weights on the GPU, expert layout in a slot, bytes per token
 //   workspace        every activation buffer, by role and shape
 //   expert_residency the ExpertCache's slots, residency table and copies
-//   products         which kernel and numeric form each product uses
+//   plan             which kernel and numeric form each product uses, how each layer routes
+//   products         the product launchers, as the plan says
 //   forward          the pass, one function per stage (as src/cpu/forward.cpp)
 //   moe_layer        the MoE block: routing modes feeding one gather -> products -> combine
 //   decode_graph     the GPU-routed decode token: capture, replay, speculation, fallback
@@ -12,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_weights.h"
 #include "cuda/expert_residency.h"
+#include "cuda/plan.h"
 #include "cuda/products.h"
 #include "cuda/profiler.h"
 #include "cuda/streams.h"
@@ -54,6 +57,8 @@ struct Engine {
   Engine(std::shared_ptr<const Model> model, const CudaOptions& options);
   ~Engine();
   const Config& config() const { return model->config(); }
+  // The layer plan of a pass of T tokens, made on first use (host work only: safe during capture).
+  const PassPlan& plan(int T);
 
   std::shared_ptr<const Model> model;
   CudaOptions opts;
@@ -65,6 +70,7 @@ struct Engine {
   Workspace ws;
   ExpertResidency residency;
   Products products;
+  std::map<int, PassPlan> plans;    // by chunk size
   std::vector<int> grouped_layers;  // the layers of the pass in progress grouped on the GPU
   bool gpu_routed_broken = false;   // capture failed once: stay on the synchronous path
 };
@@ -85,8 +91,8 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
 // The MoE block of layer L on h2 [T][n_embd]: x += routed experts + shared expert; then
 // h_out = RMSNorm(x) * next_norm (the next layer's input norm or the output norm, fused into the
 // combine). gpu_routed: for the captured decode token (T == 1), never waiting for the host.
-void moe_block(Engine& e, int L, const float* h2, int T, float* x, const float* next_norm, float* h_out,
-               TraceSink* trace, bool gpu_routed);
+void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, const float* next_norm,
+               float* h_out, TraceSink* trace, bool gpu_routed);
 
 // ---- cuda_session.cpp -----------------------------------------------------------------------
 // A session of n_ctx positions on this engine (refused when n_ctx <= 0).

@@ -20,7 +20,7 @@ namespace rl::cuda {
 namespace {
 
 // Gated DeltaNet.                                                 h, out: [T][n_embd]
-void deltanet_block(Engine& e, SessionState& st, int L, const float* h, int T, float* out) {
+void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
@@ -28,7 +28,10 @@ void deltanet_block(Engine& e, SessionState& st, int L, const float* h, int T, f
   const int key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
   const DeltaNetViews v = e.ws.deltanet_views(c, T);
   e.profiler.mark(kProjections, stream);
-  e.products.project_group({{&w.qkv, h, v.qkv}, {&w.z, h, v.z}, {&w.ba, h, v.ba}}, T);
+  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
+                            {&w.z, plan.mixer_in[1], h, v.z},
+                            {&w.ba, plan.mixer_in[2], h, v.ba}},
+                           T);
   e.profiler.mark(kDeltaNet, stream);
   deltanet_conv_gates(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
                       w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
@@ -41,12 +44,13 @@ void deltanet_block(Engine& e, SessionState& st, int L, const float* h, int T, f
                       nk, nv, dk, dv, stream, fuse_norm ? &qk_norm : nullptr);
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
   e.profiler.mark(kProjections, stream);
-  e.products.project(w.out, v.o, T, out);
+  e.products.project(w.out, plan.mixer_out, v.o, T, out);
 }
 
 // Gated attention. Positions come from pos_d, so a captured graph replays at any position.
 //                                                                  h, out: [T][n_embd]
-void attention_block(Engine& e, SessionState& st, int L, const float* h, int T, const int32_t* pos_d, float* out) {
+void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T,
+                     const int32_t* pos_d, float* out) {
   const Config& c = e.config();
   const AttnDev& w = e.weights.layers[L].attn;
   const cudaStream_t stream = e.streams.compute;
@@ -54,14 +58,15 @@ void attention_block(Engine& e, SessionState& st, int L, const float* h, int T, 
   const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
   const AttentionViews v = e.ws.attention_views();
   e.profiler.mark(kProjections, stream);
-  e.products.project_group({{&w.q, h, v.qg}, {&w.k, h, v.k}, {&w.v, h, v.v}}, T);
+  e.products.project_group(
+      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
   e.profiler.mark(kAttention, stream);
   attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv,
                  hd, c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
   gated_attention(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0,
                   (float)(1.0 / std::sqrt((double)hd)), stream, pos_d);
   e.profiler.mark(kProjections, stream);
-  e.products.project(w.o, v.att, T, out);
+  e.products.project(w.o, plan.mixer_out, v.att, T, out);
 }
 
 // Copies a [T][width] device tensor to the trace (synchronous; traced passes only).
@@ -85,18 +90,20 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
   float* h = e.ws.h.f();
   float* mixer_out = e.ws.block_out.f();
   const DeviceWeights& w = e.weights;
+  const PassPlan& plan = e.plan(T);
   // x = token_embd[tokens]
   get_rows(w.token_embd.type, w.token_embd.data, w.token_embd.row_bytes, n_embd, ids_d, T, x, stream);
 
   for (int L = 0; L < c.n_layer; L++) {
     const LayerDev& d = w.layers[L];
+    const LayerPlan& lp = plan.layers[L];
     // h = RMSNorm(x) * attn_norm; from layer 1 on, the previous layer's MoE combine wrote it.
     e.profiler.mark(kNorms, stream);
     if (L == 0) rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream);
     if (d.recurrent)
-      deltanet_block(e, st, L, h, T, mixer_out);
+      deltanet_block(e, st, L, lp, h, T, mixer_out);
     else
-      attention_block(e, st, L, h, T, pos_d, mixer_out);
+      attention_block(e, st, L, lp, h, T, pos_d, mixer_out);
     // x += mixer_out; h = RMSNorm(x) * post_attention_norm: one kernel unless the trace needs x.
     e.profiler.mark(kNorms, stream);
     if (tensors) {
@@ -108,7 +115,7 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
     }
     // x += MoE(h); h = RMSNorm(x) * (next layer's attn_norm, or output_norm after the last).
     const float* next_norm = L + 1 < c.n_layer ? w.layers[L + 1].attn_norm : w.output_norm;
-    moe_block(e, L, h, T, x, next_norm, h, trace, gpu_routed);
+    moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed);
     if (tensors) trace_rows(e, tensors, fmt::format("l_out-{}", L), x, T, n_embd);
   }
 
@@ -116,7 +123,8 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
   if (tensors) trace_rows(e, tensors, "result_norm", h, T, n_embd);
   e.profiler.mark(kLmHead, stream);
   const int rows = all_logits ? T : 1;
-  e.products.project(w.output, all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits);
+  e.products.project(w.output, all_logits ? plan.lm_head_all : plan.lm_head_last,
+                     all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits);
 }
 
 void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,

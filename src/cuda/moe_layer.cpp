@@ -16,8 +16,8 @@ namespace {
 // Expert kernels for one batch of experts (all reserved and resident): group g = experts[g] over
 // rows [group_offset[g], +group_rows[g]) of the gathered activations (prefill) or, for one token,
 // the shared input h (decode).
-void run_expert_batch(Engine& e, int L, std::span<const int> experts, std::span<const int> group_rows,
-                      std::span<const int> group_offset, int T, int row0 = 0) {
+void run_expert_batch(Engine& e, int L, const LayerPlan& plan, std::span<const int> experts,
+                      std::span<const int> group_rows, std::span<const int> group_offset, int T, int row0 = 0) {
   const MoeDev& moe = e.weights.layers[L].moe;
   const cudaStream_t stream = e.streams.compute;
   const int n = (int)experts.size();
@@ -40,15 +40,11 @@ void run_expert_batch(Engine& e, int L, std::span<const int> experts, std::span<
     // This batch's rows of the gathered order (contiguous: groups are in gathered order).
     size_t rows = 0;
     for (int g = 0; g < n; g++) rows += group_rows[g];
-    e.products.expert_products(moe, ptr_d, off_d, n, max_cnt, (size_t)group_offset[0], rows);
+    e.products.expert_products(moe, plan.experts, plan.expert_down, ptr_d, off_d, n, max_cnt, (size_t)group_offset[0],
+                               rows);
   }
   // These slots may be overwritten once the kernels above have read them.
   RL_CUDA_CHECK(cudaEventRecord(e.streams.slots_free, stream));
-}
-
-// Prefill routing on the GPU (moe_experts_grouped): a chunk, every expert resident, not switched off.
-bool gpu_grouping(const Engine& e, int T) {
-  return T > 1 && e.opts.gpu_grouping && e.config().n_expert <= kMaxGroupExperts && e.residency.all_resident();
 }
 
 // moe_layer's routed experts when every expert is resident: the selections (route_ids) are
@@ -56,7 +52,8 @@ bool gpu_grouping(const Engine& e, int T) {
 // for the host. The same products on the same rows as the host's grouping (groups of at most
 // kExpertGroupRows rows instead of one group per expert; each row's products do not depend on
 // the others), so the same results bit for bit (test).
-void moe_experts_grouped(Engine& e, int L, const float* h2, int T, float* x, const float* next_norm, float* h_out) {
+void moe_experts_grouped(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x,
+                         const float* next_norm, float* h_out) {
   const Config& c = e.config();
   const cudaStream_t stream = e.streams.compute;
   Workspace& ws = e.ws;
@@ -69,16 +66,17 @@ void moe_experts_grouped(Engine& e, int L, const float* h2, int T, float* x, con
   group_by_expert(ws.route_ids.get<int32_t>(), n, K, E, e.residency.residency_row(L), gather, assign, ptrs, groups,
                   groups + n_groups, n_groups, ws.grouped_distinct.get<int32_t>() + L, stream);
   const MoeDev& moe = e.weights.layers[L].moe;
-  e.products.gather_expert_inputs(moe, h2, gather, n);
-  e.products.expert_products(moe, ptrs, groups, n_groups, kExpertGroupRows, 0, (size_t)n);
+  e.products.gather_expert_inputs(plan.experts, h2, gather, n);
+  e.products.expert_products(moe, plan.experts, plan.expert_down, ptrs, groups, n_groups, kExpertGroupRows, 0,
+                             (size_t)n);
   moe_combine_norm(x, ws.expert_out.f(), assign, ws.route_weights.f(), K, ws.shared_out.f(), ws.shared_scalar.f(), T,
                    c.n_embd, next_norm, c.rms_eps, h_out, stream);
   e.grouped_layers.push_back(L);
   e.stats.gpu_grouped_layers++;
 }
 
-void moe_layer(Engine& e, int L, const float* h2, int T, float* x, TraceSink* trace, const float* next_norm,
-               float* h_out) {
+void moe_layer(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, TraceSink* trace,
+               const float* next_norm, float* h_out) {
   const Config& c = e.config();
   const LayerDev& d = e.weights.layers[L];
   const cudaStream_t stream = e.streams.compute;
@@ -90,12 +88,14 @@ void moe_layer(Engine& e, int L, const float* h2, int T, float* x, TraceSink* tr
   // runs on the GPU meanwhile. With every expert resident a chunk's selections are grouped on the
   // GPU instead (moe_experts_grouped) and the layer does not wait for the host.
   e.profiler.mark(kRouter, stream);
-  e.products.project_group(
-      {{&d.moe.router, h2, ws.router_logits.f()}, {&d.moe.shared_gate_inp, h2, ws.shared_scalar.f()}}, T);
+  e.products.project_group({{&d.moe.router, plan.router, h2, ws.router_logits.f()},
+                            {&d.moe.shared_gate_inp, plan.shared_gate_inp, h2, ws.shared_scalar.f()}},
+                           T);
   route_tokens(ws.router_logits.f(), T, E, K, c.expert_weights_scale, ws.route_ids.get<int32_t>(), ws.route_weights.f(),
                stream);
   // The selections to the host: to reserve the experts, or (grouped on the GPU) for the trace only.
-  const bool grouped = gpu_grouping(e, T);
+  // Prefill with every expert resident (when the plan allows it: GPU grouping, not switched off).
+  const bool grouped = plan.routing == Routing::kGpuGrouped && residency.all_resident();
   if (!grouped || trace) {
     RL_CUDA_CHECK(cudaMemcpyAsync(ws.route_ids_host.get<int32_t>(), ws.route_ids.get(), (size_t)T * K * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream));
@@ -106,11 +106,12 @@ void moe_layer(Engine& e, int L, const float* h2, int T, float* x, TraceSink* tr
   }
   e.profiler.mark(kSharedExpert, stream);
   // Prefill: h2 in the X24 form once, for the shared pair and (gathered) the routed gate and up.
-  const bool h2_x24 = T > 1 && e.forms.moe_input_x24(d.moe);
+  const bool h2_x24 = plan.moe_input_x24;
   if (h2_x24)
     quantize_x24(h2, T, n_embd, ws.moe_input_x24.q.get<uint8_t>(), ws.moe_input_x24.scale.get<double>(), stream);
-  e.products.project_gate_up(d.moe.gate_sh, d.moe.up_sh, h2, T, ws.shared_act.f(), ws.shared_up.f(), h2_x24);
-  e.products.project(d.moe.down_sh, ws.shared_act.f(), T, ws.shared_out.f());
+  e.products.project_gate_up(d.moe.gate_sh, d.moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
+                             h2_x24);
+  e.products.project(d.moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
   const int32_t* ids_h = ws.route_ids_host.get<int32_t>();
   const float* w_d = ws.route_weights.f();
   if (trace) {
@@ -119,7 +120,7 @@ void moe_layer(Engine& e, int L, const float* h2, int T, float* x, TraceSink* tr
     trace->ids(fmt::format("ffn_moe_topk-{}", L), T, K, ids_h);
   }
   if (grouped) {
-    moe_experts_grouped(e, L, h2, T, x, next_norm, h_out);
+    moe_experts_grouped(e, L, plan, h2, T, x, next_norm, h_out);
     return;
   }
   if (!trace) RL_CUDA_CHECK(cudaEventSynchronize(e.streams.router_ready));
@@ -193,7 +194,7 @@ void moe_layer(Engine& e, int L, const float* h2, int T, float* x, TraceSink* tr
     }
     RL_CUDA_CHECK(cudaMemcpyAsync(gather_d, gather_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   stream));
-    e.products.gather_expert_inputs(d.moe, h2, gather_d, T * K);
+    e.products.gather_expert_inputs(plan.experts, h2, gather_d, T * K);
   }
   RL_CUDA_CHECK(cudaMemcpyAsync(assign_d, assign_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                 stream));
@@ -202,9 +203,9 @@ void moe_layer(Engine& e, int L, const float* h2, int T, float* x, TraceSink* tr
     if (n == 0) return;
     std::span<const int> ex(experts.data() + b0, n);
     if (T == 1)
-      run_expert_batch(e, L, ex, {}, {}, 1, (int)b0);
+      run_expert_batch(e, L, plan, ex, {}, {}, 1, (int)b0);
     else
-      run_expert_batch(e, L, ex, std::span<const int>(rows.data() + b0, n),
+      run_expert_batch(e, L, plan, ex, std::span<const int>(rows.data() + b0, n),
                        std::span<const int>(offsets.data() + b0, n), T);
   };
 
@@ -243,7 +244,8 @@ void moe_layer(Engine& e, int L, const float* h2, int T, float* x, TraceSink* tr
 // The decode MoE of the synchronous path with the host taken out: route_topk selects on the GPU
 // and reads the slots from the residency table; the expert kernels read the slot addresses it
 // wrote. Same kernels and the same arithmetic as moe_layer + run_expert_batch for T == 1.
-void moe_layer_gpu_routed(Engine& e, int L, const float* h2, float* x, const float* next_norm, float* h_out) {
+void moe_layer_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, float* x, const float* next_norm,
+                          float* h_out) {
   const Config& c = e.config();
   const MoeDev& moe = e.weights.layers[L].moe;
   const cudaStream_t stream = e.streams.compute;
@@ -255,12 +257,14 @@ void moe_layer_gpu_routed(Engine& e, int L, const float* h2, float* x, const flo
   float* weights = ws.routed_weights.f() + (size_t)L * K;
   const uint8_t** ptrs = ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K;
   e.profiler.mark(kRouter, stream);
-  e.products.project_group({{&moe.router, h2, router}, {&moe.shared_gate_inp, h2, ws.shared_scalar.f()}}, 1);
+  e.products.project_group({{&moe.router, plan.router, h2, router},
+                            {&moe.shared_gate_inp, plan.shared_gate_inp, h2, ws.shared_scalar.f()}},
+                           1);
   route_topk(router, E, K, c.expert_weights_scale, e.residency.residency_row(L), e.residency.slots(), ids, weights,
              ptrs, misses, stream);
   e.profiler.mark(kSharedExpert, stream);
-  e.products.project_gate_up(moe.gate_sh, moe.up_sh, h2, 1, ws.shared_act.f(), ws.shared_up.f());
-  e.products.project(moe.down_sh, ws.shared_act.f(), 1, ws.shared_out.f());
+  e.products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, 1, ws.shared_act.f(), ws.shared_up.f());
+  e.products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), 1, ws.shared_out.f());
   e.profiler.mark(kExperts, stream);
   e.products.expert_matvecs(moe, ptrs, h2, K, 0);
   moe_combine_norm(x, ws.expert_out.f(), ws.assign_identity.get<int32_t>(), weights, K, ws.shared_out.f(),
@@ -269,12 +273,12 @@ void moe_layer_gpu_routed(Engine& e, int L, const float* h2, float* x, const flo
 
 }  // namespace
 
-void moe_block(Engine& e, int L, const float* h2, int T, float* x, const float* next_norm, float* h_out,
-               TraceSink* trace, bool gpu_routed) {
+void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, const float* next_norm,
+               float* h_out, TraceSink* trace, bool gpu_routed) {
   if (gpu_routed)
-    moe_layer_gpu_routed(e, L, h2, x, next_norm, h_out);
+    moe_layer_gpu_routed(e, L, plan, h2, x, next_norm, h_out);
   else
-    moe_layer(e, L, h2, T, x, trace, next_norm, h_out);
+    moe_layer(e, L, plan, h2, T, x, trace, next_norm, h_out);
 }
 
 }  // namespace rl::cuda

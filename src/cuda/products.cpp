@@ -7,46 +7,10 @@
 
 namespace rl::cuda {
 
-NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, bool x32_always) {
-  NumericForms f;
-  f.x24 = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
-  f.x32_always = x32_always;
-  for (const LayerDev& d : w.layers) {
-    for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
-      f.routed_x24 = f.routed_x24 || (v->present() && f.use_x24(v->type));
-    f.h2_x24 = f.h2_x24 || f.moe_input_x24(d.moe);
-  }
-  f.x32 = f.x24 && device_info().cc_major >= 9;
-  if (f.x32) {
-    // Every matrix a prefill projects through project() (the LM head when all logits are asked for).
-    auto widen = [&](const DMat& m) {
-      if (x32_supported(m.type) && m.cols % 256 == 0) f.x32_cols = std::max(f.x32_cols, m.cols);
-    };
-    widen(w.output);
-    for (const LayerDev& d : w.layers)
-      for (const DMat* m : {&d.attn.q, &d.attn.k, &d.attn.v, &d.attn.o, &d.ssm.qkv, &d.ssm.z, &d.ssm.ba, &d.ssm.out,
-                            &d.moe.router, &d.moe.shared_gate_inp, &d.moe.gate_sh, &d.moe.up_sh, &d.moe.down_sh})
-        widen(*m);
-  }
-  return f;
-}
-
-bool NumericForms::use_x24(GgmlType t) const { return x24 && x24_supported(t); }
-
-bool NumericForms::use_x32(const DMat& w, int T) const {
-  return x32 && x32_supported(w.type) && w.cols % 256 == 0 && w.cols <= x32_cols &&
-         reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
-         (x32_always || x32_blocks(w.rows, T) >= device_info().sm_count);
-}
-
-bool NumericForms::moe_input_x24(const MoeDev& m) const {
-  return use_x24(m.gate_sh.type) || (m.gate_exps.present() && (use_x24(m.gate_exps.type) || use_x24(m.up_exps.type)));
-}
-
-void Products::project(const DMat& w, const float* x, int T, float* y, KqHeld* held) {
-  if (T == 1) {
+void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
+  if (k == Kernel::kMatvec) {
     matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_);
-  } else if (forms_.use_x32(w, T)) {
+  } else if (k == Kernel::kMatmulX32) {
     if (!held || held->x != x || held->cols != w.cols) {
       quantize_x32(x, T, w.cols, ws_.dense_input_x32.q.get<uint8_t>(), ws_.dense_input_x32.scale.get<double>(),
                    ws_.dense_input_x32.sum.get<double>(), stream_);
@@ -65,7 +29,7 @@ void Products::project(const DMat& w, const float* x, int T, float* y, KqHeld* h
 void Products::project_group(std::initializer_list<Projection> list, int T) {
   if (T != 1) {
     KqHeld held;
-    for (const Projection& p : list) project(*p.w, p.x, T, p.y, &held);
+    for (const Projection& p : list) project(*p.w, p.kernel, p.x, T, p.y, &held);
     return;
   }
   std::vector<MatvecJob> jobs;
@@ -88,9 +52,9 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
   flush();
 }
 
-void Products::project_gate_up(const DMat& gate, const DMat& up, const float* x, int T, float* act, float* up_out,
-                               bool x_in_x24) {
-  if (T == 1 && gate.type == up.type && gate.cols == up.cols) {
+void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T,
+                               float* act, float* up_out, bool x_in_x24) {
+  if (plan.fused && plan.gate == Kernel::kMatvec) {
     GateUpJob j;
     j.gate = gate.data;
     j.up = up.data;
@@ -102,25 +66,25 @@ void Products::project_gate_up(const DMat& gate, const DMat& up, const float* x,
     matvec_gate_up(gate.type, gate.cols, &j, 1, stream_);
     return;
   }
-  if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows) {
-    if (forms_.use_x24(gate.type) && gate.cols == c_.n_embd) {
-      QuantRows& xq = ws_.moe_input_x24;
-      if (!x_in_x24) quantize_x24(x, T, gate.cols, xq.q.get<uint8_t>(), xq.scale.get<double>(), stream_);
-      matmul_x24_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, xq.q.get<uint8_t>(),
-                         xq.scale.get<double>(), T, act, stream_);
-      return;
-    }
+  if (plan.fused && plan.gate == Kernel::kMatmulX24) {
+    QuantRows& xq = ws_.moe_input_x24;
+    if (!x_in_x24) quantize_x24(x, T, gate.cols, xq.q.get<uint8_t>(), xq.scale.get<double>(), stream_);
+    matmul_x24_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, xq.q.get<uint8_t>(),
+                       xq.scale.get<double>(), T, act, stream_);
+    return;
+  }
+  if (plan.fused) {
     matmul_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, x, T, act, stream_);
     return;
   }
   KqHeld held;
-  project(gate, x, T, act, &held);
-  project(up, x, T, up_out, &held);
+  project(gate, plan.gate, x, T, act, &held);
+  project(up, plan.up, x, T, up_out, &held);
   swiglu(act, up_out, act, (size_t)T * gate.rows, stream_);
 }
 
-void Products::expert_products(const MoeDev& moe, const uint8_t* const* ptr_d, const int* off_d, int n, int max_cnt,
-                               size_t row0, size_t rows) {
+void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
+                               const int* off_d, int n, int max_cnt, size_t row0, size_t rows) {
   const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
   const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
   float* in = ws_.expert_in.f();
@@ -132,29 +96,29 @@ void Products::expert_products(const MoeDev& moe, const uint8_t* const* ptr_d, c
   const double* xs = ws_.expert_in_x24.scale.get<double>();
   uint8_t* aq = ws_.expert_act_x24.q.get<uint8_t>();
   double* as = ws_.expert_act_x24.scale.get<double>();
-  auto product = [&](const TensorView& v, size_t offset, int out_rows, int cols, const float* x, const uint8_t* q,
-                     const double* qs, float* y) {
-    if (forms_.use_x24(v.type))
+  auto product = [&](const TensorView& v, Kernel k, size_t offset, int out_rows, int cols, const float* x,
+                     const uint8_t* q, const double* qs, float* y) {
+    if (k == Kernel::kMatmulX24)
       matmul_x24_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, q, qs, off_d, off_d + n, n, max_cnt, y,
                          stream_);
     else
       matmul_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y, stream_);
   };
-  if (gv.type == uv.type && gv.row_bytes == uv.row_bytes) {
-    if (forms_.use_x24(gv.type))
+  if (pair.fused) {
+    if (pair.gate == Kernel::kMatmulX24)
       matmul_x24_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xq, xs, off_d,
                                  off_d + n, n, max_cnt, act, stream_);
     else
       matmul_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, in, off_d, off_d + n, n,
                              max_cnt, act, stream_);
   } else {
-    product(gv, 0, ff, n_embd, in, xq, xs, act);
-    product(uv, moe.up_offset, ff, n_embd, in, xq, xs, up);
+    product(gv, pair.gate, 0, ff, n_embd, in, xq, xs, act);
+    product(uv, pair.up, moe.up_offset, ff, n_embd, in, xq, xs, up);
     swiglu(act + row0 * ff, up + row0 * ff, act + row0 * ff, rows * ff, stream_);
   }
-  if (forms_.use_x24(dv.type))
+  if (down == Kernel::kMatmulX24)
     quantize_x24(act + row0 * ff, (int)rows, ff, aq + x24_bytes(row0, ff), as + row0 * (ff / 256), stream_);
-  product(dv, moe.down_offset, n_embd, ff, act, aq, as, ws_.expert_out.f());
+  product(dv, down, moe.down_offset, n_embd, ff, act, aq, as, ws_.expert_out.f());
 }
 
 void Products::expert_matvecs(const MoeDev& moe, const uint8_t* const* ptr_d, const float* x, int n, size_t row0) {
@@ -166,9 +130,9 @@ void Products::expert_matvecs(const MoeDev& moe, const uint8_t* const* ptr_d, co
                  ws_.expert_out.f() + row0 * n_embd, n, stream_);
 }
 
-void Products::gather_expert_inputs(const MoeDev& moe, const float* h2, const int32_t* gather_d, int n) {
+void Products::gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n) {
   const int n_embd = c_.n_embd;
-  const bool gate_x24 = forms_.use_x24(moe.gate_exps.type), up_x24 = forms_.use_x24(moe.up_exps.type);
+  const bool gate_x24 = pair.gate == Kernel::kMatmulX24, up_x24 = pair.up == Kernel::kMatmulX24;
   if (!gate_x24 || !up_x24) gather_rows(h2, gather_d, ws_.expert_in.f(), n, n_embd, stream_);
   if (gate_x24 || up_x24) {
     const QuantRows &h2q = ws_.moe_input_x24, &rows = ws_.expert_in_x24;
