@@ -1,28 +1,10 @@
 // The CUDA backend (DESIGN.md §3-5): dense weights resident on the GPU, routed experts in an
-// ExpertCache of device slots filled from the memory-mapped GGUF, activations in fp32.
-//
-// Prefill (and any token the GPU-routed path cannot take) runs the synchronous path: per layer the
-// GPU computes the router logits, the host selects the top-k (the oracle's rule, on the same fp32
-// logits), reserves slots, copies the misses on a copy stream, and the expert kernels read the
-// slots. One device→host round trip per layer; correct for any cache budget.
-//
-// Decode first tries the GPU-routed path (DESIGN.md §5): the whole token — every layer, the
-// routing (route_topk: the same rule on the GPU, slots from the device residency table), the
-// experts and the LM head — is one CUDA graph, captured once per session and replayed with one
-// synchronisation. The graph starts by backing up the DeltaNet conv/SSM states; if any layer
-// selected a non-resident expert, the host restores them and recomputes the token on the
-// synchronous path. By default it is tried only when every expert is resident; on a bounded cache
-// (--speculation warm) only after a pass that loaded nothing; --speculation off turns it off
-// (CudaOptions::Speculation). Under --profile the same token is launched kernel by kernel with
-// stage marks instead of the graph (see decode_gpu_routed). Under a trace a GPU-routed token reports only the router
-// logits and selections of each layer (what parity compares); prefill traces everything.
-//
-// Device memory = dense weights + expert slots (--cache-mib) + a working set: per session the KV
-// caches (2 × n_ctx × kv_dim floats per attention layer) and the DeltaNet states (twice, once a
-// token has been GPU-routed: the graph's backups; 72 MiB at the 80B shape), and per backend
-// the activation buffers of one 512-token chunk and a 64 MiB staging area (239 MiB together at the
-// 80B shape, EngineStats::working_bytes), plus n_tokens × n_vocab floats when all positions'
-// logits are asked for. The cache budget is refused when it exceeds free memory minus 1 GiB.
+// ExpertCache of device slots filled from the memory-mapped GGUF, activations in fp32. Prefill
+// and any decode token the GPU-routed graph cannot take run the synchronous path (the host routes
+// each layer's experts); decode first tries the GPU-routed graph (--speculation). Under a trace a
+// GPU-routed token reports only the router logits and selections of each layer (what parity
+// compares); prefill traces everything. docs/cuda.md describes the parts (engine.h), the data
+// flow, the numeric forms, the memory plan and the options.
 #pragma once
 #include <cstdint>
 #include <memory>

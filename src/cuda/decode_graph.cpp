@@ -101,7 +101,7 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   Profiler& profiler = e.profiler;
   const int K = c.n_expert_used, E = c.n_expert, n_layer = c.n_layer;
   if (profiler.on) {
-    // RL_ENGINE_PROFILE=1: the same work launched one by one with stage marks, no graph. A spin
+    // --profile: the same work launched one by one with stage marks, no graph. A spin
     // kernel holds the GPU while the host enqueues the whole token, so the GPU then runs it back
     // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
     upload_token_position(e, token, st.position);
