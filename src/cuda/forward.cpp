@@ -19,6 +19,12 @@ namespace rl::cuda {
 
 namespace {
 
+// x[t] = token_embd[token[t]]                                     x: [T][n_embd]
+void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
+  const DMat& w = e.weights.token_embd;
+  get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
+}
+
 // Gated DeltaNet.                                                 h, out: [T][n_embd]
 void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
   const Config& c = e.config();
@@ -69,6 +75,14 @@ void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, 
   e.products.project(w.o, plan.mixer_out, v.att, T, out);
 }
 
+// logits = output h for every token (all_logits) or only the last.   h: [T][n_embd]
+void lm_head(Engine& e, const PassPlan& plan, const float* h, int T, bool all_logits, float* logits) {
+  const int n_embd = e.config().n_embd;
+  const int rows = all_logits ? T : 1;
+  e.products.project(e.weights.output, all_logits ? plan.lm_head_all : plan.lm_head_last,
+                     all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits);
+}
+
 // Copies a [T][width] device tensor to the trace (synchronous; traced passes only).
 void trace_rows(Engine& e, TraceSink* trace, const std::string& name, const float* d, int T, int width) {
   std::vector<float> h((size_t)T * width);
@@ -91,8 +105,7 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
   float* mixer_out = e.ws.block_out.f();
   const DeviceWeights& w = e.weights;
   const PassPlan& plan = e.plan(T);
-  // x = token_embd[tokens]
-  get_rows(w.token_embd.type, w.token_embd.data, w.token_embd.row_bytes, n_embd, ids_d, T, x, stream);
+  embed(e, ids_d, T, x);
 
   for (int L = 0; L < c.n_layer; L++) {
     const LayerDev& d = w.layers[L];
@@ -119,12 +132,10 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
     if (tensors) trace_rows(e, tensors, fmt::format("l_out-{}", L), x, T, n_embd);
   }
 
-  // logits = output h (h: the output norm, from the last layer's combine), every token or the last.
+  // h holds the output norm (the last layer's combine).
   if (tensors) trace_rows(e, tensors, "result_norm", h, T, n_embd);
   e.profiler.mark(kLmHead, stream);
-  const int rows = all_logits ? T : 1;
-  e.products.project(w.output, all_logits ? plan.lm_head_all : plan.lm_head_last,
-                     all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits);
+  lm_head(e, plan, h, T, all_logits, logits);
 }
 
 void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
