@@ -21,7 +21,9 @@
 #   NCU_PREFILL_SKIP how many matching launches to pass over first: the bench's 16-token prompt
 #   and decode come before its prefill).
 #   SASS=1 writes the products' and the recurrence's machine code (cuobjdump) to $OUT.
-#   BENCH_ENV_B="VAR=value ..." repeats the all-resident bench under those variables (A/B).
+#   BENCH_FLAGS_B="--flag ..." repeats the all-resident bench with those redlite flags (A/B), e.g.
+#   BENCH_FLAGS_B="--speculation off".
+#   EXTRA_FLAGS="--flag ..." adds redlite flags to every parity and bench run (default none).
 #   VARIANT="DIR ..." (carried, git-ignored folders; stages full and bench only): after the 80B
 #   benches and profiles, for each DIR in turn the files under it replace or join their
 #   counterparts in the tree (same relative paths), redlite and test_cuda are rebuilt, test_cuda
@@ -33,11 +35,13 @@
 #   AB_ROUNDS=N: instead of each variant's bench, N rounds of one-rep benches alternating the
 #   tree's binary and each variant's, in reverse order every other round (ab-NAME-ROUND.log;
 #   summary.txt lists each binary's prefill and decode figures round by round).
-#   AB_ENV="NAME=VAR=value ...": with AB_ROUNDS, NAME joins the alternation: the tree's binary run
-#   under VAR=value (no rebuild).
+#   AB_FLAGS="NAME=--flag[,--flag=value...] ...": with AB_ROUNDS, NAME joins the alternation: the
+#   tree's binary run with those flags (commas separate them; no rebuild), e.g.
+#   AB_FLAGS="sync=--speculation=off".
 #   SKIP_SKEW=1 leaves out the second 80B model (--router-skew 1.0) and its bench.
 #   The profiled bench splits the GPU-routed token by stage (launched kernel by kernel, so its
-#   tok/s is not a speed figure); bench-80b-sync is the synchronous path (RL_ENGINE_SPECULATIVE=0).
+#   tok/s is not a speed figure; --profile); bench-80b-sync is the synchronous path
+#   (--speculation off).
 #
 # What the GPU host lacks travels in git-ignored folders named in the call's `carry`:
 #   .deps/debs   Debian packages of PCRE2, cpp-httplib, brotli/ssl/zlib headers (DEVICE.md)
@@ -68,12 +72,12 @@ step() {  # step NAME CMD...: runs, logs to $OUT/NAME.log, records the exit code
 }
 # The parity checks against the CPU oracle, logged as parity-MODEL or parity-MODEL-SUFFIX: on the
 # carried fixture models, and on the 80B model ($M80, set below). Each runs a second time with
-# RL_ENGINE_X32=2 (logged with -x32): the parity prompts are too short for the default to put the
+# --x32-always (logged with -x32): the parity prompts are too short for the default to put the
 # dense Q4_K products on X32, so that run checks them (DENSE_PARITY=0 leaves it out).
 parity_both() {  # parity_both NAME ARGS...
   local name=$1; shift
-  step "$name" "$BIN" parity "$@"
-  [ "${DENSE_PARITY:-1}" = 1 ] && step "$name-x32" env RL_ENGINE_X32=2 "$BIN" parity "$@"
+  step "$name" "$BIN" parity "$@" ${EXTRA_FLAGS:-}
+  [ "${DENSE_PARITY:-1}" = 1 ] && step "$name-x32" "$BIN" parity "$@" --x32-always ${EXTRA_FLAGS:-}
   return 0
 }
 parity_fixtures() {  # parity_fixtures [SUFFIX]
@@ -130,12 +134,12 @@ fi
 M80=$SHM/80b-seed-mix.gguf
 [ -e $M80 ] || step synth-80b "$BIN" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
 [ "$STAGE" = full ] && parity_80b
-[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_PROFILE=1 step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json
-step bench-80b "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
-# BENCH_ENV_B="VAR=value ...": the same bench again under those variables (an A/B on one machine).
-[ -n "${BENCH_ENV_B:-}" ] && step bench-80b-b env $BENCH_ENV_B "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json
-[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || RL_ENGINE_SPECULATIVE=0 step bench-80b-sync "$BIN" bench -m $M80 --backend cuda --reps 1 --json
-[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || step bench-80b-8g "$BIN" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json
+[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || step bench-80b-profile "$BIN" bench -m $M80 --backend cuda --reps 1 --json --profile ${EXTRA_FLAGS:-}
+step bench-80b "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json ${EXTRA_FLAGS:-}
+# BENCH_FLAGS_B="--flag ...": the same bench again with those flags (an A/B on one machine).
+[ -n "${BENCH_FLAGS_B:-}" ] && step bench-80b-b "$BIN" bench -m $M80 --backend cuda --reps ${BENCH_REPS:-3} --json ${EXTRA_FLAGS:-} $BENCH_FLAGS_B
+[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || step bench-80b-sync "$BIN" bench -m $M80 --backend cuda --reps 1 --json --speculation off ${EXTRA_FLAGS:-}
+[ "${ONLY_MAIN_BENCH:-0}" = 1 ] || step bench-80b-8g "$BIN" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ${EXTRA_FLAGS:-}
 # Per-kernel GPU times of the decode (GPU-routed graph nodes), when Nsight Systems is installed.
 NSYS_BIN=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 if [ "${NSYS:-0}" = 1 ] && [ -n "$NSYS_BIN" ]; then
@@ -179,18 +183,24 @@ fi
 # Variants: each built (with test_cuda, run on it), its binary kept; with AB_ROUNDS=N the benches
 # then alternate between the tree's binary and the variants' (--reps 1 each, N rounds), so that a
 # machine's drift during the call falls on all of them alike.
-if [ -n "${VARIANT:-}${AB_ENV:-}" ]; then
+if [ -n "${VARIANT:-}${AB_FLAGS:-}" ]; then
   rm -rf /tmp/rl-bin && mkdir -p /tmp/rl-bin  # a warm machine keeps an earlier call's binaries
   cp "$BIN" /tmp/rl-bin/base
 fi
 AB_BINS=base
-# AB_ENV="NAME=VAR=value ...": NAME takes part in the alternation as the tree's binary under VAR=value.
-for e in ${AB_ENV:-}; do
-  name=${e%%=*} assign=${e#*=}
-  case "$name" in ''|base|*[!A-Za-z0-9_-]*) log "AB_ENV $e: the name is empty, base, or not [A-Za-z0-9_-]"; status=1; continue ;; esac
-  case "$assign" in [A-Za-z_]*=*) ;; *) log "AB_ENV $e: expected NAME=VAR=value"; status=1; continue ;; esac
-  if [ -e "/tmp/rl-bin/$name" ]; then log "AB_ENV $e: the name $name is taken"; status=1; continue; fi
-  printf '#!/bin/sh\nexec env %q /tmp/rl-bin/base "$@"\n' "$assign" > "/tmp/rl-bin/$name"
+# AB_FLAGS="NAME=--flag[,--flag=value...] ...": NAME takes part in the alternation as the tree's binary
+# with those flags after the command's own arguments.
+for e in ${AB_FLAGS:-}; do
+  name=${e%%=*} flags=${e#*=}
+  case "$name" in ''|base|*[!A-Za-z0-9_-]*) log "AB_FLAGS $e: the name is empty, base, or not [A-Za-z0-9_-]"; status=1; continue ;; esac
+  case "$e" in *=--*) ;; *) log "AB_FLAGS $e: expected NAME=--flag[,--flag...]"; status=1; continue ;; esac
+  bad=0
+  for f in ${flags//,/ }; do case "$f" in --[a-z]*) ;; *) bad=1 ;; esac; done
+  if [ $bad = 1 ]; then log "AB_FLAGS $e: each flag must start with --"; status=1; continue; fi
+  if [ -e "/tmp/rl-bin/$name" ]; then log "AB_FLAGS $e: the name $name is taken"; status=1; continue; fi
+  printf '#!/bin/sh\nexec /tmp/rl-bin/base "$@"' > "/tmp/rl-bin/$name"
+  for f in ${flags//,/ }; do printf ' %q' "$f" >> "/tmp/rl-bin/$name"; done
+  printf '\n' >> "/tmp/rl-bin/$name"
   chmod +x "/tmp/rl-bin/$name" && AB_BINS="$AB_BINS $name"
 done
 for V in ${VARIANT:-}; do
@@ -216,7 +226,7 @@ for V in ${VARIANT:-}; do
     if [ -e "/tmp/rl-orig-$name/$f" ]; then cp "/tmp/rl-orig-$name/$f" "$ROOT/$f"; else rm -f "$ROOT/$f"; fi
   done
 done
-if [ -n "${AB_ROUNDS:-}" ] && [ -n "${VARIANT:-}${AB_ENV:-}" ]; then
+if [ -n "${AB_ROUNDS:-}" ] && [ -n "${VARIANT:-}${AB_FLAGS:-}" ]; then
   reverse=$(echo $AB_BINS | tr ' ' '\n' | tac | tr '\n' ' ')
   for r in $(seq "$AB_ROUNDS"); do
     [ $((r % 2)) = 0 ] && order=$reverse || order=$AB_BINS

@@ -4,7 +4,7 @@
 // Median of --reps runs with min and max. On the CUDA backend it adds what a decode token reads
 // (bytes, achieved GB/s, percent of the H200's 4.8 TB/s), and over the decode passes the
 // expert-cache hit rate, the bytes copied per token and the copy rate, and with
-// RL_ENGINE_PROFILE=1 the per-stage GPU milliseconds of the last decode run.
+// --profile the per-stage GPU milliseconds of the last decode run.
 //
 // The prompts are fixed token-id sequences (a xorshift stream over the vocabulary): the bench
 // models are synthetic, so text carries no meaning, and ids make runs identical on any vocabulary.

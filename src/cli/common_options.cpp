@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
@@ -19,8 +20,42 @@ void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required)
   app.add_option("--threads", opts.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--ctx", opts.ctx, "context length in tokens (default: min(4096, the model's))")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--cache-mib", opts.cache_mib, "GPU expert-cache budget in MiB (default: backend's)")
+  app.add_option("--cache-mib", opts.cache_mib,
+                 "GPU expert-cache budget in MiB (default: every expert when they fit in free device memory, "
+                 "else what fits)")
       ->check(CLI::NonNegativeNumber);
+  add_cuda_options(app, opts.cuda);
+}
+
+void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
+  using S = cuda::CudaOptions::Speculation;
+  const std::map<std::string, S> speculation = {
+      {"off", S::kOff}, {"resident", S::kFullyResident}, {"warm", S::kWarmCache}, {"always", S::kAlways}};
+  const char* group = "CUDA backend";
+  app.add_flag_function(
+         "--no-preload", [&opts](int64_t) { opts.preload = false; },
+         "cuda: do not load every expert at open when the cache holds them all (load on first use)")
+      ->group(group);
+  // By name only: a CheckedTransformer would also take the enumerators' numbers.
+  app.add_option_function<std::string>(
+         "--speculation", [&opts, speculation](const std::string& v) { opts.speculation = speculation.at(v); },
+         "cuda: when decode runs the GPU-routed graph: off, resident (default: when every expert is "
+         "resident), warm (also after a pass that loaded no expert), always (every token)")
+      ->check(CLI::IsMember(speculation))
+      ->group(group);
+  app.add_flag("--profile", opts.profile,
+               "cuda: per-stage GPU times (the GPU-routed decode then runs kernel by kernel, not as a graph)")
+      ->group(group);
+  app.add_flag("--x32-always", opts.x32_always,
+               "cuda: every dense Q4_K prefill product on X32, also those too small to fill the GPU "
+               "(parity checks on short prompts)")
+      ->group(group);
+}
+
+cuda::CudaOptions cuda_options(const CommonOptions& opts) {
+  cuda::CudaOptions o = opts.cuda;
+  o.cache_mib = opts.cache_mib;
+  return o;
 }
 
 std::string default_backend_name() {
@@ -35,7 +70,7 @@ std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<c
                                       const CommonOptions& opts) {
   if (name == "cpu") return cpu::make_cpu_backend(std::move(model), opts.threads);
 #ifdef REDLITE_HAVE_CUDA
-  if (name == "cuda") return cuda::make_cuda_backend(std::move(model), cuda::CudaOptions::from_env(opts.cache_mib));
+  if (name == "cuda") return cuda::make_cuda_backend(std::move(model), cuda_options(opts));
 #endif
   fail("--backend {}: unknown or not built in this binary (available: cpu)", name);
 }

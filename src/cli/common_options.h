@@ -1,5 +1,5 @@
-// Flags every model-running command shares (-m, --backend, --threads, --ctx, --cache-mib) and the
-// one place that turns them into a loaded model on a backend, so commands never differ in how a
+// Flags every model-running command shares (-m, --backend, --threads, --ctx, --cache-mib and the
+// CUDA backend's options) and the one place that turns them into a loaded model on a backend, so commands never differ in how a
 // model is opened or which backends exist.
 #pragma once
 #include <CLI/CLI.hpp>
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_options.h"
 #include "model/model.h"
 #include "model/session.h"
 
@@ -19,10 +20,17 @@ struct CommonOptions {
   int threads = 0;         // CPU threads; 0: every hardware thread
   int ctx = 0;             // context length of a session; 0: min(4096, the model's context_length)
   int64_t cache_mib = 0;   // GPU expert-cache budget; 0: the backend's default
+  cuda::CudaOptions cuda;  // --no-preload, --speculation, --profile, --x32-always (cache_mib: above)
 };
 
-// Adds -m/--model (required when model_required), --backend, --threads, --ctx, --cache-mib.
+// Adds -m/--model (required when model_required), --backend, --threads, --ctx, --cache-mib and
+// the CUDA options (add_cuda_options).
 void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required = true);
+// Adds the CUDA backend's flags (--no-preload, --speculation, --profile, --x32-always), known in
+// every build; a build without CUDA has no backend they apply to.
+void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts);
+// The CUDA backend's options of a command: its flags with --cache-mib (the one budget flag).
+cuda::CudaOptions cuda_options(const CommonOptions& opts);
 
 // The backend a plain command uses when --backend is not given.
 std::string default_backend_name();

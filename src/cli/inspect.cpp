@@ -1,17 +1,25 @@
 // redlite inspect: what a GGUF model holds: metadata, hyperparameters, tokenizer summary, tensor
 // table, bytes per type and the routed-expert slot size; --json prints the same as one object;
-// --dump writes one tensor dequantised to little-endian f32.
+// --dump writes one tensor dequantised to little-endian f32; --plan prints the CUDA backend's layer
+// plan (each matrix's kernel and numeric form, each layer's routing) for this GPU and budget.
 //   redlite inspect MODEL [--json]
 //   redlite inspect MODEL --dump TENSOR --out FILE
+//   redlite inspect MODEL --plan --backend cuda [--cache-mib N] [--chunk T] [CUDA flags]
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common_options.h"
 #include "common/error.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_summary.h"
+#include "model/model.h"
+#ifdef REDLITE_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#endif
 
 namespace rl::cli {
 namespace {
@@ -21,6 +29,11 @@ struct InspectArgs {
   bool json = false;
   std::string dump_tensor;
   std::string out_path;
+  bool plan = false;
+  std::string backend = "cuda";
+  int64_t cache_mib = 0;
+  int chunk = 512;
+  cuda::CudaOptions cuda;
 };
 
 nlohmann::json value_json(const GgufValue& v) {
@@ -100,7 +113,28 @@ nlohmann::json summary_json(const ModelSummary& s, const GgufFile& f) {
   return j;
 }
 
+// The layer plans of a prefill chunk and of a decode token. The experts are not loaded: the plan
+// depends on the budget, not on what is resident.
+int run_plan(const InspectArgs& a) {
+  if (a.backend != "cuda") fail("--plan --backend {}: only the cuda backend has a layer plan", a.backend);
+#ifdef REDLITE_HAVE_CUDA
+  if (!cuda::device_available())
+    fail("--plan --backend cuda: no CUDA device is available (the plan depends on the GPU: its compute "
+         "capability and number of SMs)");
+  cuda::CudaOptions o = a.cuda;
+  o.cache_mib = a.cache_mib;
+  o.preload = false;
+  auto backend = cuda::make_cuda_backend(Model::open(a.model_path), o);
+  std::fputs(backend->plan_report(a.chunk).c_str(), stdout);
+  std::fputs(backend->plan_report(1).c_str(), stdout);
+  return 0;
+#else
+  fail("--plan --backend cuda: this redlite was built without the CUDA backend");
+#endif
+}
+
 int run_inspect(const InspectArgs& a) {
+  if (a.plan) return run_plan(a);
   const auto file = GgufFile::open(a.model_path);
   if (!a.dump_tensor.empty()) {
     dump_tensor_f32(*file, a.dump_tensor, a.out_path);
@@ -129,6 +163,20 @@ const Registrar registrar(
       auto* out = sub.add_option("--out", args->out_path, "Output file for --dump");
       dump->needs(out);
       out->needs(dump);
+      auto* plan = sub.add_flag("--plan", args->plan,
+                                "Print the CUDA backend's layer plan: each matrix's kernel and numeric form and "
+                                "each layer's routing, for a prefill chunk and a decode token (needs a GPU)");
+      plan->excludes(dump);
+      sub.add_option("--backend", args->backend, "Backend whose plan --plan prints (cuda, the only one with a plan)")
+          ->needs(plan);
+      sub.add_option("--cache-mib", args->cache_mib, "GPU expert-cache budget the plan assumes (as for the other "
+                                                      "commands; 0: every expert when they fit)")
+          ->check(CLI::NonNegativeNumber)
+          ->needs(plan);
+      sub.add_option("--chunk", args->chunk, "Tokens of the prefill chunk whose plan --plan prints (1 to 512)")
+          ->check(CLI::Range(1, 512))
+          ->needs(plan);
+      add_cuda_options(sub, args->cuda);
       return [args] { return run_inspect(*args); };
     });
 

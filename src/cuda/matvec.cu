@@ -303,16 +303,11 @@ size_t row_bytes_of(const MatvecJob& j) { return j.row_bytes; }
 size_t row_bytes_of(const GateUpJob& j) { return j.row_bytes_gate | j.row_bytes_up; }
 
 // Products are launched as programmatic dependents (math_device.cuh, pdl_wait): their blocks may
-// start, and stage their tables, while the previous kernel finishes. RL_ENGINE_PDL=0 launches them
-// the ordinary way.
+// start, and stage their tables, while the previous kernel finishes.
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("RL_ENGINE_PDL");
-    if (e && std::string(e) == "0") return false;
-    // pdl_wait is compiled only for sm_90 and later: never launch early on an older device (a
-    // build carrying older PTX, JIT-compiled).
-    return device_info().cc_major >= 9;
-  }();
+  // pdl_wait is compiled only for sm_90 and later: never launch early on an older device (a
+  // build carrying older PTX, JIT-compiled).
+  static const bool on = device_info().cc_major >= 9;
   return on;
 }
 template <class Args>

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <string>
 
 #include "common/error.h"
@@ -126,79 +125,7 @@ TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
   }
 }
 
-// Sets (value non-null) or unsets an environment variable for a scope, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-// The switches from the environment (host only: runs without a GPU); a value that names no
-// setting is refused with the variable's name. The caller's environment is restored.
-TEST(CudaOptions, ReadsTheSwitchesFromTheEnvironment) {
-  using D = cuda::CudaOptions::X32Mode;
-  using S = cuda::CudaOptions::Speculation;
-  ScopedEnv x32("RL_ENGINE_X32", nullptr), x24("RL_ENGINE_X24", nullptr), grouping("RL_ENGINE_GPU_GROUPING", nullptr),
-      spec("RL_ENGINE_SPECULATIVE", nullptr), preload("RL_ENGINE_PRELOAD", nullptr), overlap("RL_ENGINE_OVERLAP", nullptr);
-  EXPECT_EQ(cuda::CudaOptions::from_env(0).x32, D::kAuto);
-  EXPECT_EQ(cuda::CudaOptions::from_env(0).speculation, S::kFullyResident);
-  EXPECT_TRUE(cuda::CudaOptions::from_env(0).preload);
-  const std::pair<const char*, S> spec_cases[] = {
-      {"0", S::kOff}, {"1", S::kFullyResident}, {"2", S::kWarmCache}, {"3", S::kAlways}};
-  for (const auto& [v, want] : spec_cases) {
-    setenv("RL_ENGINE_SPECULATIVE", v, 1);
-    EXPECT_EQ(cuda::CudaOptions::from_env(0).speculation, want) << v;
-  }
-  for (const char* bad : {"4", "10", "", "on"}) {
-    setenv("RL_ENGINE_SPECULATIVE", bad, 1);
-    EXPECT_THROW(cuda::CudaOptions::from_env(0), Error) << "RL_ENGINE_SPECULATIVE=" << bad;
-  }
-  unsetenv("RL_ENGINE_SPECULATIVE");
-  setenv("RL_ENGINE_PRELOAD", "0", 1);
-  setenv("RL_ENGINE_OVERLAP", "0", 1);
-  EXPECT_FALSE(cuda::CudaOptions::from_env(0).preload);
-  EXPECT_FALSE(cuda::CudaOptions::from_env(0).overlap_copies);
-  setenv("RL_ENGINE_PRELOAD", "1", 1);
-  EXPECT_TRUE(cuda::CudaOptions::from_env(0).preload);
-  const std::pair<const char*, D> cases[] = {{"0", D::kOff}, {"1", D::kAuto}, {"2", D::kAlways}};
-  for (const auto& [v, want] : cases) {
-    setenv("RL_ENGINE_X32", v, 1);
-    EXPECT_EQ(cuda::CudaOptions::from_env(0).x32, want) << v;
-  }
-  setenv("RL_ENGINE_X32", "3", 1);
-  EXPECT_THROW(cuda::CudaOptions::from_env(0), Error);
-  setenv("RL_ENGINE_X32", "yes", 1);
-  try {
-    cuda::CudaOptions::from_env(0);
-    ADD_FAILURE() << "RL_ENGINE_X32=yes was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("RL_ENGINE_X32"), std::string::npos) << e.what();
-  }
-  unsetenv("RL_ENGINE_X32");
-  setenv("RL_ENGINE_X24", "0", 1);
-  setenv("RL_ENGINE_GPU_GROUPING", "0", 1);
-  const auto o = cuda::CudaOptions::from_env(64);
-  EXPECT_FALSE(o.x24);
-  EXPECT_FALSE(o.gpu_grouping);
-  EXPECT_EQ(o.cache_mib, 64);
-}
-
-// The dense Q4_K products on X32 (RL_ENGINE_X32=2: every product of the type, since the
+// The dense Q4_K products on X32 (x32_always: every product of the type, since the
 // fixtures' products are too small for the default's rule of a block per SM) against the oracle on
 // both fixtures: a prefill's logits at every position and greedy decode within the contract's 1e-3
 // relative RMS with the same top-1, the same router selections; the prefill's logits also within
@@ -215,7 +142,7 @@ TEST(CudaBackend, X32ProductsMatchTheOracle) {
     const int n_vocab = model->config().n_vocab;
     auto cpu = cpu::make_cpu_backend(model, 0);
     cuda::CudaOptions o;
-    o.x32 = cuda::CudaOptions::X32Mode::kAlways;
+    o.x32_always = true;
     auto gpu = cuda::make_cuda_backend(model, o);
     auto a = cpu->new_session(256), b = gpu->new_session(256);
     const auto toks = prompt(45, n_vocab, 3);

@@ -1,0 +1,44 @@
+// What a caller may choose about the CUDA backend: a plain struct, filled by the command line
+// (cli/common_options.cpp, add_cuda_options) or set field by field in a test. The backend reads
+// nothing else (no environment). docs/cuda.md lists each option with the test that covers it.
+// Header only and free of CUDA headers, so the command line knows the flags in every build.
+#pragma once
+#include <cstdint>
+
+namespace rl::cuda {
+
+struct CudaOptions {
+  // Expert-cache budget in MiB (--cache-mib); 0: every expert when that fits in free device
+  // memory, else what fits after the working set.
+  int64_t cache_mib = 0;
+  // Load every expert at open when the budget holds them all (--no-preload: load on first use).
+  bool preload = true;
+  // Per-stage GPU timing (--profile); the GPU-routed decode then runs without its graph.
+  bool profile = false;
+  // When decode tries the GPU-routed graph (--speculation off|resident|warm|always).
+  enum class Speculation {
+    kOff,            // off: always the synchronous path
+    kFullyResident,  // resident (default): when the cache holds every expert, so no token can miss
+    kWarmCache,      // warm: also on a bounded cache, after a pass that loaded nothing (DESIGN.md §5)
+    kAlways,         // always: every decode token (tests: exercises the discard-and-recompute path)
+  };
+  // Bounded caches (warm, always) are off by default: their discard-and-recompute path is tested on
+  // the GPU (bit-identical to the synchronous path) but its speed on a bounded cache was never
+  // measured.
+  Speculation speculation = Speculation::kFullyResident;
+  // Every dense Q4_K prefill product on X32 (--x32-always), also those whose grid has fewer blocks
+  // than the GPU has SMs (by default those keep the fp64 products' column splits): parity checks
+  // on short prompts and tests, whose products are all small.
+  bool x32_always = false;
+
+  // Reference paths of the bit-identity tests (no flag: their experiments are over and the
+  // default won; the tests compare the default against them).
+  // Synchronous path: a layer's resident experts run while its misses are copied, the missed ones
+  // after the copies (false: all of them after the copies; CopyOverlapLeavesLogitsUnchanged).
+  bool overlap_copies = true;
+  // Prefill with every expert resident: a layer's selections are grouped by expert on the GPU
+  // (false: the host groups them, as on a bounded cache; GpuGroupedPrefillEqualsHostGrouping).
+  bool gpu_grouping = true;
+};
+
+}  // namespace rl::cuda

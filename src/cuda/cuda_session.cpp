@@ -1,0 +1,170 @@
+// Sessions of the CUDA backend: per-session device state (KV caches, DeltaNet states), prefill in
+// chunks of kMaxChunk tokens, decode (GPU-routed graph first, else the synchronous path), and
+// snapshots (device copies of the state up to the position).
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "common/error.h"
+#include "cuda/engine.h"
+
+namespace rl::cuda {
+
+namespace {
+
+class CudaSnapshot final : public SessionSnapshot {
+ public:
+  const Engine* owner = nullptr;  // the loaded model whose sessions may restore it
+  int pos = 0;
+  std::vector<DeviceBuffer> k_cache, v_cache, conv, ssm;
+  size_t total = 0;
+  size_t bytes() const override { return total; }
+  int position() const override { return pos; }
+};
+
+// Device bytes of a session's KV cache (f32 K and V rows of every attention layer).
+size_t kv_bytes(const Config& c, int n_ctx) {
+  size_t attention_layers = 0;
+  for (int L = 0; L < c.n_layer; L++) attention_layers += !c.is_recurrent[L];
+  return attention_layers * 2 * (size_t)n_ctx * c.kv_dim() * sizeof(float);
+}
+
+// Device bytes a session allocates: the KV cache, the DeltaNet states (and their backups for the
+// GPU-routed token) and the decode attention's split buffers.
+size_t session_bytes(const Config& c, int n_ctx) {
+  size_t recurrent = 0;
+  for (int L = 0; L < c.n_layer; L++)
+    if (c.is_recurrent[L])
+      recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
+                    (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
+  return kv_bytes(c, n_ctx) + 2 * recurrent + AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim);
+}
+
+class CudaSessionImpl final : public Session {
+ public:
+  CudaSessionImpl(Engine& engine, int n_ctx) : e_(engine) {
+    const Config& c = e_.config();
+    st_.n_ctx = n_ctx;
+    st_.k_cache.resize(c.n_layer);
+    st_.v_cache.resize(c.n_layer);
+    st_.conv.resize(c.n_layer);
+    st_.ssm.resize(c.n_layer);
+    const size_t need = session_bytes(c, n_ctx);
+    size_t free_bytes = 0, total_bytes = 0;
+    RL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (need > free_bytes)
+      fail("--ctx {}: a session of {} tokens needs {:.1f} MiB of device memory (KV cache {:.1f} MiB), but only "
+           "{:.1f} MiB are free", n_ctx, n_ctx, need / 1048576.0, kv_bytes(c, n_ctx) / 1048576.0,
+           free_bytes / 1048576.0);
+    for (int L = 0; L < c.n_layer; L++) {
+      if (c.is_recurrent[L]) {
+        st_.conv[L].allocate((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() * sizeof(float));
+        st_.ssm[L].allocate((size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim * sizeof(float));
+      } else {
+        st_.k_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
+        st_.v_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
+      }
+    }
+    st_.attn_split_storage.allocate(AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim));
+    st_.attn_splits = AttentionSplits::within(st_.attn_split_storage.get(), n_ctx, c.n_head, c.head_dim);
+    reset();
+  }
+
+  std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
+    check_tokens(tokens);
+    const size_t n_vocab = (size_t)e_.config().n_vocab;
+    if (all_logits) all_logits->assign(tokens.size() * n_vocab, 0.0f);
+    std::vector<float> last(n_vocab);
+    for (size_t begin = 0; begin < tokens.size(); begin += kMaxChunk) {
+      const size_t n = std::min(tokens.size() - begin, (size_t)kMaxChunk);
+      float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();
+      run_pass(e_, st_, tokens.subspan(begin, n), all_logits != nullptr, dst, trace_);
+      if (all_logits && begin + n == tokens.size())
+        std::copy(dst + (n - 1) * n_vocab, dst + n * n_vocab, last.begin());
+    }
+    return last;
+  }
+
+  std::vector<float> decode(int32_t token) override {
+    check_tokens(std::span(&token, 1));
+    e_.stats.tokens_decoded++;
+    std::vector<float> logits((size_t)e_.config().n_vocab);
+    if (decode_gpu_routed(e_, st_, token, logits.data(), trace_)) return logits;
+    return prefill(std::span(&token, 1), nullptr);
+  }
+
+  int position() const override { return st_.position; }
+  int n_ctx() const override { return st_.n_ctx; }
+  int n_vocab() const override { return e_.config().n_vocab; }
+
+  std::unique_ptr<SessionSnapshot> snapshot() const override {
+    auto s = std::make_unique<CudaSnapshot>();
+    s->owner = &e_;
+    s->pos = st_.position;
+    const Config& c = e_.config();
+    auto copy = [&](const DeviceBuffer& src, size_t bytes, std::vector<DeviceBuffer>& dst) {
+      dst.emplace_back(bytes);
+      if (bytes) RL_CUDA_CHECK(cudaMemcpy(dst.back().get(), src.get(), bytes, cudaMemcpyDeviceToDevice));
+      s->total += bytes;
+    };
+    for (int L = 0; L < c.n_layer; L++) {
+      const size_t kv = (size_t)st_.position * c.kv_dim() * sizeof(float);
+      copy(st_.k_cache[L], st_.k_cache[L].bytes() ? kv : 0, s->k_cache);
+      copy(st_.v_cache[L], st_.v_cache[L].bytes() ? kv : 0, s->v_cache);
+      copy(st_.conv[L], st_.conv[L].bytes(), s->conv);
+      copy(st_.ssm[L], st_.ssm[L].bytes(), s->ssm);
+    }
+    return s;
+  }
+
+  void restore(const SessionSnapshot& snap) override {
+    const auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
+    if (!s) fail("restore: the snapshot was not taken from a cuda session");
+    if (s->owner != &e_) fail("restore: the snapshot was taken from a session of another loaded model");
+    if (s->pos > st_.n_ctx)
+      fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->pos,
+           st_.n_ctx);
+    for (size_t L = 0; L < st_.conv.size(); L++) {
+      for (auto [src, dst] : {std::pair{&s->k_cache[L], &st_.k_cache[L]}, {&s->v_cache[L], &st_.v_cache[L]},
+                              {&s->conv[L], &st_.conv[L]}, {&s->ssm[L], &st_.ssm[L]}})
+        if (src->bytes())
+          RL_CUDA_CHECK(cudaMemcpy(dst->get(), src->get(), src->bytes(), cudaMemcpyDeviceToDevice));
+    }
+    st_.position = s->pos;
+  }
+
+  void reset() override {
+    for (size_t L = 0; L < st_.conv.size(); L++) {
+      if (st_.conv[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.conv[L].get(), 0, st_.conv[L].bytes()));
+      if (st_.ssm[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.ssm[L].get(), 0, st_.ssm[L].bytes()));
+    }
+    st_.position = 0;
+  }
+
+  void set_trace(TraceSink* sink) override { trace_ = sink; }
+
+ private:
+  void check_tokens(std::span<const int32_t> tokens) const {
+    if (tokens.empty()) fail("prefill: no tokens given");
+    if ((int64_t)st_.position + (int64_t)tokens.size() > st_.n_ctx)
+      fail("context full: {} tokens at position {} would run past the context of {} tokens (--ctx)",
+           tokens.size(), st_.position, st_.n_ctx);
+    for (size_t i = 0; i < tokens.size(); i++)
+      if (tokens[i] < 0 || tokens[i] >= e_.config().n_vocab)
+        fail("token id {} (input index {}) is out of range: the vocabulary has {} tokens", tokens[i], i,
+             e_.config().n_vocab);
+  }
+
+  Engine& e_;
+  SessionState st_;
+  TraceSink* trace_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {
+  if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);
+  return std::make_unique<CudaSessionImpl>(e, n_ctx);
+}
+
+}  // namespace rl::cuda

@@ -1,0 +1,168 @@
+// The GPU-routed decode token (DESIGN.md §5): the whole token (every layer, the routing on the
+// GPU with slots from the residency table, the experts, the LM head) is one CUDA graph, captured
+// once per session and replayed with one synchronisation. The graph starts by backing up the
+// DeltaNet conv/SSM states; when a layer selected a non-resident expert the host restores them
+// and the token is recomputed on the synchronous path (the KV rows written at this position are
+// overwritten by the recomputation). --speculation decides when the graph is tried; under
+// --profile the same work is launched kernel by kernel with stage marks instead.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "cuda/engine.h"
+#include "cuda/kernels.h"
+
+namespace rl::cuda {
+
+namespace {
+
+// Backups of the DeltaNet conv and SSM states, allocated on first use (never while a graph is
+// being captured: capture_token_graph allocates them first).
+void allocate_state_backups(const Engine& e, SessionState& st) {
+  const int n_layer = e.config().n_layer;
+  if (st.conv_backup.empty()) {
+    st.conv_backup.resize(n_layer);
+    st.ssm_backup.resize(n_layer);
+    for (int L = 0; L < n_layer; L++) {
+      if (st.conv[L].bytes()) st.conv_backup[L].allocate(st.conv[L].bytes());
+      if (st.ssm[L].bytes()) st.ssm_backup[L].allocate(st.ssm[L].bytes());
+    }
+  }
+}
+
+// The recurrent states to their backups (to_backup) or back from them, every layer, on the compute
+// stream.
+void copy_recurrent_states(Engine& e, SessionState& st, bool to_backup) {
+  const int n_layer = e.config().n_layer;
+  allocate_state_backups(e, st);
+  auto copy = [&](DeviceBuffer& live, DeviceBuffer& backup) {
+    if (!live.bytes()) return;
+    void* dst = to_backup ? backup.get() : live.get();
+    const void* src = to_backup ? live.get() : backup.get();
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst, src, live.bytes(), cudaMemcpyDeviceToDevice, e.streams.compute));
+  };
+  for (int L = 0; L < n_layer; L++) {
+    copy(st.conv[L], st.conv_backup[L]);
+    copy(st.ssm[L], st.ssm_backup[L]);
+  }
+}
+
+// The GPU-routed token's inputs (token, position), read by the graph from device memory.
+void upload_token_position(Engine& e, int32_t token, int position) {
+  int32_t* host = e.ws.token_position_host.get<int32_t>();
+  host[0] = token;
+  host[1] = position;
+  RL_CUDA_CHECK(cudaMemcpyAsync(e.ws.token_position.get(), host, 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                e.streams.compute));
+}
+
+// Captures the GPU-routed token once per session: the state backups, then the pass. Nothing in it
+// depends on the host between replays except token_position and the residency table,
+// both read from device memory at replay time.
+void capture_token_graph(Engine& e, SessionState& st) {
+  const cudaStream_t stream = e.streams.compute;
+  allocate_state_backups(e, st);
+  RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    copy_recurrent_states(e, st, true);
+    const int32_t* tp = e.ws.token_position.get<int32_t>();
+    encode_pass(e, st, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
+  } catch (...) {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  RL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  const cudaError_t err = cudaGraphInstantiate(&st.token_graph, graph, 0);
+  cudaGraphDestroy(graph);
+  RL_CUDA_CHECK(err);
+}
+
+}  // namespace
+
+bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits_out, TraceSink* trace) {
+  using S = CudaOptions::Speculation;
+  switch (e.opts.speculation) {
+    case S::kOff: return false;
+    case S::kFullyResident: if (!e.residency.cache().holds_all()) return false; break;
+    case S::kWarmCache: if (e.residency.last_pass_loaded()) return false; break;
+    case S::kAlways: break;
+  }
+  if (e.gpu_routed_broken) return false;
+  const Config& c = e.config();
+  const cudaStream_t stream = e.streams.compute;
+  Workspace& ws = e.ws;
+  Profiler& profiler = e.profiler;
+  const int K = c.n_expert_used, E = c.n_expert, n_layer = c.n_layer;
+  if (profiler.on) {
+    // --profile: the same work launched one by one with stage marks, no graph. A spin
+    // kernel holds the GPU while the host enqueues the whole token, so the GPU then runs it back
+    // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
+    upload_token_position(e, token, st.position);
+    allocate_state_backups(e, st);  // before the spin: an allocation would stall the queued work
+    gpu_spin(20'000'000, stream);
+    profiler.mark(kBackups, stream);
+    copy_recurrent_states(e, st, true);
+    profiler.mark(kOther, stream);
+    const int32_t* tp = ws.token_position.get<int32_t>();
+    encode_pass(e, st, tp, tp + 1, 1, false, ws.routed_logits.f(), nullptr, true);
+    profiler.mark(kOther, stream);
+  } else if (!st.token_graph) {
+    try {
+      capture_token_graph(e, st);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "cuda: the GPU-routed decode graph could not be captured (%s); decoding on the "
+                   "synchronous path\n", ex.what());
+      e.gpu_routed_broken = true;
+      return false;
+    }
+  }
+  if (!profiler.on) {
+    upload_token_position(e, token, st.position);
+    RL_CUDA_CHECK(cudaGraphLaunch(st.token_graph, stream));
+  }
+  const size_t io_count = (size_t)n_layer * K + n_layer;
+  float* logits_host = ws.logits_host.get<float>();
+  int32_t* io_host = ws.routed_io_host.get<int32_t>();
+  float* router_host = ws.routed_router_host.get<float>();
+  RL_CUDA_CHECK(cudaMemcpyAsync(logits_host, ws.routed_logits.f(), (size_t)c.n_vocab * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream));
+  RL_CUDA_CHECK(cudaMemcpyAsync(io_host, ws.routed_io.get(), io_count * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                stream));
+  if (trace)
+    RL_CUDA_CHECK(cudaMemcpyAsync(router_host, ws.routed_router.get(), (size_t)n_layer * E * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream));
+  RL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  profiler.collect();
+
+  int misses = 0;
+  for (int L = 0; L < n_layer; L++) misses += io_host[(size_t)n_layer * K + L];
+  if (misses > 0) {
+    // Undo the token: the recurrent states come back from the backups; the KV rows written at this
+    // position are overwritten by the recomputation.
+    copy_recurrent_states(e, st, false);
+    e.stats.gpu_routed_fallbacks++;
+    return false;
+  }
+  std::memcpy(logits_out, logits_host, (size_t)c.n_vocab * sizeof(float));
+  st.position += 1;
+  for (int L = 0; L < n_layer; L++) {
+    const int32_t* ids = io_host + (size_t)L * K;
+    const std::vector<int> used(ids, ids + K);
+    e.residency.cache().touch(L, used);
+    if (trace) {
+      trace->tensor(fmt::format("ffn_moe_logits-{}", L), 1, E, router_host + (size_t)L * E);
+      trace->ids(fmt::format("ffn_moe_topk-{}", L), 1, K, ids);
+    }
+  }
+  e.stats.gpu_routed_tokens++;
+  return true;
+}
+
+}  // namespace rl::cuda

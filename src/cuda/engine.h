@@ -1,0 +1,112 @@
+// The parts of the CUDA backend, wired together once per loaded model (cuda_backend.cpp), and the
+// functions that run a forward pass on them:
+//   device_weights   dense weights on the GPU, expert layout in a slot, bytes per token
+//   workspace        every activation buffer, by role and shape
+//   expert_residency the ExpertCache's slots, residency table and copies
+//   plan             which kernel and numeric form each product uses, how each layer routes
+//   products         the product launchers, as the plan says
+//   forward          the pass, one function per stage (as src/cpu/forward.cpp)
+//   moe_layer        the MoE block: routing modes feeding one gather -> products -> combine
+//   decode_graph     the GPU-routed decode token: capture, replay, speculation, fallback
+//   cuda_session     sessions and snapshots; profiler: per-stage GPU times
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_weights.h"
+#include "cuda/expert_residency.h"
+#include "cuda/kernels.h"
+#include "cuda/plan.h"
+#include "cuda/products.h"
+#include "cuda/profiler.h"
+#include "cuda/streams.h"
+#include "cuda/workspace.h"
+#include "model/model.h"
+#include "model/session.h"
+
+namespace rl::cuda {
+
+// One session's state on the device.
+struct SessionState {
+  int position = 0;
+  int n_ctx = 0;
+  std::vector<DeviceBuffer> k_cache, v_cache;  // [n_layer]: [n_ctx][kv_dim] (attention layers)
+  std::vector<DeviceBuffer> conv, ssm;         // [n_layer]: [K-1][conv_dim], [nv][dv][dk] (DeltaNet layers)
+  // A decode step's attention splits (kernels.h AttentionSplits; one set serves every layer, as
+  // the layers run one after another): [n_head][ceil(n_ctx / kSplitKeys)][hd + 2] doubles.
+  DeviceBuffer attn_split_storage;
+  AttentionSplits attn_splits;
+  // GPU-routed decode: the state backups the graph writes first, and the graph (captured on the
+  // first GPU-routed token; it holds this session's buffer addresses).
+  std::vector<DeviceBuffer> conv_backup, ssm_backup;
+  cudaGraphExec_t token_graph = nullptr;
+  SessionState() = default;
+  SessionState(const SessionState&) = delete;
+  SessionState& operator=(const SessionState&) = delete;
+  ~SessionState() {
+    if (token_graph) cudaGraphExecDestroy(token_graph);
+  }
+};
+
+// Everything a forward pass reads and writes besides the session's state. Members are built in
+// this order (the memory plan: dense weights, then the working set, then the expert slots in
+// what is left).
+struct Engine {
+  Engine(std::shared_ptr<const Model> model, const CudaOptions& options);
+  ~Engine();
+  const Config& config() const { return model->config(); }
+  // The layer plan of a pass of T tokens, made on first use (host work only: safe during capture).
+  const PassPlan& plan(int T);
+
+  std::shared_ptr<const Model> model;
+  CudaOptions opts;
+  EngineStats stats;
+  Streams streams;
+  Profiler profiler;
+  DeviceWeights weights;
+  NumericForms forms;
+  Workspace ws;
+  ExpertResidency residency;
+  Products products;
+  std::map<int, PassPlan> plans;    // by chunk size
+  std::vector<int> grouped_layers;  // the layers of the pass in progress grouped on the GPU
+  bool gpu_routed_broken = false;   // capture failed once: stay on the synchronous path
+};
+
+// ---- forward.cpp ----------------------------------------------------------------------------
+// One forward pass of T <= kMaxChunk tokens on the synchronous path: the token ids and positions
+// uploaded, the pass, the logits (every position's when all_logits, else the last one's) copied to
+// logits_out, the statistics updated.
+void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
+              TraceSink* trace);
+// Enqueues a forward pass of T tokens whose ids and positions are already in device memory, up to
+// the LM head's logits in `logits` ([T or 1][n_vocab]). gpu_routed (T == 1): the routing runs on
+// the GPU and the pass never waits for the host, so it can be captured into a graph.
+void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
+                 float* logits, TraceSink* trace, bool gpu_routed);
+
+// ---- moe_layer.cpp --------------------------------------------------------------------------
+// The MoE block of layer L on h2 [T][n_embd]: x += routed experts + shared expert; then
+// h_out = RMSNorm(x) * next_norm (the next layer's input norm or the output norm, fused into the
+// combine). gpu_routed: for the captured decode token (T == 1), never waiting for the host.
+void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, const float* next_norm,
+               float* h_out, TraceSink* trace, bool gpu_routed);
+
+// ---- cuda_session.cpp -----------------------------------------------------------------------
+// A session of n_ctx positions on this engine (refused when n_ctx <= 0).
+std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx);
+
+// ---- decode_graph.cpp -----------------------------------------------------------------------
+// One decode token on the GPU-routed path. False (state unchanged) when the token must be
+// recomputed by run_pass: the path is off for this cache (--speculation), or a layer selected a
+// non-resident expert.
+bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits_out, TraceSink* trace);
+
+}  // namespace rl::cuda

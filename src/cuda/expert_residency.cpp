@@ -1,0 +1,183 @@
+#include "cuda/expert_residency.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+
+#include "common/error.h"
+#include "gguf/gguf.h"
+
+namespace rl::cuda {
+
+ExpertResidency::ExpertResidency(const Model& model, const DeviceWeights& weights, const Streams& streams,
+                                 int64_t cache_mib, size_t working_bytes)
+    : model_(model), weights_(weights), streams_(streams) {
+  const Config& c = model.config();
+  n_layer_ = c.n_layer;
+  n_expert_ = c.n_expert;
+  const size_t slot_bytes = weights.slot_bytes();
+  const size_t n_total = (size_t)c.n_layer * c.n_expert;
+  size_t free_b = 0, total_b = 0;
+  RL_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t usable = free_b > kFreeMemoryReserve ? free_b - kFreeMemoryReserve : 0;
+  size_t budget;
+  if (cache_mib > 0) {
+    // A budget the card cannot hold is refused even when the model's experts would need less:
+    // the user asked for memory that is not there, and silently capping would hide it.
+    budget = (size_t)cache_mib << 20;
+    if (budget > usable)
+      fail("--cache-mib {}: only {} MiB of device memory are free after the dense weights ({} MiB) "
+           "and the working set ({} MiB), keeping {} MiB spare",
+           cache_mib, usable >> 20, weights.dense_bytes >> 20, working_bytes >> 20,
+           kFreeMemoryReserve >> 20);
+  } else {
+    budget = std::min(usable, n_total * slot_bytes);
+  }
+  cache_ = std::make_unique<ExpertCache>(c.n_layer, c.n_expert, slot_bytes, budget, c.n_expert_used);
+  slots_.allocate((size_t)cache_->n_slots() * slot_bytes);
+  residency_table_.allocate(n_total * sizeof(uint64_t));
+  RL_CUDA_CHECK(cudaMemset(residency_table_.get(), 0, n_total * sizeof(uint64_t)));
+  residency_host_.assign(n_total, 0);
+  residency_dirty_.assign(c.n_layer, false);
+  cache_->set_listener([this](ExpertCache::Key k, int slot) {
+    residency_host_[k] = slot < 0 ? 0 : (uint64_t)(slots_.get<uint8_t>() + (size_t)slot * cache_->slot_bytes());
+    residency_dirty_[cache_->layer_of(k)] = true;
+  });
+  register_mapping(model.gguf());
+}
+
+ExpertResidency::~ExpertResidency() {
+  if (streams_.copy) cudaStreamSynchronize(streams_.copy);
+  for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
+  if (registered_) cudaHostUnregister(const_cast<uint8_t*>(registered_base_));
+}
+
+// Misses are copied straight from the mapping. Registering it (read-only, page-locked) lets the
+// copy engine read it at PCIe speed; a pageable copy measured ~9x slower on the H200 host
+// (DEVICE.md). When registration is refused the backend still works, with pageable copies.
+void ExpertResidency::register_mapping(const GgufFile& f) {
+  expected_file_size_ = f.file_size();
+  const uint8_t* base = f.base();
+  const size_t page = 4096;
+  const uint8_t* start = reinterpret_cast<const uint8_t*>((uintptr_t)base & ~(uintptr_t)(page - 1));
+  const size_t len = align_up((size_t)(base + f.file_size() - start), page);
+  cudaError_t e = cudaHostRegister(const_cast<uint8_t*>(start), len,
+                                   cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+  if (e == cudaSuccess) {
+    registered_ = true;
+    registered_base_ = start;
+  } else {
+    cudaGetLastError();
+    std::fprintf(stderr, "cuda: could not page-lock the model mapping (%s); experts are copied from "
+                 "pageable memory, which is slower\n", cudaGetErrorString(e));
+  }
+}
+
+void ExpertResidency::sync_residency_rows() {
+  const int E = n_expert_;
+  for (size_t L = 0; L < residency_dirty_.size(); L++) {
+    if (!residency_dirty_[L]) continue;
+    RL_CUDA_CHECK(cudaMemcpyAsync(residency_table_.get<uint64_t>() + L * E, residency_host_.data() + L * E,
+                                  E * sizeof(uint64_t), cudaMemcpyHostToDevice, streams_.compute));
+    residency_dirty_[L] = false;
+  }
+}
+
+// Enqueues the copies of a reservation's misses on the copy stream, after the expert kernels that
+// last read those slots, and makes the compute stream wait for them.
+void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool wait) {
+  if (r.n_misses() == 0) return;
+  loads_this_pass_ = true;
+  // A file truncated after open would make the mapping's tail unreadable: refuse before copying.
+  struct stat sb{};
+  if (::stat(model_.path().c_str(), &sb) != 0 || (uint64_t)sb.st_size < expected_file_size_)
+    fail("{}: the model file changed size after it was opened (now {} bytes, expected {}); cannot "
+         "copy the experts of layer {}", model_.path(), (long long)sb.st_size, expected_file_size_, L);
+  const MoeDev& moe = weights_.layers[L].moe;
+  uint8_t* slots = slots_.get<uint8_t>();
+  RL_CUDA_CHECK(cudaStreamWaitEvent(streams_.copy, streams_.slots_free, 0));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  RL_CUDA_CHECK(cudaEventCreate(&start));
+  RL_CUDA_CHECK(cudaEventCreate(&stop));
+  pending_copy_events_.push_back(start);
+  pending_copy_events_.push_back(stop);
+  RL_CUDA_CHECK(cudaEventRecord(start, streams_.copy));
+  size_t bytes = 0;
+  for (const ExpertCache::Entry& e : r.entries) {
+    if (e.hit) continue;
+    uint8_t* dst = slots + (size_t)e.slot * cache_->slot_bytes();
+    const TensorView g = moe.gate_exps.matrix(e.expert), u = moe.up_exps.matrix(e.expert),
+                     d = moe.down_exps.matrix(e.expert);
+    const cudaStream_t copy = streams_.copy;
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst, g.data, g.nbytes, cudaMemcpyHostToDevice, copy));
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.up_offset, u.data, u.nbytes, cudaMemcpyHostToDevice, copy));
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.down_offset, d.data, d.nbytes, cudaMemcpyHostToDevice, copy));
+    bytes += g.nbytes + u.nbytes + d.nbytes;
+  }
+  RL_CUDA_CHECK(cudaEventRecord(stop, streams_.copy));
+  pending_copy_bytes_.push_back(bytes);
+  RL_CUDA_CHECK(cudaEventRecord(streams_.copies_done, streams_.copy));
+  if (wait) RL_CUDA_CHECK(cudaStreamWaitEvent(streams_.compute, streams_.copies_done, 0));
+}
+
+void ExpertResidency::reserve_and_copy(int L, std::span<const int> experts, bool wait,
+                                       std::vector<char>* resident) {
+  const ExpertCache::Reservation& r = cache_->reserve(L, experts);
+  try {
+    copy_misses(L, r, wait);
+  } catch (...) {
+    cache_->abort();
+    sync_residency_rows();
+    throw;
+  }
+  if (resident) {
+    resident->clear();
+    for (const ExpertCache::Entry& e : r.entries) resident->push_back(e.hit);
+  }
+  cache_->commit();
+  sync_residency_rows();
+}
+
+double ExpertResidency::preload_all() {
+  const Config& c = model_.config();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int> all(c.n_expert);
+  std::iota(all.begin(), all.end(), 0);
+  const bool tty = isatty(2);
+  for (int L = 0; L < c.n_layer; L++) {
+    reserve_and_copy(L, all, true);
+    RL_CUDA_CHECK(cudaStreamSynchronize(streams_.copy));
+    if (tty || L + 1 == c.n_layer) {
+      const int width = 30, done = (L + 1) * width / c.n_layer;
+      std::fprintf(stderr, "\rloading experts [%.*s%*s] %d/%d layers", done,
+                   "##############################", width - done, "", L + 1, c.n_layer);
+      if (L + 1 == c.n_layer) std::fprintf(stderr, "\n");
+    }
+  }
+  RL_CUDA_CHECK(cudaStreamSynchronize(streams_.compute));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The preload is not part of any request's statistics.
+  for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
+  pending_copy_events_.clear();
+  pending_copy_bytes_.clear();
+  cache_->reset_stats();
+  return seconds;
+}
+
+void ExpertResidency::record_copy_times(Profiler& profiler) {
+  for (size_t i = 0; i < pending_copy_bytes_.size(); i++) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, pending_copy_events_[2 * i], pending_copy_events_[2 * i + 1]);
+    cache_->record_copy(pending_copy_bytes_[i], ms / 1000.0);
+    if (profiler.on) profiler.total_ms[kCopies] += ms;
+  }
+  for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
+  pending_copy_events_.clear();
+  pending_copy_bytes_.clear();
+}
+
+}  // namespace rl::cuda

@@ -1,0 +1,87 @@
+// Expert residency: the one GPU-side owner of the ExpertCache. It holds the slots (device memory
+// for n_slots experts), the residency table the GPU routes with ([n_layer][n_expert] slot address
+// or 0, mirrored from the cache's decisions), the page-locked model mapping the misses are copied
+// from, and the copies themselves (on the copy stream, timed for the cache's statistics).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cache/expert_cache.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_weights.h"
+#include "cuda/profiler.h"
+#include "cuda/streams.h"
+#include "model/model.h"
+
+namespace rl::cuda {
+
+constexpr size_t kFreeMemoryReserve = 1ull << 30;  // left free for the driver and other sessions
+
+class ExpertResidency {
+ public:
+  // Sizes the cache: cache_mib > 0 is the budget (refused, naming --cache-mib, when it exceeds
+  // free memory minus kFreeMemoryReserve); 0 holds every expert when that fits, else what fits.
+  // dense_bytes and working_bytes only name the rest of the memory plan in that message.
+  ExpertResidency(const Model& model, const DeviceWeights& weights, const Streams& streams, int64_t cache_mib,
+                  size_t working_bytes);
+  ~ExpertResidency();
+  ExpertResidency(const ExpertResidency&) = delete;
+  ExpertResidency& operator=(const ExpertResidency&) = delete;
+
+  ExpertCache& cache() { return *cache_; }
+  const ExpertCache& cache() const { return *cache_; }
+  bool all_resident() const { return cache_->n_resident() == n_layer_ * n_expert_; }
+  // The slot area (slot s at slots() + s * slot_bytes()) and the device residency row of layer L.
+  uint8_t* slots() const { return slots_.get<uint8_t>(); }
+  size_t slot_bytes() const { return cache_->slot_bytes(); }
+  const uint8_t* slot_of(int L, int expert) const {
+    return slots() + (size_t)cache_->lookup(L, expert) * slot_bytes();
+  }
+  const uint64_t* residency_row(int L) const { return residency_table_.get<uint64_t>() + (size_t)L * n_expert_; }
+  bool pinned_copies() const { return registered_; }
+
+  // Reserves experts of layer L, enqueues the misses' copies (with wait, the compute stream waits
+  // for them), commits and brings the device residency rows up to date; aborts the reservation
+  // when a copy fails. `resident`, when given, receives whether each expert was already resident
+  // (request order).
+  void reserve_and_copy(int L, std::span<const int> experts, bool wait, std::vector<char>* resident = nullptr);
+  // Loads every expert (when the cache holds them all); returns the seconds it took. Not part of
+  // any request's statistics.
+  double preload_all();
+
+  // Expert loads of the pass in progress / of the last pass: with --speculation warm the GPU-routed
+  // path is tried only after a pass that loaded nothing.
+  void begin_pass() { loads_this_pass_ = false; }
+  void end_pass() { last_pass_loaded_ = loads_this_pass_; }
+  bool last_pass_loaded() const { return last_pass_loaded_; }
+  // After the copy stream is idle: each copy's bytes and time into the cache's statistics (and
+  // the profiler's copies stage).
+  void record_copy_times(Profiler& profiler);
+
+ private:
+  void register_mapping(const GgufFile& f);
+  void copy_misses(int L, const ExpertCache::Reservation& r, bool wait);
+  void sync_residency_rows();
+
+  const Model& model_;
+  const DeviceWeights& weights_;
+  const Streams& streams_;
+  int n_layer_ = 0, n_expert_ = 0;
+  std::unique_ptr<ExpertCache> cache_;
+  DeviceBuffer slots_;
+  DeviceBuffer residency_table_;  // [n_layer][n_expert] slot address or 0
+  std::vector<uint64_t> residency_host_;
+  std::vector<bool> residency_dirty_;
+  bool registered_ = false;
+  const uint8_t* registered_base_ = nullptr;
+  uint64_t expected_file_size_ = 0;
+  bool loads_this_pass_ = false;
+  bool last_pass_loaded_ = false;
+  std::vector<cudaEvent_t> pending_copy_events_;  // (start, stop) pairs awaiting collection
+  std::vector<size_t> pending_copy_bytes_;
+};
+
+}  // namespace rl::cuda

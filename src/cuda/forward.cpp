@@ -1,0 +1,190 @@
+// The forward pass on the GPU, stage for stage as the oracle's (src/cpu/forward.cpp):
+//   x = embed(tokens)
+//   per layer: x += Mixer(RMSNorm(x) * attn_norm)            deltanet_block or attention_block
+//              x += MoE(RMSNorm(x) * post_attention_norm)    moe_block (moe_layer.cpp)
+//   logits = output (RMSNorm(x) * output_norm)               lm_head
+// Where the GPU fuses two stages it says so: the residual add with the post-attention norm
+// (add_rms_norm), and the MoE combine with the next layer's input norm (or the output norm).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/engine.h"
+#include "cuda/kernels.h"
+
+namespace rl::cuda {
+
+namespace {
+
+// x[t] = token_embd[token[t]]                                     x: [T][n_embd]
+void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
+  const DMat& w = e.weights.token_embd;
+  get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
+}
+
+// Gated DeltaNet.                                                 h, out: [T][n_embd]
+void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
+  const Config& c = e.config();
+  const SsmDev& w = e.weights.layers[L].ssm;
+  const cudaStream_t stream = e.streams.compute;
+  const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, dk = c.ssm_head_dim, dv = c.ssm_head_dim;
+  const int key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
+  const DeltaNetViews v = e.ws.deltanet_views(c, T);
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
+                            {&w.z, plan.mixer_in[1], h, v.z},
+                            {&w.ba, plan.mixer_in[2], h, v.ba}},
+                           T);
+  e.profiler.mark(kDeltaNet, stream);
+  deltanet_conv_gates(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
+                      w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
+  // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch;
+  // a decode step normalises inside the recurrence instead (the same values).
+  const L2Norm qk_norm{1e-6f, (float)(1.0 / std::sqrt((double)dk))};
+  const bool fuse_norm = T == 1 && dk == 128;
+  if (!fuse_norm) l2_norm(v.conv, T, 2 * nk, dk, conv_dim, qk_norm.eps, qk_norm.q_scale, stream, nk);
+  deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
+                      nk, nv, dk, dv, stream, fuse_norm ? &qk_norm : nullptr);
+  gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
+  e.profiler.mark(kProjections, stream);
+  e.products.project(w.out, plan.mixer_out, v.o, T, out);
+}
+
+// Gated attention. Positions come from pos_d, so a captured graph replays at any position.
+//                                                                  h, out: [T][n_embd]
+void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T,
+                     const int32_t* pos_d, float* out) {
+  const Config& c = e.config();
+  const AttnDev& w = e.weights.layers[L].attn;
+  const cudaStream_t stream = e.streams.compute;
+  const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
+  const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
+  const AttentionViews v = e.ws.attention_views();
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group(
+      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
+  e.profiler.mark(kAttention, stream);
+  attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv,
+                 hd, c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
+  gated_attention(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0,
+                  (float)(1.0 / std::sqrt((double)hd)), stream, pos_d, &st.attn_splits);
+  e.profiler.mark(kProjections, stream);
+  e.products.project(w.o, plan.mixer_out, v.att, T, out);
+}
+
+// logits = output h for every token (all_logits) or only the last.   h: [T][n_embd]
+void lm_head(Engine& e, const PassPlan& plan, const float* h, int T, bool all_logits, float* logits) {
+  const int n_embd = e.config().n_embd;
+  const int rows = all_logits ? T : 1;
+  e.products.project(e.weights.output, all_logits ? plan.lm_head_all : plan.lm_head_last,
+                     all_logits ? h : h + (size_t)(T - 1) * n_embd, rows, logits);
+}
+
+// Copies a [T][width] device tensor to the trace (synchronous; traced passes only).
+void trace_rows(Engine& e, TraceSink* trace, const std::string& name, const float* d, int T, int width) {
+  std::vector<float> h((size_t)T * width);
+  RL_CUDA_CHECK(cudaMemcpyAsync(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost, e.streams.compute));
+  RL_CUDA_CHECK(cudaStreamSynchronize(e.streams.compute));
+  trace->tensor(name, T, width, h.data());
+}
+
+}  // namespace
+
+void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
+                 float* logits, TraceSink* trace, bool gpu_routed) {
+  const Config& c = e.config();
+  const int n_embd = c.n_embd;
+  const cudaStream_t stream = e.streams.compute;
+  // Under a trace a GPU-routed token reports only the router logits and selections of each layer.
+  TraceSink* tensors = gpu_routed ? nullptr : trace;
+  float* x = e.ws.x.f();
+  float* h = e.ws.h.f();
+  float* mixer_out = e.ws.block_out.f();
+  const DeviceWeights& w = e.weights;
+  const PassPlan& plan = e.plan(T);
+  embed(e, ids_d, T, x);
+
+  for (int L = 0; L < c.n_layer; L++) {
+    const LayerDev& d = w.layers[L];
+    const LayerPlan& lp = plan.layers[L];
+    // h = RMSNorm(x) * attn_norm; from layer 1 on, the previous layer's MoE combine wrote it.
+    e.profiler.mark(kNorms, stream);
+    if (L == 0) rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream);
+    if (d.recurrent)
+      deltanet_block(e, st, L, lp, h, T, mixer_out);
+    else
+      attention_block(e, st, L, lp, h, T, pos_d, mixer_out);
+    // x += mixer_out; h = RMSNorm(x) * post_attention_norm: one kernel unless the trace needs x.
+    e.profiler.mark(kNorms, stream);
+    if (tensors) {
+      add_inplace(x, mixer_out, (size_t)T * n_embd, stream);
+      trace_rows(e, tensors, fmt::format("attn_residual-{}", L), x, T, n_embd);
+      rms_norm(x, d.post_norm, h, T, n_embd, c.rms_eps, stream);
+    } else {
+      add_rms_norm(x, mixer_out, d.post_norm, h, T, n_embd, c.rms_eps, stream);
+    }
+    // x += MoE(h); h = RMSNorm(x) * (next layer's attn_norm, or output_norm after the last).
+    const float* next_norm = L + 1 < c.n_layer ? w.layers[L + 1].attn_norm : w.output_norm;
+    moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed);
+    if (tensors) trace_rows(e, tensors, fmt::format("l_out-{}", L), x, T, n_embd);
+  }
+
+  // h holds the output norm (the last layer's combine).
+  if (tensors) trace_rows(e, tensors, "result_norm", h, T, n_embd);
+  e.profiler.mark(kLmHead, stream);
+  lm_head(e, plan, h, T, all_logits, logits);
+}
+
+void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
+              TraceSink* trace) {
+  const Config& c = e.config();
+  const int T = (int)tokens.size(), pos0 = st.position;
+  const cudaStream_t stream = e.streams.compute;
+  Workspace& ws = e.ws;
+  ws.staging.reset();
+  e.residency.begin_pass();
+
+  e.profiler.mark(kOther, stream);
+  auto [ids_h, ids_staged] = ws.staging.stage<int32_t>(T);
+  auto [pos_h, pos_staged] = ws.staging.stage<int32_t>(T);
+  (void)ids_staged;
+  (void)pos_staged;
+  for (int t = 0; t < T; t++) {
+    ids_h[t] = tokens[t];
+    pos_h[t] = pos0 + t;
+  }
+  // Into buffers of their own: the staging area is reused from the first layer on.
+  int32_t* ids_d = ws.ids.get<int32_t>();
+  int32_t* pos_d = ws.pos.get<int32_t>();
+  RL_CUDA_CHECK(cudaMemcpyAsync(ids_d, ids_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  RL_CUDA_CHECK(cudaMemcpyAsync(pos_d, pos_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  const int rows = all_logits ? T : 1;
+  ws.reserve_logits(rows, c.n_vocab);
+  e.grouped_layers.clear();
+  encode_pass(e, st, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
+  if (!e.grouped_layers.empty())
+    RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
+                                  (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  const size_t n_out = (size_t)rows * c.n_vocab;
+  float* logits_host = ws.logits_host.get<float>();
+  RL_CUDA_CHECK(cudaMemcpyAsync(logits_host, ws.logits.f(), n_out * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  e.profiler.mark(kOther, stream);
+  RL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::memcpy(logits_out, logits_host, n_out * sizeof(float));
+  st.position = pos0 + T;
+  e.residency.end_pass();
+  // The GPU-grouped layers' experts, each a hit (as a reservation would have counted them).
+  uint64_t grouped_hits = 0;
+  for (int L : e.grouped_layers) grouped_hits += (uint64_t)ws.grouped_distinct_host.get<int32_t>()[L];
+  if (!e.grouped_layers.empty()) e.residency.cache().count_hits(grouped_hits);
+
+  // Statistics that need the GPU's clock.
+  RL_CUDA_CHECK(cudaStreamSynchronize(e.streams.copy));
+  e.residency.record_copy_times(e.profiler);
+  e.profiler.collect();
+}
+
+}  // namespace rl::cuda

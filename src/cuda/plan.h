@@ -1,0 +1,95 @@
+// The layer plan: for a pass of T tokens, which kernel and numeric form each matrix's product
+// uses and how each layer's experts are routed. Computed once per model and chunk size
+// (Engine::plan) from the weights' types and shapes, the device and the options; the forward pass
+// runs what it says, and `redlite inspect MODEL --plan --backend cuda` prints it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_options.h"
+#include "cuda/device_weights.h"
+#include "model/model.h"
+
+namespace rl::cuda {
+
+// Which numeric forms this device and these weights allow. Decode (one token) runs every product
+// as a matvec; prefill runs the fp64 tensor-core products except:
+//   X24: IQ2_XXS / IQ2_XS / IQ1_M weights (routed experts, a shared expert's SwiGLU pair) on the
+//        8-bit tensor cores with 24-bit activations per 256-column block (kernels.h, matmul_x24);
+//   X32: dense Q4_K products whose grid has a block for every SM (or all of them, x32_always) on
+//        the 8-bit tensor cores with 32-bit activations (matmul_x32; compute capability 9.0).
+// docs/cuda.md states each form's exactness bound.
+struct NumericForms {
+  bool x24 = false;         // X24 allowed: compute capability 8.0, n_embd and n_ff_exp whole 256-column blocks
+  bool x32 = false;         // X32 allowed: x24 and compute capability 9.0
+  bool x32_always = false;  // X32 also for products whose grid does not fill the GPU
+  int x32_cols = 0;         // the widest input an X32 product takes (its buffer's width; 0: none)
+  bool routed_x24 = false;  // some routed expert matrix runs on X24 (expert_in_x24, expert_act_x24)
+  bool h2_x24 = false;      // some layer converts its MoE input to X24 (moe_input_x24)
+
+  // On the current device for these weights.
+  static NumericForms choose(const Config& c, const DeviceWeights& w, bool x32_always);
+  bool use_x24(GgmlType t) const;
+  // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte
+  // aligned rows, and a grid of a block per SM unless x32_always.
+  bool use_x32(const DMat& w, int T) const;
+  // Whether a layer's prefill converts its MoE input to X24 (shared pair or routed gate/up).
+  bool moe_input_x24(const MoeDev& m) const;
+};
+
+enum class Kernel : uint8_t {
+  kMatvec,     // one row: matvec family, fp32 activations, double sums
+  kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
+  kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
+  kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
+};
+const char* kernel_name(Kernel k);
+
+// A SwiGLU pair (gate, up) on one input: one fused launch (gate's kernel), or two products and
+// a swiglu.
+struct PairPlan {
+  Kernel gate = Kernel::kMatvec, up = Kernel::kMatvec;
+  bool fused = false;
+};
+
+enum class Routing : uint8_t {
+  kHostRouted,  // the host reads the selections, reserves the experts (copies misses), groups them
+  kGpuGrouped,  // prefill with every expert resident: group_by_expert on the GPU, no host wait
+  kGpuRouted,   // the decode graph: route_topk with the residency table; a miss recomputes the token
+};
+const char* routing_name(Routing r);
+
+struct LayerPlan {
+  bool recurrent = false;
+  // The mixer's products in the order they run: DeltaNet ssm_qkv, ssm_z (gate), ssm_ba, ssm_out;
+  // attention attn_q, attn_k, attn_v, attn_output.
+  Kernel mixer_in[3] = {};
+  Kernel mixer_out = Kernel::kMatvec;
+  Kernel router = Kernel::kMatvec, shared_gate_inp = Kernel::kMatvec;
+  PairPlan shared;  // ffn_gate_shexp, ffn_up_shexp
+  Kernel shared_down = Kernel::kMatvec;
+  bool moe_input_x24 = false;  // h2 converted to X24 once, for the shared pair and the routed gate/up
+  PairPlan experts;            // ffn_gate_exps, ffn_up_exps
+  Kernel expert_down = Kernel::kMatvec;
+  Routing routing = Routing::kHostRouted;
+};
+
+struct PassPlan {
+  int T = 0;
+  std::vector<LayerPlan> layers;
+  Kernel lm_head_last = Kernel::kMatvec;  // the last position's logits only
+  Kernel lm_head_all = Kernel::kMatvec;   // every position's logits
+};
+
+// The dense product y [rows][w.rows] = x · wᵀ: kMatvec for one row, X32 where forms.use_x32,
+// else the fp64 products.
+Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows);
+// What a pass of T tokens runs. cache_holds_all: the budget holds every expert (GPU grouping is
+// then planned; it runs once every expert is resident).
+PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericForms& forms, const CudaOptions& opts,
+                        bool cache_holds_all, int T);
+// One line per layer, with the matrices' types.
+std::string format_plan(const PassPlan& plan, const DeviceWeights& w);
+
+}  // namespace rl::cuda

@@ -1,0 +1,144 @@
+#include "cuda/products.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/kernels.h"
+
+namespace rl::cuda {
+
+void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
+  if (k == Kernel::kMatvec) {
+    matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_);
+  } else if (k == Kernel::kMatmulX32) {
+    if (!held || held->x != x || held->cols != w.cols) {
+      quantize_x32(x, T, w.cols, ws_.dense_input_x32.q.get<uint8_t>(), ws_.dense_input_x32.scale.get<double>(),
+                   ws_.dense_input_x32.sum.get<double>(), stream_);
+      if (held) *held = {x, w.cols};
+    }
+    matmul_x32(w.type, w.data, w.row_bytes, w.rows, w.cols, ws_.dense_input_x32.q.get<uint8_t>(),
+               ws_.dense_input_x32.scale.get<double>(), ws_.dense_input_x32.sum.get<double>(), T, y, stream_);
+    (*x32_count_)++;
+  } else {
+    matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
+  }
+  // An output written over the converted input makes the conversion stale.
+  if (held && held->x && y < held->x + (size_t)T * held->cols && held->x < y + (size_t)T * w.rows) *held = {};
+}
+
+void Products::project_group(std::initializer_list<Projection> list, int T) {
+  if (T != 1) {
+    KqHeld held;
+    for (const Projection& p : list) project(*p.w, p.kernel, p.x, T, p.y, &held);
+    return;
+  }
+  std::vector<MatvecJob> jobs;
+  const DMat* first = nullptr;
+  auto flush = [&] {
+    if (!jobs.empty()) matvec_jobs(first->type, first->cols, jobs.data(), (int)jobs.size(), stream_);
+    jobs.clear();
+  };
+  for (const Projection& p : list) {
+    if (first && (p.w->type != first->type || p.w->cols != first->cols)) flush();
+    if (jobs.empty()) first = p.w;
+    MatvecJob j;
+    j.w = p.w->data;
+    j.row_bytes = p.w->row_bytes;
+    j.rows = p.w->rows;
+    j.x = p.x;
+    j.y = p.y;
+    jobs.push_back(j);
+  }
+  flush();
+}
+
+void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T,
+                               float* act, float* up_out, bool x_in_x24) {
+  if (plan.fused && plan.gate == Kernel::kMatvec) {
+    GateUpJob j;
+    j.gate = gate.data;
+    j.up = up.data;
+    j.row_bytes_gate = gate.row_bytes;
+    j.row_bytes_up = up.row_bytes;
+    j.rows = gate.rows;
+    j.x = x;
+    j.act = act;
+    matvec_gate_up(gate.type, gate.cols, &j, 1, stream_);
+    return;
+  }
+  if (plan.fused && plan.gate == Kernel::kMatmulX24) {
+    QuantRows& xq = ws_.moe_input_x24;
+    if (!x_in_x24) quantize_x24(x, T, gate.cols, xq.q.get<uint8_t>(), xq.scale.get<double>(), stream_);
+    matmul_x24_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, xq.q.get<uint8_t>(),
+                       xq.scale.get<double>(), T, act, stream_);
+    return;
+  }
+  if (plan.fused) {
+    matmul_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, x, T, act, stream_);
+    return;
+  }
+  KqHeld held;
+  project(gate, plan.gate, x, T, act, &held);
+  project(up, plan.up, x, T, up_out, &held);
+  swiglu(act, up_out, act, (size_t)T * gate.rows, stream_);
+}
+
+void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
+                               const int* off_d, int n, int max_cnt, size_t row0, size_t rows) {
+  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
+  const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
+  float* in = ws_.expert_in.f();
+  float* act = ws_.expert_act.f();
+  float* up = ws_.expert_up.f();
+  // One product: the X24 form of its input (the gathered rows of the layer's conversion of h2;
+  // expert_act_x24 the SwiGLU outputs) for the IQ types, else the fp64 products on the fp32 input.
+  const uint8_t* xq = ws_.expert_in_x24.q.get<uint8_t>();
+  const double* xs = ws_.expert_in_x24.scale.get<double>();
+  uint8_t* aq = ws_.expert_act_x24.q.get<uint8_t>();
+  double* as = ws_.expert_act_x24.scale.get<double>();
+  auto product = [&](const TensorView& v, Kernel k, size_t offset, int out_rows, int cols, const float* x,
+                     const uint8_t* q, const double* qs, float* y) {
+    if (k == Kernel::kMatmulX24)
+      matmul_x24_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, q, qs, off_d, off_d + n, n, max_cnt, y,
+                         stream_);
+    else
+      matmul_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y, stream_);
+  };
+  if (pair.fused) {
+    if (pair.gate == Kernel::kMatmulX24)
+      matmul_x24_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xq, xs, off_d,
+                                 off_d + n, n, max_cnt, act, stream_);
+    else
+      matmul_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, in, off_d, off_d + n, n,
+                             max_cnt, act, stream_);
+  } else {
+    product(gv, pair.gate, 0, ff, n_embd, in, xq, xs, act);
+    product(uv, pair.up, moe.up_offset, ff, n_embd, in, xq, xs, up);
+    swiglu(act + row0 * ff, up + row0 * ff, act + row0 * ff, rows * ff, stream_);
+  }
+  if (down == Kernel::kMatmulX24)
+    quantize_x24(act + row0 * ff, (int)rows, ff, aq + x24_bytes(row0, ff), as + row0 * (ff / 256), stream_);
+  product(dv, down, moe.down_offset, n_embd, ff, act, aq, as, ws_.expert_out.f());
+}
+
+void Products::expert_matvecs(const MoeDev& moe, const uint8_t* const* ptr_d, const float* x, int n, size_t row0) {
+  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
+  const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
+  matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, x,
+                         ws_.expert_act.f() + row0 * ff, ws_.expert_up.f() + row0 * ff, n, stream_);
+  matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, ws_.expert_act.f() + row0 * ff, ff,
+                 ws_.expert_out.f() + row0 * n_embd, n, stream_);
+}
+
+void Products::gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n) {
+  const int n_embd = c_.n_embd;
+  const bool gate_x24 = pair.gate == Kernel::kMatmulX24, up_x24 = pair.up == Kernel::kMatmulX24;
+  if (!gate_x24 || !up_x24) gather_rows(h2, gather_d, ws_.expert_in.f(), n, n_embd, stream_);
+  if (gate_x24 || up_x24) {
+    const QuantRows &h2q = ws_.moe_input_x24, &rows = ws_.expert_in_x24;
+    gather_words(h2q.q.get(), gather_d, rows.q.get(), n, (int)(x24_bytes(1, n_embd) / 4), stream_);
+    gather_words(h2q.scale.get(), gather_d, rows.scale.get(), n, n_embd / 256 * 2, stream_);
+  }
+}
+
+}  // namespace rl::cuda

@@ -1,0 +1,65 @@
+// The matrix products of a forward pass: each launches the kernel the layer plan (plan.h) chose
+// for its matrix, converting the activations to the plan's integer form where it says so.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "cuda/device_weights.h"
+#include "cuda/plan.h"
+#include "cuda/workspace.h"
+#include "model/model.h"
+
+namespace rl::cuda {
+
+class Products {
+ public:
+  Products(const Config& c, Workspace& ws, cudaStream_t stream, uint64_t* x32_count)
+      : c_(c), ws_(ws), stream_(stream), x32_count_(x32_count) {}
+
+  // What dense_input_x32 holds: the conversion of input x of `cols` columns (x null: nothing).
+  struct KqHeld {
+    const float* x = nullptr;
+    int cols = 0;
+  };
+  // y [rows][w.rows] = x [rows][w.cols] · wᵀ with the plan's kernel k (dense_kernel). held
+  // (optional): what dense_input_x32 holds, kept up to date, so that X32 products of one input in
+  // a row convert it once (start from an empty KqHeld).
+  void project(const DMat& w, Kernel k, const float* x, int rows, float* y, KqHeld* held = nullptr);
+  struct Projection {
+    const DMat* w;
+    Kernel kernel;
+    const float* x;
+    float* y;
+  };
+  // Several products of T tokens (an input shared by X32 products converted once); for one token,
+  // consecutive products of one type and width are one launch (matvec_jobs).
+  void project_group(std::initializer_list<Projection> list, int T);
+  // act = SiLU(gate · x) * (up · x) for T tokens as the plan's pair says (act [T][rows]; `up_out`
+  // holds up · x where the two products are separate launches). x_in_x24: moe_input_x24 already
+  // holds x.
+  void project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T, float* act,
+                       float* up_out, bool x_in_x24 = false);
+  // The prefill products of a layer's routed experts on the gathered rows (expert_in and its X24
+  // form), gate/up as `pair` says and down with `down`: group g (slot ptr_d[g]) over rows
+  // [off_d[g], + off_d[n + g]) (at most max_cnt), the groups' rows being [row0, row0 + rows);
+  // gate/up into expert_act, down into expert_out.
+  void expert_products(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
+                       const int* off_d, int n, int max_cnt, size_t row0, size_t rows);
+  // The decode products of n experts (slot addresses ptr_d) on one token's input x: expert g's
+  // rows are expert_act / expert_out row row0 + g.
+  void expert_matvecs(const MoeDev& moe, const uint8_t* const* ptr_d, const float* x, int n, size_t row0);
+  // The gathered rows of the routed experts' input (row a = token gather_d[a] of h2): of h2's X24
+  // form for X24 gate/up products (bit copies: the same as converting the gathered rows), of h2
+  // itself for the others.
+  void gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n);
+
+ private:
+  const Config& c_;
+  Workspace& ws_;
+  cudaStream_t stream_;
+  uint64_t* x32_count_;  // EngineStats::x32_products
+};
+
+}  // namespace rl::cuda

@@ -1,0 +1,72 @@
+// The CUDA backend's flags as the command line parses them (no GPU needed): listed by --help,
+// accepted with their documented values (on the CPU backend, which ignores them), a value that
+// names no setting refused with the flag's name; `inspect --plan` prints the layer plan on a GPU
+// and fails with a message naming the reason anywhere else.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "test_util.h"
+
+namespace {
+
+// Runs `redlite ARGS` with stdout and stderr captured together.
+rl::test::ShellRun run_redlite(const std::string& args) {
+  std::string cmd = "'";
+  cmd += rl::test::redlite_bin();
+  cmd += "' " + args + " 2>&1";
+  return rl::test::run_shell(cmd);
+}
+
+TEST(CudaFlags, HelpListsThem) {
+  const auto r = run_redlite("bench --help");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib"})
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
+}
+
+TEST(CudaFlags, DocumentedValuesAreAccepted) {
+  const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(model);
+  const std::string out = rl::test::temp_path("cuda-flags", "logits.f32");
+  for (const char* speculation : {"off", "resident", "warm", "always"}) {
+    const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
+                                    "' --no-preload --profile --x32-always --speculation " + speculation);
+    EXPECT_EQ(r.exit_code, 0) << speculation << ": " << r.out;
+  }
+  rl::test::remove_temp(out);
+}
+
+TEST(CudaFlags, UnknownSpeculationIsRefusedNamingTheFlag) {
+  for (const char* bad : {"2", "on", "Warm"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --speculation ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--speculation"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+TEST(InspectPlan, PrintsThePlanOrSaysWhyNot) {
+  const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(model);
+  auto r = run_redlite("inspect '" + model + "' --plan --backend cpu");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--plan --backend cpu: only the cuda backend has a layer plan"), std::string::npos) << r.out;
+  r = run_redlite("inspect '" + model + "' --plan --backend cuda --cache-mib 0");
+  if (r.exit_code == 0) {  // a GPU machine: both plans, a line per layer (the fixture has 4 + 1 MTP blocks)
+    for (const char* part :
+         {"prefill chunk (512 tokens)", "decode (1 token)", "layer  0 deltanet", "layer  3 attention", "lm_head="})
+      EXPECT_NE(r.out.find(part), std::string::npos) << part << " not in:\n" << r.out;
+  } else {
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    const bool no_device = r.out.find("--plan --backend cuda: no CUDA device is available") != std::string::npos;
+    const bool no_backend = r.out.find("--plan --backend cuda: this redlite was built without the CUDA backend") !=
+                            std::string::npos;
+    EXPECT_TRUE(no_device || no_backend) << r.out;
+  }
+  // The plan's flags need --plan.
+  r = run_redlite("inspect '" + model + "' --cache-mib 5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--cache-mib requires --plan"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,173 @@
+// The layer plan's choices (host only: runs without a GPU) on hand-made weights of chosen types,
+// against the rules of docs/cuda.md written out here case by case: decode is all matvecs; prefill
+// takes X32 for Q4_K dense products (forced with x32_always), X24 for the IQ types where the
+// activations are whole 256-column blocks (routed experts, a fused shared pair over n_embd), fp64
+// otherwise; the routing follows --speculation and the budget.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda/plan.h"
+#include "quant/quant.h"
+
+namespace rl::cuda {
+namespace {
+
+constexpr int kEmbd = 256, kFf = 256, kExperts = 8, kUsed = 2, kVocab = 512;
+alignas(16) const uint8_t kBytes[16] = {};  // the views' data: never read, only present and aligned
+
+DMat mat(GgmlType t, int rows, int cols) { return {t, kBytes, row_size(t, cols), rows, cols}; }
+
+TensorView experts(GgmlType t, int rows, int cols) {
+  TensorView v;
+  v.name = "exps";
+  v.type = t;
+  v.ne = {cols, rows, kExperts, 1};
+  v.data = kBytes;
+  v.row_bytes = row_size(t, cols);
+  v.nbytes = v.row_bytes * rows * kExperts;
+  return v;
+}
+
+Config config() {
+  Config c;
+  c.n_embd = kEmbd;
+  c.n_layer = 2;
+  c.n_vocab = kVocab;
+  c.n_expert = kExperts;
+  c.n_expert_used = kUsed;
+  c.n_ff_exp = kFf;
+  c.n_ff_shexp = kFf;
+  return c;
+}
+
+// Layer 0: DeltaNet with Q4_K projections except ba (Q8_0), routed experts IQ2_XXS gate/up and
+// IQ2_XS down, a Q8_0 shared pair. Layer 1: attention (Q4_K q/k, Q6_K v/o), routed experts of
+// two types (IQ1_M gate, IQ2_XXS up), an IQ2_XXS shared pair. LM head Q6_K.
+DeviceWeights weights() {
+  DeviceWeights w;
+  w.output = mat(GgmlType::Q6_K, kVocab, kEmbd);
+  w.layers.resize(2);
+  LayerDev& dn = w.layers[0];
+  dn.recurrent = true;
+  dn.ssm.qkv = mat(GgmlType::Q4_K, 768, kEmbd);
+  dn.ssm.z = mat(GgmlType::Q4_K, 256, kEmbd);
+  dn.ssm.ba = mat(GgmlType::Q8_0, 8, kEmbd);
+  dn.ssm.out = mat(GgmlType::Q4_K, kEmbd, 256);
+  LayerDev& at = w.layers[1];
+  at.attn.q = mat(GgmlType::Q4_K, 512, kEmbd);
+  at.attn.k = mat(GgmlType::Q4_K, 128, kEmbd);
+  at.attn.v = mat(GgmlType::Q6_K, 128, kEmbd);
+  at.attn.o = mat(GgmlType::Q6_K, kEmbd, 256);
+  for (LayerDev* d : {&dn, &at}) {
+    d->moe.router = mat(GgmlType::F32, kExperts, kEmbd);
+    d->moe.shared_gate_inp = mat(GgmlType::F32, 1, kEmbd);
+    d->moe.down_sh = mat(GgmlType::Q4_K, kEmbd, kFf);
+  }
+  dn.moe.gate_sh = dn.moe.up_sh = mat(GgmlType::Q8_0, kFf, kEmbd);
+  at.moe.gate_sh = at.moe.up_sh = mat(GgmlType::IQ2_XXS, kFf, kEmbd);
+  dn.moe.gate_exps = dn.moe.up_exps = experts(GgmlType::IQ2_XXS, kFf, kEmbd);
+  dn.moe.down_exps = experts(GgmlType::IQ2_XS, kEmbd, kFf);
+  at.moe.gate_exps = experts(GgmlType::IQ1_M, kFf, kEmbd);
+  at.moe.up_exps = experts(GgmlType::IQ2_XXS, kFf, kEmbd);
+  at.moe.down_exps = experts(GgmlType::IQ2_XXS, kEmbd, kFf);
+  return w;
+}
+
+// X24 and X32 allowed, every Q4_K product on X32 (x32_always keeps device_info out of it).
+NumericForms both_forms() {
+  NumericForms f;
+  f.x24 = f.x32 = f.x32_always = true;
+  f.x32_cols = 256;
+  return f;
+}
+
+using K = Kernel;
+
+TEST(CudaPlan, DecodeIsAllMatvecs) {
+  const PassPlan p = make_pass_plan(config(), weights(), both_forms(), {}, true, 1);
+  ASSERT_EQ(p.layers.size(), 2u);
+  for (const LayerPlan& l : p.layers) {
+    for (K k : l.mixer_in) EXPECT_EQ(k, K::kMatvec);
+    EXPECT_EQ(l.mixer_out, K::kMatvec);
+    EXPECT_EQ(l.router, K::kMatvec);
+    EXPECT_EQ(l.shared_down, K::kMatvec);
+    EXPECT_TRUE(l.shared.fused);  // one type and width: matvec_gate_up
+    EXPECT_EQ(l.shared.gate, K::kMatvec);
+    EXPECT_EQ(l.expert_down, K::kMatvec);
+    EXPECT_FALSE(l.moe_input_x24);
+    EXPECT_EQ(l.routing, Routing::kGpuRouted);  // every expert resident, --speculation resident
+  }
+  EXPECT_EQ(p.lm_head_last, K::kMatvec);
+  EXPECT_EQ(p.lm_head_all, K::kMatvec);
+}
+
+TEST(CudaPlan, PrefillFormsByType) {
+  const PassPlan p = make_pass_plan(config(), weights(), both_forms(), {}, true, 512);
+  const LayerPlan& dn = p.layers[0];
+  EXPECT_TRUE(dn.recurrent);
+  EXPECT_EQ(dn.mixer_in[0], K::kMatmulX32);  // Q4_K qkv
+  EXPECT_EQ(dn.mixer_in[1], K::kMatmulX32);  // Q4_K z
+  EXPECT_EQ(dn.mixer_in[2], K::kMatmulF64);  // Q8_0 ba
+  EXPECT_EQ(dn.mixer_out, K::kMatmulX32);
+  EXPECT_EQ(dn.router, K::kMatmulF64);       // F32
+  EXPECT_TRUE(dn.shared.fused);              // Q8_0 pair: matmul_gate_up
+  EXPECT_EQ(dn.shared.gate, K::kMatmulF64);
+  EXPECT_EQ(dn.shared_down, K::kMatmulX32);
+  EXPECT_TRUE(dn.experts.fused);
+  EXPECT_EQ(dn.experts.gate, K::kMatmulX24);
+  EXPECT_EQ(dn.expert_down, K::kMatmulX24);  // IQ2_XS
+  EXPECT_TRUE(dn.moe_input_x24);             // the routed gate/up take h2's X24 form
+  EXPECT_EQ(dn.routing, Routing::kGpuGrouped);
+  const LayerPlan& at = p.layers[1];
+  EXPECT_FALSE(at.recurrent);
+  EXPECT_EQ(at.mixer_in[0], K::kMatmulX32);
+  EXPECT_EQ(at.mixer_in[2], K::kMatmulF64);  // Q6_K v
+  EXPECT_EQ(at.mixer_out, K::kMatmulF64);
+  EXPECT_TRUE(at.shared.fused);              // IQ2_XXS pair over n_embd: X24
+  EXPECT_EQ(at.shared.gate, K::kMatmulX24);
+  EXPECT_FALSE(at.experts.fused);            // IQ1_M gate, IQ2_XXS up: two products
+  EXPECT_EQ(at.experts.gate, K::kMatmulX24);
+  EXPECT_EQ(at.experts.up, K::kMatmulX24);
+  EXPECT_EQ(p.lm_head_last, K::kMatvec);
+  EXPECT_EQ(p.lm_head_all, K::kMatmulF64);   // Q6_K
+  // The printed plan names each layer's products with their types and kernels.
+  const std::string text = format_plan(p, weights());
+  for (const char* part : {"prefill chunk (512 tokens)", "layer  0 deltanet", "qkv=q4_K x32", "ba=q8_0 f64",
+                           "layer  1 attention", "v=q6_K f64", "gpu-grouped", "gate/up=iq2_xxs+iq2_xxs x24 fused",
+                           "gate/up=iq1_m x24 / iq2_xxs x24", "down=iq2_xs x24", "lm_head=q6_K matvec"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << " not in:\n" << text;
+}
+
+TEST(CudaPlan, WithoutTheIntegerFormsEveryPrefillProductIsFp64) {
+  NumericForms none;  // a device below compute capability 8.0
+  const PassPlan p = make_pass_plan(config(), weights(), none, {}, true, 64);
+  for (const LayerPlan& l : p.layers) {
+    for (K k : l.mixer_in) EXPECT_EQ(k, K::kMatmulF64);
+    EXPECT_EQ(l.shared.gate, K::kMatmulF64);
+    EXPECT_EQ(l.experts.gate, K::kMatmulF64);
+    EXPECT_EQ(l.experts.up, K::kMatmulF64);
+    EXPECT_EQ(l.expert_down, K::kMatmulF64);
+    EXPECT_FALSE(l.moe_input_x24);
+  }
+}
+
+TEST(CudaPlan, RoutingFollowsTheBudgetAndTheOptions) {
+  using S = CudaOptions::Speculation;
+  auto routing = [](const CudaOptions& o, bool holds_all, int T) {
+    return make_pass_plan(config(), weights(), both_forms(), o, holds_all, T).layers[1].routing;
+  };
+  CudaOptions o;
+  EXPECT_EQ(routing(o, false, 512), Routing::kHostRouted);  // bounded cache
+  EXPECT_EQ(routing(o, false, 1), Routing::kHostRouted);    // --speculation resident, bounded
+  o.speculation = S::kWarmCache;
+  EXPECT_EQ(routing(o, false, 1), Routing::kGpuRouted);
+  o.speculation = S::kOff;
+  EXPECT_EQ(routing(o, true, 1), Routing::kHostRouted);
+  o.gpu_grouping = false;
+  EXPECT_EQ(routing(o, true, 512), Routing::kHostRouted);
+}
+
+}  // namespace
+}  // namespace rl::cuda
