@@ -129,6 +129,12 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
     size_t from = window < 0 ? 0 : prompt.size() - std::min(prompt.size(), (size_t)window);
     for (size_t i = from; i < prompt.size(); ++i) sampler.accept(prompt[i]);
   }
+  std::optional<TokenConstraint> constraint;
+  TokenMask mask;
+  if (config.constraint) {
+    if (!trie_) trie_ = std::make_unique<TokenTrie>(tokenizer_);
+    constraint.emplace(*config.constraint.grammar, *trie_, config.constraint.after_reasoning);
+  }
   StreamDecoder decoder(tokenizer_, config.render_special);
   StopMatcher stop(config.stop_strings);
   auto emit = [&](const std::string& piece) {
@@ -146,7 +152,22 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
       r.finish = FinishReason::Cancelled;
       break;
     }
-    const int32_t token = sampler.sample(logits);
+    const TokenMask* allowed = nullptr;
+    if (constraint) {
+      auto tm = std::chrono::steady_clock::now();
+      // Sampling steps left: the token limit, and the context (the last step may still end it).
+      const int budget = std::min(config.max_tokens - generated, session_.n_ctx() - session_.position());
+      constraint->allowed_tokens(budget, mask);
+      allowed = &mask;
+      r.constraint_seconds += seconds_since(tm);
+      ++r.constrained_steps;
+    }
+    const int32_t token = sampler.sample(logits, allowed);
+    if (constraint) {
+      auto ta = std::chrono::steady_clock::now();
+      constraint->accept(token);
+      r.constraint_seconds += seconds_since(ta);
+    }
     if (config.on_token) config.on_token(token, logits);
     r.tokens.push_back(token);
     if (config.stop_at_eog && tokenizer_.is_eog(token)) {
