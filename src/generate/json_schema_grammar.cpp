@@ -87,7 +87,7 @@ uint32_t JsonSchemaCompiler::whitespace() {
 
 uint32_t JsonSchemaCompiler::free_string() {
   if (free_string_ != Grammar::kNever) return free_string_;
-  const uint32_t ch = json_char_rule(b_, CharClass::any_char(), /*with_u_escapes=*/true);
+  const uint32_t ch = json_char_rule(b_, string_chars_, /*with_u_escapes=*/true);
   const uint32_t body = b_.repeat({GrammarBuilder::rule(ch)}, {}, 0, -1);
   return free_string_ = b_.rule_of({concat(concat(b_.literal("\""), {GrammarBuilder::rule(body)}), b_.literal("\""))});
 }
@@ -286,7 +286,7 @@ uint32_t JsonSchemaCompiler::string(const ojson& schema, const std::string& path
   }
   const auto [lo, hi] = count_bounds(schema, "minLength", "maxLength", path);
   if (lo == 0 && hi < 0) return free_string();
-  const uint32_t ch = json_char_rule(b_, CharClass::any_char(), /*with_u_escapes=*/true);
+  const uint32_t ch = json_char_rule(b_, string_chars_, /*with_u_escapes=*/true);
   return b_.rule_of({concat(concat(quote, {GrammarBuilder::rule(b_.repeat({GrammarBuilder::rule(ch)}, {}, lo, hi))}), quote)});
 }
 

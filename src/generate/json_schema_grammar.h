@@ -17,13 +17,17 @@
 #include <nlohmann/json.hpp>
 
 #include "generate/grammar.h"
+#include "generate/json_string_grammar.h"
 
 namespace rl {
 
 // Writes the rules of one schema document into a builder; `root` is what "#" refers to.
 class JsonSchemaCompiler {
  public:
-  JsonSchemaCompiler(GrammarBuilder& b, const nlohmann::ordered_json& root) : b_(b), root_(root) {}
+  // string_chars: the characters strings may hold as themselves (others only as \u escapes);
+  // all by default.
+  JsonSchemaCompiler(GrammarBuilder& b, const nlohmann::ordered_json& root, CharClass string_chars = CharClass::any_char())
+      : b_(b), root_(root), string_chars_(std::move(string_chars)) {}
 
   // The rule of the values `schema` accepts; `path` names it in errors ("#/properties/a").
   uint32_t compile(const nlohmann::ordered_json& schema, const std::string& path);
@@ -45,6 +49,7 @@ class JsonSchemaCompiler {
 
   GrammarBuilder& b_;
   const nlohmann::ordered_json& root_;
+  CharClass string_chars_;
   std::map<std::string, uint32_t> refs_;  // "$ref" text -> rule
   uint32_t any_value_ = Grammar::kNever, free_string_ = Grammar::kNever, ws_ = Grammar::kNever;
   uint32_t number_ = Grammar::kNever, integer_ = Grammar::kNever;

@@ -64,6 +64,17 @@ uint32_t json_char_rule(GrammarBuilder& b, const CharClass& chars, bool with_u_e
   return b.rule_of(std::move(alts));
 }
 
+uint32_t raw_char_rule(GrammarBuilder& b, const CharClass& chars) {
+  std::vector<Sequence> alts;
+  ByteSet ascii;
+  for (int ch = 0; ch < 128; ++ch)
+    if (chars.ascii[ch]) ascii.add((uint8_t)ch);
+  if (!ascii.empty()) alts.push_back({b.bytes(ascii)});
+  if (chars.all_non_ascii) add_utf8_multibyte(b, alts);
+  for (const std::string& s : chars.non_ascii) alts.push_back(b.literal(s));
+  return b.rule_of(std::move(alts));
+}
+
 namespace {
 
 // Recursive descent over a pattern, writing grammar rules as it goes.

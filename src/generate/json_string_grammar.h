@@ -32,6 +32,10 @@ struct CharClass {
 // a \u escape can spell any character, so a restricted set must not allow them).
 uint32_t json_char_rule(GrammarBuilder& b, const CharClass& chars, bool with_u_escapes);
 
+// A rule matching one character of `chars` written as itself (raw UTF-8, no escapes): text
+// outside JSON, such as a Qwen3-Coder string parameter.
+uint32_t raw_char_rule(GrammarBuilder& b, const CharClass& chars);
+
 // A rule matching the JSON-encoded body (between the quotes) of the strings `pattern` matches.
 // Throws rl::Error naming the construct when the pattern uses one outside the supported set
 // (back-references, lookaround, anchors inside the pattern).

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/format.h"
 
 namespace rl {
 
@@ -270,7 +271,19 @@ struct TokenConstraint::Impl {
     if (mask.empty()) fail("output constraint: no token can continue the document");
   }
 
-  void reasoning_mask(TokenMask& mask) {
+  void reasoning_mask(int budget, TokenMask& mask) {
+    // Bytes to a complete document if the reasoning closed now: the rest of "</think>", the
+    // shortest document. When a free token (which may undo a partial "</think>") could leave too
+    // little budget, the reasoning is closed: only tokens that continue "</think>" are allowed.
+    const size_t matched = marker_prefix_tail(reasoning_tail, kReasoningEnd);
+    const uint32_t doc = start_distance();
+    const int64_t worst_after_free = (int64_t)kReasoningEnd.size() + doc;
+    if (budget >= 2 && (int64_t)(kReasoningEnd.size() - matched) + doc <= budget - 1 &&
+        worst_after_free > budget - 2) {
+      const std::string_view rest = kReasoningEnd.substr(matched);
+      for (size_t len = 1; len <= rest.size(); ++len) force_token(rest.substr(0, len), mask);
+      return;
+    }
     mask.allow_all_of(trie.trie_tokens());
     for (int32_t t : close_candidates) {
       const std::string text = reasoning_tail + trie.bytes(t);
@@ -280,6 +293,28 @@ struct TokenConstraint::Impl {
       if (!advance_state(s, std::string_view(text).substr(p + kReasoningEnd.size())))
         mask.words()[(size_t)t >> 6] &= ~(uint64_t(1) << (t & 63));
     }
+  }
+
+  // Allows the tokens whose bytes are exactly `bytes`.
+  void force_token(std::string_view bytes, TokenMask& mask) const {
+    uint32_t node = TokenTrie::kRoot;
+    for (char b : bytes) {
+      const TokenTrie::Node& n = trie.node(node);
+      const TokenTrie::Edge* e = trie.edges(n);
+      const TokenTrie::Edge* end = e + n.edge_count;
+      while (e != end && e->byte != (uint8_t)b) ++e;
+      if (e == end) return;
+      node = e->child;
+    }
+    const TokenTrie::Node& n = trie.node(node);
+    for (uint32_t t = 0; t < n.token_count; ++t) mask.allow(trie.tokens(n)[t]);
+  }
+
+  uint32_t start_distance() const {
+    const Stack start = start_state().front();
+    uint32_t d = 0;
+    for (uint32_t pos : start) d += g.min_suffix(pos);
+    return d;
   }
 
   bool advance_state(std::vector<Stack>& s, std::string_view bytes) {
@@ -326,7 +361,7 @@ TokenConstraint::~TokenConstraint() = default;
 
 void TokenConstraint::allowed_tokens(int budget, TokenMask& mask) {
   mask.reset(impl_->trie.n_vocab());
-  if (in_reasoning_) impl_->reasoning_mask(mask);
+  if (in_reasoning_) impl_->reasoning_mask(budget, mask);
   else impl_->mask(budget, mask);
   walks_ = impl_->walks;
   hits_ = impl_->hits;

@@ -19,6 +19,8 @@
 //
 // after_reasoning: the reply first holds a reasoning block that the constraint leaves free
 // (only the end-of-generation ids are held back) until "</think>"; the document starts after it.
+// When the budget left would no longer hold "</think>" and the shortest document, the reasoning
+// is closed: only the tokens that continue "</think>" are allowed.
 #pragma once
 #include <cstdint>
 #include <memory>
