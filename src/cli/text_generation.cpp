@@ -189,7 +189,9 @@ std::string stats_line(const GenerationResult& r) {
                                  r.prefill_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(),
                                  finish_reason_name(r.finish));
   if (r.constrained_steps > 0)
-    line += fmt::format(" | constraint: {:.3f} ms/token", 1e3 * r.constraint_seconds / r.constrained_steps);
+    line += fmt::format(" | constraint: {:.3f} ms/token computed, {:.3f} ms/token waited",
+                        1e3 * r.constraint_compute_seconds / r.constrained_steps,
+                        1e3 * r.constraint_seconds / r.constrained_steps);
   return line;
 }
 

@@ -60,7 +60,8 @@ std::atomic<bool>& interrupt_flag();
 void install_interrupt_handler();
 
 // "prefill: 12 tokens, 850.3 tok/s | generation: 64 tokens, 41.2 tok/s | finish: stop", and
-// " | constraint: 0.050 ms/token" under --json-schema / --json-object.
+// " | constraint: 0.050 ms/token computed, 0.010 ms/token waited" under --json-schema /
+// --json-object.
 std::string stats_line(const GenerationResult& r);
 
 }  // namespace rl::cli

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 
 #include "common/error.h"
 #include "common/format.h"
@@ -135,6 +136,14 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
     if (!trie_) trie_ = std::make_unique<TokenTrie>(tokenizer_);
     constraint.emplace(*config.constraint.grammar, *trie_, config.constraint.after_reasoning);
   }
+  // The next step's mask is computed on another thread while the session decodes (a GPU backend
+  // leaves this thread waiting), so only what is left of it delays sampling.
+  std::future<void> next_mask;
+  auto compute_mask = [&](int budget) {
+    auto tm = std::chrono::steady_clock::now();
+    constraint->allowed_tokens(budget, mask);
+    r.constraint_compute_seconds += seconds_since(tm);
+  };
   StreamDecoder decoder(tokenizer_, config.render_special);
   StopMatcher stop(config.stop_strings);
   auto emit = [&](const std::string& piece) {
@@ -156,8 +165,8 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
     if (constraint) {
       auto tm = std::chrono::steady_clock::now();
       // Sampling steps left: the token limit, and the context (the last step may still end it).
-      const int budget = std::min(config.max_tokens - generated, session_.n_ctx() - session_.position());
-      constraint->allowed_tokens(budget, mask);
+      if (next_mask.valid()) next_mask.get();
+      else compute_mask(std::min(config.max_tokens - generated, session_.n_ctx() - session_.position()));
       allowed = &mask;
       r.constraint_seconds += seconds_since(tm);
       ++r.constrained_steps;
@@ -189,6 +198,9 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
       r.pending_token = token;  // length: the limit or a full context
       break;
     }
+    if (constraint)
+      next_mask = std::async(std::launch::async, compute_mask,
+                             std::min(config.max_tokens - generated, session_.n_ctx() - session_.position() - 1));
     logits = session_.decode(token);
     history_.push_back(token);
     last_logits_ = logits;

@@ -79,7 +79,11 @@ struct GenerationResult {
   int decode_passes = 0;      // session.decode() calls
   double prefill_seconds = 0;
   double decode_seconds = 0;  // from the first sample to the end, sampling included
-  double constraint_seconds = 0;  // of decode_seconds: computing the constraint's token masks
+  // Under a constraint: the time sampling waited for token masks (each computed while the
+  // session decodes the previous token) and followed tokens, of decode_seconds; and the whole
+  // time the masks took, on whichever thread.
+  double constraint_seconds = 0;
+  double constraint_compute_seconds = 0;
   int constrained_steps = 0;      // sampling steps under a constraint
 
   double prefill_tok_s() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0; }
