@@ -82,7 +82,42 @@ struct TokenConstraint::Impl {
     std::vector<Escape>* escapes;    // null: a real stack, nothing to escape from
     uint32_t limit;                  // allow a token only when the document can be finished in this many bytes
     uint32_t max_distance = 0;
+    // The walk's first state and the bytes that lead from it back to itself (inside a string:
+    // nearly all): below such a byte the walk goes on with the same stacks, simulating nothing.
+    const std::vector<const Cell*>* root = nullptr;
+    ByteSet loop;
+    uint32_t root_distance = 0;
   };
+
+  bool same_set(const std::vector<const Cell*>& a, const std::vector<const Cell*>& b) const {
+    if (a.size() != b.size()) return false;
+    for (const Cell* x : a)
+      if (std::none_of(b.begin(), b.end(), [&](const Cell* y) { return same_stack(x, y); })) return false;
+    return true;
+  }
+
+  // Walks the whole trie from `stacks`, with the loop bytes of that state.
+  void walk_from(const std::vector<const Cell*>& stacks, Sink& sink) {
+    sink.root = &stacks;
+    sink.root_distance = min_distance(stacks);
+    std::vector<const Cell*> next;
+    for (int b = 0; b < 256; ++b) {
+      const size_t mark = arena.mark();
+      next.clear();
+      int escaped = 0;
+      for (const Cell* c : stacks) consume(c, (uint8_t)b, next, escaped);
+      if (!escaped && same_set(next, stacks)) sink.loop.add((uint8_t)b);
+      arena.rewind(mark);
+    }
+    walk(TokenTrie::kRoot, stacks, 0, sink, true);
+  }
+
+  void allow_tokens(const TokenTrie::Node& node, uint32_t distance, Sink& sink) const {
+    if (distance > sink.limit) return;
+    sink.max_distance = std::max(sink.max_distance, distance);
+    const int32_t* toks = trie.tokens(node);
+    for (uint32_t t = 0; t < node.token_count; ++t) (*sink.tokens)[(size_t)toks[t] >> 6] |= uint64_t(1) << (toks[t] & 63);
+  }
 
   const Grammar& g;
   const TokenTrie& trie;
@@ -169,10 +204,17 @@ struct TokenConstraint::Impl {
   std::vector<Stack> start_state() const { return {Stack{g.entry(after_reasoning)}}; }
 
   // Every token below trie node `node` that `stacks` accept (after the node's bytes).
-  void walk(uint32_t node, const std::vector<const Cell*>& stacks, size_t depth, Sink& sink) {
+  // at_root: `stacks` is the walk's first state (sink.root).
+  void walk(uint32_t node, const std::vector<const Cell*>& stacks, size_t depth, Sink& sink, bool at_root = false) {
     const TokenTrie::Node& n = trie.node(node);
     const TokenTrie::Edge* edges = trie.edges(n);
     for (uint32_t i = 0; i < n.edge_count; ++i) {
+      if (at_root && sink.loop.has(edges[i].byte)) {
+        const TokenTrie::Node& child = trie.node(edges[i].child);
+        if (child.token_count) allow_tokens(child, sink.root_distance, sink);
+        if (child.edge_count) walk(edges[i].child, stacks, depth + 1, sink, true);
+        continue;
+      }
       const size_t mark = arena.mark();
       std::vector<const Cell*>& next = levels[depth];
       next.clear();
@@ -184,16 +226,10 @@ struct TokenConstraint::Impl {
       }
       if (!next.empty()) {
         const TokenTrie::Node& child = trie.node(edges[i].child);
-        if (child.token_count) {
-          const uint32_t d = min_distance(next);
-          if (d <= sink.limit) {
-            sink.max_distance = std::max(sink.max_distance, d);
-            const int32_t* toks = trie.tokens(child);
-            for (uint32_t t = 0; t < child.token_count; ++t)
-              (*sink.tokens)[(size_t)toks[t] >> 6] |= uint64_t(1) << (toks[t] & 63);
-          }
-        }
-        if (child.edge_count) walk(edges[i].child, next, depth + 1, sink);
+        if (child.token_count) allow_tokens(child, min_distance(next), sink);
+        // Back in the first state (after a multi-byte character of a string, say)?
+        const bool back = sink.root && !escaped && same_set(next, *sink.root);
+        if (child.edge_count) walk(edges[i].child, back ? *sink.root : next, depth + 1, sink, back);
       }
       arena.rewind(mark);
     }
@@ -215,7 +251,7 @@ struct TokenConstraint::Impl {
     arena.rewind(0);
     std::vector<const Cell*> tops{materialize(s, s.size() - k, s.size(), truncated ? &kEscape : &kAccept)};
     Sink sink{&e.accepted, &e.escapes, kNoLimit};
-    walk(TokenTrie::kRoot, tops, 0, sink);
+    walk_from(tops, sink);
     e.max_top_distance = sink.max_distance;
     return e;
   }
@@ -246,7 +282,7 @@ struct TokenConstraint::Impl {
         // Near the end of the budget: walk this stack whole, checking each token's distance.
         std::vector<const Cell*> tops{materialize(s, 0, s.size(), &kAccept)};
         Sink sink{&words, nullptr, limit};
-        walk(TokenTrie::kRoot, tops, 0, sink);
+        walk_from(tops, sink);
         continue;
       }
       for (size_t i = 0; i < words.size(); ++i) words[i] |= e.accepted[i];
