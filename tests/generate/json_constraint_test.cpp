@@ -17,6 +17,7 @@
 #include "generate/generator.h"
 #include "generate/json_schema_grammar.h"
 #include "generate/token_constraint.h"
+#include "generate/tool_call_grammar.h"
 #include "gguf/gguf.h"
 #include "json_constraint_util.h"
 #include "model/model.h"
@@ -328,4 +329,46 @@ TEST(TokenConstraint, MaskTimeOnTheRealVocabulary) {
               allowed, m->trie->n_vocab(), first * 1e3, later * 1e3);
   EXPECT_GT(allowed, 100000u);  // nearly every token may continue a string
   EXPECT_EQ(c.trie_walks(), first_walks);  // the later steps come from the cache
+}
+
+// The tool-call grammars accept exactly the calls the chat templates render (an independent
+// writer of the syntax) and that parse_tool_calls reads back; they refuse unknown functions,
+// missing required arguments and arguments of the wrong type.
+TEST(ToolCallGrammar, AcceptsTheTemplatesCallsAndRefusesBadOnes) {
+  const TokenTrie& trie = fake_trie();
+  const ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}}])");
+  for (ChatFormat format : {ChatFormat::Qwen3Instruct, ChatFormat::Qwen3Coder}) {
+    const Grammar g = tool_call_grammar(tools, format);
+    ChatMessage user{"user", "Weather?", {}, {}, {}};
+    ChatMessage assistant{"assistant", "", {}, {{"", "get_weather", R"({"city": "Paris <3", "days": 3})"}}, {}};
+    const ChatTemplate t = ChatTemplate::of(format);
+    const std::vector<ChatMessage> messages = {user, assistant};
+    const std::string text = t.render(messages, {.add_generation_prompt = false, .tools = tools});
+    const size_t open = text.rfind("<tool_call>"), close = text.find("</tool_call>", open);  // the system turn explains the syntax first
+    ASSERT_NE(open, std::string::npos);
+    std::string call = text.substr(open, close + 12 - open);
+    if (format == ChatFormat::Qwen3Coder) {  // raw string values cannot hold '<' in the grammar
+      const size_t lt = call.find(" <3");
+      call.erase(lt, 3);
+    }
+    EXPECT_TRUE(accepts_document(g, trie, call)) << call;
+    EXPECT_EQ(t.parse_tool_calls(call, tools).tool_calls.size(), 1u);
+    EXPECT_TRUE(accepts_document(g, trie, call + "\n" + call));
+    std::string other = call;
+    other.replace(other.find("get_weather"), 11, "get_weathex");
+    EXPECT_FALSE(accepts_prefix(g, trie, other));
+  }
+  const Grammar json_form = tool_call_grammar(tools, ChatFormat::Qwen3Instruct);
+  EXPECT_FALSE(accepts_prefix(json_form, trie, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\""));
+  EXPECT_FALSE(accepts_prefix(json_form, trie, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 1"));
+  EXPECT_FALSE(accepts_prefix(json_form, trie, "Sure! <tool_call>"));
+  const Grammar xml_form = tool_call_grammar(tools, ChatFormat::Qwen3Coder);
+  EXPECT_FALSE(accepts_document(xml_form, trie, "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts_prefix(xml_form, trie, "<tool_call>\n<function=get_weather>\n<parameter=city>\na<"));
+  EXPECT_FALSE(accepts_prefix(xml_form, trie,
+                              "<tool_call>\n<function=get_weather>\n<parameter=city>\nP\n</parameter>\n<parameter=days>\nx"));
+  EXPECT_THROW(tool_call_grammar(tools, ChatFormat::Qwen2), Error);
+  EXPECT_THROW(tool_call_grammar(ojson::parse(R"([{"function":{"name":"f","parameters":{"type":"object",
+      "properties":{"x":{"anyOf":[{"type":"string"}]}}}}}])"), ChatFormat::Qwen3Coder), Error);
 }
