@@ -206,6 +206,7 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
     last_logits_ = logits;
     ++r.decode_passes;
   }
+  if (next_mask.valid()) next_mask.wait();  // cancelled with a mask in flight: it writes into r
   if (!stop.matched()) {
     emit(stop.push(decoder.flush()));
     emit(stop.flush());
