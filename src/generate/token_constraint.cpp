@@ -318,7 +318,7 @@ struct TokenConstraint::Impl {
         worst_after_free > budget - 2) {
       const std::string_view rest = kReasoningEnd.substr(matched);
       for (size_t len = 1; len <= rest.size(); ++len) force_token(rest.substr(0, len), mask);
-      return;
+      if (!mask.empty()) return;  // else the vocabulary cannot spell it: leave the reasoning free
     }
     mask.allow_all_of(trie.trie_tokens());
     for (int32_t t : close_candidates) {

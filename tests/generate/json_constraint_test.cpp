@@ -301,6 +301,15 @@ TEST(TokenConstraint, ReasoningStaysFreeUntilThinkCloses) {
   EXPECT_FALSE(mask.allows(plain));
   EXPECT_TRUE(c.advance("tru"));
   EXPECT_FALSE(c.advance("x"));
+
+  // 13 steps left hold "</think>", "true" and the end, and no more: only "</think>" may follow.
+  TokenConstraint closing(g, *m->trie, true);
+  closing.allowed_tokens(13, mask);
+  ASSERT_GT(mask.count(), 0u);
+  for (int32_t t = 0; t < m->trie->n_vocab(); ++t)
+    if (mask.allows(t)) EXPECT_EQ(std::string_view("</think>").substr(0, m->trie->bytes(t).size()), m->trie->bytes(t));
+  closing.allowed_tokens(14, mask);
+  EXPECT_TRUE(mask.allows(plain));  // one more step: still free
 }
 
 // What a step costs on the real vocabulary: the first visit of a state (a trie walk) and later
