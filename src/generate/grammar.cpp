@@ -96,22 +96,42 @@ Grammar GrammarBuilder::finish(uint32_t start, std::string_view what) {
   if (min_len[start] == Grammar::kNever) fail("{} admits no value (its language is empty)", what);
 
   // A rule that can reach itself without consuming a byte would loop the automaton forever.
+  // Depth-first over "may start with" edges (a rule leftmost, or after rules that may be empty),
+  // with an explicit stack: chains of optional members are long.
   std::vector<int> visiting(n, 0);  // 0 new, 1 on the path, 2 done
   auto nullable = [&](const Symbol& s) { return s.is_rule && min_len[s.value] == 0; };
-  auto check_left = [&](auto& self, uint32_t r) -> void {
-    if (visiting[r] == 2) return;
-    if (visiting[r] == 1) fail("{} is too complex: a repetition of something that may be empty", what);
-    visiting[r] = 1;
+  auto leftmost = [&](uint32_t r) {
+    std::vector<uint32_t> out;
     for (const Sequence& alt : rules_[r]) {
       if (cost(alt) == Grammar::kNever) continue;
       for (const Symbol& s : alt) {
-        if (s.is_rule) self(self, s.value);
+        if (s.is_rule) out.push_back(s.value);
         if (!nullable(s)) break;
       }
     }
-    visiting[r] = 2;
+    return out;
   };
-  for (uint32_t r = 0; r < n; ++r) check_left(check_left, r);
+  for (uint32_t root = 0; root < n; ++root) {
+    if (visiting[root]) continue;
+    std::vector<std::pair<uint32_t, std::vector<uint32_t>>> path;  // rule, its edges not yet followed
+    visiting[root] = 1;
+    path.emplace_back(root, leftmost(root));
+    while (!path.empty()) {
+      auto& [r, edges] = path.back();
+      if (edges.empty()) {
+        visiting[r] = 2;
+        path.pop_back();
+        continue;
+      }
+      const uint32_t next = edges.back();
+      edges.pop_back();
+      if (visiting[next] == 1) fail("{} is too complex: a repetition of something that may be empty", what);
+      if (visiting[next] == 0) {
+        visiting[next] = 1;
+        path.emplace_back(next, leftmost(next));
+      }
+    }
+  }
 
   Grammar g;
   g.byte_sets_ = byte_sets_;

@@ -14,6 +14,10 @@ namespace {
 
 // Counts (items, characters) above this are capped: the rules grow with the count.
 constexpr int64_t kMaxCount = 4096;
+// Deeper schemas and objects with more properties are refused: they bound the compiler's
+// recursion and the parses alive at once (every optional property may come next).
+constexpr int kMaxDepth = 128;
+constexpr size_t kMaxProperties = 1024;
 
 const std::set<std::string>& annotations() {
   static const std::set<std::string> s = {"title",  "description", "default",  "examples",  "$schema", "$id",
@@ -122,6 +126,11 @@ uint32_t JsonSchemaCompiler::any_value() {
 }
 
 uint32_t JsonSchemaCompiler::compile(const ojson& schema, const std::string& path) {
+  struct DepthGuard {
+    int& depth;
+    ~DepthGuard() { --depth; }
+  } guard{++depth_};
+  if (depth_ > kMaxDepth) fail("the schema (at {}) nests deeper than {} levels, $ref included", path, kMaxDepth);
   if (schema.is_boolean()) return schema.get<bool>() ? any_value() : b_.rule_of({});
   if (!schema.is_object()) fail("a schema (at {}) must be an object or a boolean", path);
   const std::vector<std::string> keys = constraining_keys(schema);
@@ -237,6 +246,8 @@ uint32_t JsonSchemaCompiler::object(const ojson& schema, const std::string& path
       required.insert(n.get<std::string>());
     }
   }
+  if (props.size() + required.size() > kMaxProperties)
+    fail("an object (at {}) with more than {} properties is not supported", path, kMaxProperties);
   for (auto it = props.begin(); it != props.end(); ++it)
     fields.emplace_back(it.key(), compile(it.value(), fmt::format("{}/properties/{}", path, it.key())));
   for (const std::string& name : required)  // required but not listed: its value is additionalProperties'

@@ -53,6 +53,7 @@ class JsonSchemaCompiler {
   std::map<std::string, uint32_t> refs_;  // "$ref" text -> rule
   uint32_t any_value_ = Grammar::kNever, free_string_ = Grammar::kNever, ws_ = Grammar::kNever;
   uint32_t number_ = Grammar::kNever, integer_ = Grammar::kNever;
+  int depth_ = 0;  // compile() calls in progress: $ref chains are bounded too
 };
 
 // The grammar of the documents `schema` accepts (throws rl::Error: a keyword outside the subset,

@@ -96,11 +96,14 @@ class RegexCompiler {
   char peek() const { return p_[i_]; }
 
   uint32_t alternation() {
+    constexpr int kMaxNesting = 64;  // bounds the recursion, as the request's JSON depth is bounded
+    if (++nesting_ > kMaxNesting) bad(fmt::format("groups nested deeper than {}", kMaxNesting));
     std::vector<Sequence> alts{concatenation()};
     while (more() && peek() == '|') {
       ++i_;
       alts.push_back(concatenation());
     }
+    --nesting_;
     return b_.rule_of(std::move(alts));
   }
 
@@ -266,6 +269,7 @@ class RegexCompiler {
   GrammarBuilder& b_;
   std::string_view p_;
   size_t i_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

@@ -83,6 +83,24 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreNamed) {
   EXPECT_EQ(schema_error({{"type", "object"}, {"title", "T"}, {"description", "d"}}), "");
 }
 
+// Inputs that would recurse deeply or keep too many parses alive are refused with a message.
+TEST(JsonSchemaGrammar, OversizedSchemasAreRefusedNotCrashed) {
+  EXPECT_NE(schema_error({{"type", "string"}, {"pattern", std::string(100000, '(') + "a" + std::string(100000, ')')}})
+                .find("nested deeper"),
+            std::string::npos);
+  ojson defs = ojson::object();
+  for (int i = 0; i < 5000; ++i) defs["d" + std::to_string(i)] = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  defs["d5000"] = {{"type", "null"}};
+  EXPECT_NE(schema_error({{"$defs", defs}, {"$ref", "#/$defs/d0"}}).find("nests deeper than 128"), std::string::npos);
+  ojson props = ojson::object();
+  for (int i = 0; i < 2000; ++i) props["p" + std::to_string(i)] = {{"type", "null"}};
+  EXPECT_NE(schema_error({{"type", "object"}, {"properties", props}}).find("more than 1024 properties"),
+            std::string::npos);
+  ojson fine = ojson::object();
+  for (int i = 0; i < 1000; ++i) fine["p" + std::to_string(i)] = {{"type", "null"}};
+  EXPECT_EQ(schema_error({{"type", "object"}, {"properties", fine}}), "");  // 1000 optional members
+}
+
 TEST(JsonSchemaGrammar, EmptyLanguagesAreRefused) {
   for (const ojson& s : {ojson(false), ojson{{"enum", ojson::array()}}, ojson{{"type", "string"}, {"enum", {1, 2}}},
                          ojson{{"type", "array"}, {"minItems", 3}, {"maxItems", 2}},
