@@ -24,10 +24,12 @@ bool read_user_line(std::string& line) {
 }
 
 int run_chat(const TextOptions& o) {
-  const GenerationConfig config = o.config();
+  GenerationConfig config = o.config();
   TextModel tm = open_text_model(o.common);
   const Tokenizer& tok = *tm.tokenizer;
   ChatTemplate tmpl = chat_template_of(tok, o);
+  // A Thinking template opens <think>: a constrained document starts after it.
+  config.constraint.after_reasoning = tmpl.format() == ChatFormat::Qwen3Thinking;
   ChatRenderOptions ropt;
   if (o.no_think) ropt.enable_thinking = false;
   std::fprintf(stderr, "chat template: %s. Ctrl-C stops a reply; /reset, /exit (or Ctrl-D).\n", tmpl.name());

@@ -17,7 +17,7 @@ struct RunOptions {
 };
 
 int run_run(const RunOptions& o) {
-  const GenerationConfig config = o.text.config();
+  GenerationConfig config = o.text.config();
   TextModel tm = open_text_model(o.text.common);
   const Tokenizer& tok = *tm.tokenizer;
 
@@ -30,6 +30,8 @@ int run_run(const RunOptions& o) {
     ChatRenderOptions ropt;
     if (o.text.no_think) ropt.enable_thinking = false;
     prompt = tokenize_prompt(tok, tmpl.render(messages, ropt), /*add_bos=*/true);
+    // A Thinking template opens <think>: the constrained document starts after it.
+    config.constraint.after_reasoning = tmpl.format() == ChatFormat::Qwen3Thinking;
   } else {
     if (!o.text.system.empty()) fail("--system: needs --chat (a raw prompt has no system turn)");
     prompt = tokenize_prompt(tok, o.prompt, /*add_bos=*/true);

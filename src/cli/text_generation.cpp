@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/format.h"
+#include "generate/json_schema_grammar.h"
 #include "gguf/gguf.h"
 
 namespace rl::cli {
@@ -23,6 +24,19 @@ GenerationConfig TextOptions::config() const {
   if (greedy) c.sampling.temperature = 0.0f;
   if (ignore_eos) c.stop_at_eog = false;
   c.sampling.validate();
+  if (!json_schema.empty() && json_object) fail("--json-schema and --json-object: give one");
+  if (json_object) c.constraint.grammar = std::make_shared<const Grammar>(json_object_grammar());
+  if (!json_schema.empty()) {
+    std::ifstream f(json_schema);
+    if (!f) fail("--json-schema {}: cannot read the file", json_schema);
+    const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(f, nullptr, false);
+    if (schema.is_discarded()) fail("--json-schema {}: not valid JSON", json_schema);
+    try {
+      c.constraint.grammar = std::make_shared<const Grammar>(json_schema_grammar(schema));
+    } catch (const Error& e) {
+      fail("--json-schema {}: {}", json_schema, e.what());
+    }
+  }
   return c;
 }
 
@@ -47,6 +61,9 @@ void add_sampling_options(CLI::App& app, TextOptions& o, int default_max_tokens)
   app.add_flag("--greedy", o.greedy, "argmax decoding (same as --temp 0)");
   app.add_option("--stop", o.gen.stop_strings, "stop when the text contains this string (repeatable)");
   app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past end-of-generation tokens");
+  app.add_option("--json-schema", o.json_schema,
+                 "constrain the reply to JSON documents of the JSON Schema in this file (docs/structured_outputs.md)");
+  app.add_flag("--json-object", o.json_object, "constrain the reply to a JSON object");
 }
 
 void add_chat_options(CLI::App& app, TextOptions& o) {
@@ -168,9 +185,14 @@ void install_interrupt_handler() {
 }
 
 std::string stats_line(const GenerationResult& r) {
-  return fmt::format("prefill: {} tokens, {:.1f} tok/s | generation: {} tokens, {:.1f} tok/s | finish: {}",
-                     r.prefill_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(),
-                     finish_reason_name(r.finish));
+  std::string line = fmt::format("prefill: {} tokens, {:.1f} tok/s | generation: {} tokens, {:.1f} tok/s | finish: {}",
+                                 r.prefill_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(),
+                                 finish_reason_name(r.finish));
+  if (r.constrained_steps > 0)
+    line += fmt::format(" | constraint: {:.3f} ms/token computed, {:.3f} ms/token waited",
+                        1e3 * r.constraint_compute_seconds / r.constrained_steps,
+                        1e3 * r.constraint_seconds / r.constrained_steps);
+  return line;
 }
 
 }  // namespace rl::cli

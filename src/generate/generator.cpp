@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 
 #include "common/error.h"
 #include "common/format.h"
@@ -129,6 +130,20 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
     size_t from = window < 0 ? 0 : prompt.size() - std::min(prompt.size(), (size_t)window);
     for (size_t i = from; i < prompt.size(); ++i) sampler.accept(prompt[i]);
   }
+  std::optional<TokenConstraint> constraint;
+  TokenMask mask;
+  if (config.constraint) {
+    if (!trie_) trie_ = std::make_unique<TokenTrie>(tokenizer_);
+    constraint.emplace(*config.constraint.grammar, *trie_, config.constraint.after_reasoning);
+  }
+  // The next step's mask is computed on another thread while the session decodes (a GPU backend
+  // leaves this thread waiting), so only what is left of it delays sampling.
+  std::future<void> next_mask;
+  auto compute_mask = [&](int budget) {
+    auto tm = std::chrono::steady_clock::now();
+    constraint->allowed_tokens(budget, mask);
+    r.constraint_compute_seconds += seconds_since(tm);
+  };
   StreamDecoder decoder(tokenizer_, config.render_special);
   StopMatcher stop(config.stop_strings);
   auto emit = [&](const std::string& piece) {
@@ -146,7 +161,22 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
       r.finish = FinishReason::Cancelled;
       break;
     }
-    const int32_t token = sampler.sample(logits);
+    const TokenMask* allowed = nullptr;
+    if (constraint) {
+      auto tm = std::chrono::steady_clock::now();
+      // Sampling steps left: the token limit, and the context (the last step may still end it).
+      if (next_mask.valid()) next_mask.get();
+      else compute_mask(std::min(config.max_tokens - generated, session_.n_ctx() - session_.position()));
+      allowed = &mask;
+      r.constraint_seconds += seconds_since(tm);
+      ++r.constrained_steps;
+    }
+    const int32_t token = sampler.sample(logits, allowed);
+    if (constraint) {
+      auto ta = std::chrono::steady_clock::now();
+      constraint->accept(token);
+      r.constraint_seconds += seconds_since(ta);
+    }
     if (config.on_token) config.on_token(token, logits);
     r.tokens.push_back(token);
     if (config.stop_at_eog && tokenizer_.is_eog(token)) {
@@ -168,11 +198,15 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, const Gene
       r.pending_token = token;  // length: the limit or a full context
       break;
     }
+    if (constraint)
+      next_mask = std::async(std::launch::async, compute_mask,
+                             std::min(config.max_tokens - generated, session_.n_ctx() - session_.position() - 1));
     logits = session_.decode(token);
     history_.push_back(token);
     last_logits_ = logits;
     ++r.decode_passes;
   }
+  if (next_mask.valid()) next_mask.wait();  // cancelled with a mask in flight: it writes into r
   if (!stop.matched()) {
     emit(stop.push(decoder.flush()));
     emit(stop.flush());

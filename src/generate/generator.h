@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "generate/prompt_cache.h"
 #include "generate/sampler.h"
+#include "generate/token_constraint.h"
 
 namespace rl {
 
@@ -53,6 +55,9 @@ struct GenerationConfig {
   bool render_special = false;            // stream control tokens' text
   // The penalties see the prompt too (as llama.cpp does); false: generated tokens only.
   bool penalize_prompt = true;
+  // When set, every sampled token keeps the output a prefix of the grammar's documents, and
+  // generation ends (end-of-generation) only where the document is complete.
+  OutputConstraint constraint;
   // Called with every sampled token (the end-of-generation one too) and the logits it was drawn
   // from, before penalties: what the server needs for logprobs. Optional.
   std::function<void(int32_t token, std::span<const float> logits)> on_token;
@@ -74,6 +79,12 @@ struct GenerationResult {
   int decode_passes = 0;      // session.decode() calls
   double prefill_seconds = 0;
   double decode_seconds = 0;  // from the first sample to the end, sampling included
+  // Under a constraint: the time sampling waited for token masks (each computed while the
+  // session decodes the previous token) and followed tokens, of decode_seconds; and the whole
+  // time the masks took, on whichever thread.
+  double constraint_seconds = 0;
+  double constraint_compute_seconds = 0;
+  int constrained_steps = 0;      // sampling steps under a constraint
 
   double prefill_tok_s() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0; }
   double decode_tok_s() const { return decode_seconds > 0 ? decode_passes / decode_seconds : 0; }
@@ -108,6 +119,7 @@ class Generator {
 
   Session& session_;
   const Tokenizer& tokenizer_;
+  std::unique_ptr<TokenTrie> trie_;  // built on the first constrained generation
   std::vector<int32_t> history_;
   std::vector<float> last_logits_;  // logits after history_ (empty: unknown)
 };

@@ -48,8 +48,19 @@ void Sampler::accept(int32_t token) { history_.push_back(token); }
 void Sampler::reset_history() { history_.clear(); }
 
 // Penalties touch only the tokens of the window, so the copy is the only O(n_vocab) cost.
-std::vector<float> Sampler::penalised(std::span<const float> logits) const {
+size_t TokenMask::count() const {
+  size_t n = 0;
+  for (uint64_t w : words_) n += (size_t)__builtin_popcountll(w);
+  return n;
+}
+
+std::vector<float> Sampler::penalised(std::span<const float> logits, const TokenMask* mask) const {
   std::vector<float> out(logits.begin(), logits.end());
+  if (mask) {
+    if (mask->empty()) fail("sampler: the output constraint allows no token");
+    for (size_t i = 0; i < out.size(); ++i)
+      if (!mask->allows((int32_t)i)) out[i] = -INFINITY;
+  }
   const bool any = params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
                    params_.frequency_penalty != 0.0f;
   if (!any || history_.empty() || params_.repeat_last_n == 0) return out;
@@ -66,12 +77,14 @@ std::vector<float> Sampler::penalised(std::span<const float> logits) const {
   return out;
 }
 
-std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float> logits) const {
-  return filtered(logits, /*sorted=*/true);
+std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float> logits,
+                                                           const TokenMask* mask) const {
+  return filtered(logits, /*sorted=*/true, mask);
 }
 
-std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits, bool sorted_output) const {
-  std::vector<float> l = penalised(logits);
+std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits, bool sorted_output,
+                                                         const TokenMask* mask) const {
+  std::vector<float> l = penalised(logits, mask);
   if (params_.greedy()) return {{argmax(l), 1.0f}};
 
   // Order: descending logit, lower id first among equals.
@@ -82,6 +95,8 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
     std::partial_sort(order.begin(), order.begin() + params_.top_k, order.end(), before);
     order.resize((size_t)params_.top_k);
   }
+  // Masked-out tokens (-infinity) have no probability: none may survive, not even as a fallback.
+  if (mask) std::erase_if(order, [&](int32_t t) { return l[t] == -INFINITY; });
 
   // Softmax of logits / temperature over the top-k survivors (double: 150k terms). `weight` is
   // the unnormalised probability; `norm` its sum over every survivor.
@@ -136,9 +151,9 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
 // 53 random bits -> [0, 1): the same stream on every platform for a given seed.
 double Sampler::uniform01() { return (double)(rng_() >> 11) * 0x1.0p-53; }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::sample(std::span<const float> logits, const TokenMask* mask) {
   if (logits.empty()) fail("sampler: empty logits");
-  auto cands = filtered(logits, /*sorted=*/false);
+  auto cands = filtered(logits, /*sorted=*/false, mask);
   if (cands.size() == 1) return cands[0].first;
   const double u = uniform01();
   double cum = 0;

@@ -9,6 +9,7 @@
 //      probable tokens whose mass reaches p), then min-p (keep p_i >= min_p * p_max);
 //   4. draw from the renormalised survivors with the seeded generator.
 // A token filtered out by any step can never be drawn; ties keep the lower token id first.
+// With a TokenMask (an output constraint), the tokens it leaves out are removed before step 1.
 #pragma once
 #include <cstdint>
 #include <random>
@@ -36,13 +37,35 @@ struct SamplingParams {
   std::string describe() const;  // "temp 0.70 top_k 20 top_p 0.80 min_p 0.00 ... seed 42"
 };
 
+// The tokens an output constraint allows at one step, as a bit set over the vocabulary.
+class TokenMask {
+ public:
+  void reset(int n_vocab) { words_.assign(((size_t)n_vocab + 63) / 64, 0); }
+  void allow(int32_t token) { words_[(size_t)token >> 6] |= uint64_t(1) << (token & 63); }
+  bool allows(int32_t token) const { return (words_[(size_t)token >> 6] >> (token & 63)) & 1; }
+  void allow_all_of(const std::vector<uint64_t>& words) {
+    for (size_t i = 0; i < words_.size() && i < words.size(); ++i) words_[i] |= words[i];
+  }
+  bool empty() const {
+    for (uint64_t w : words_)
+      if (w) return false;
+    return true;
+  }
+  size_t count() const;
+  std::vector<uint64_t>& words() { return words_; }
+
+ private:
+  std::vector<uint64_t> words_;
+};
+
 class Sampler {
  public:
   explicit Sampler(SamplingParams params);
 
   // Picks the next token from `logits` [n_vocab], applying the penalties over the tokens seen
   // through accept(). Does not record the pick: call accept() with the token that was used.
-  int32_t sample(std::span<const float> logits);
+  // `mask` (optional): only the tokens it allows can be drawn; it must allow at least one.
+  int32_t sample(std::span<const float> logits, const TokenMask* mask = nullptr);
   // Records a token (prompt or generated) for the penalties.
   void accept(int32_t token);
   void reset_history();
@@ -50,14 +73,17 @@ class Sampler {
   // The probabilities sample() would draw from: (token, p) of every survivor of the filters,
   // most probable first, summing to 1. Greedy: the argmax alone with p = 1. For tests and
   // for clients that ask for logprobs.
-  std::vector<std::pair<int32_t, float>> candidates(std::span<const float> logits) const;
+  std::vector<std::pair<int32_t, float>> candidates(std::span<const float> logits,
+                                                    const TokenMask* mask = nullptr) const;
 
   const SamplingParams& params() const { return params_; }
 
  private:
-  std::vector<float> penalised(std::span<const float> logits) const;
+  // The logits after the penalties; masked-out tokens at -infinity.
+  std::vector<float> penalised(std::span<const float> logits, const TokenMask* mask) const;
   // The survivors with their probabilities; most probable first when sorted_output.
-  std::vector<std::pair<int32_t, float>> filtered(std::span<const float> logits, bool sorted_output) const;
+  std::vector<std::pair<int32_t, float>> filtered(std::span<const float> logits, bool sorted_output,
+                                                  const TokenMask* mask) const;
   double uniform01();
 
   SamplingParams params_;

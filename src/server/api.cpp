@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "common/error.h"
+#include "generate/json_schema_grammar.h"
+
 namespace rl::api {
 
 using nlohmann::json;
@@ -102,6 +105,34 @@ std::vector<std::string> stop_strings(const json& body) {
   return out;
 }
 
+// response_format: "text" (nothing), "json_object" (any object) or "json_schema" (its
+// json_schema.schema; absent: any JSON value), compiled here so a bad schema is a 400 that names
+// the keyword.
+std::shared_ptr<const Grammar> response_format_grammar(const json& body) {
+  auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return nullptr;
+  if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+    bad("response_format", "'response_format' must be an object with a string 'type'");
+  const std::string type = (*it)["type"].get<std::string>();
+  if (type == "text") return nullptr;
+  try {
+    if (type == "json_object") return std::make_shared<const Grammar>(json_object_grammar());
+    if (type == "json_schema") {
+      auto js = it->find("json_schema");
+      if (js == it->end() || !js->is_object())
+        bad("response_format", "'response_format' of type 'json_schema' needs a 'json_schema' object");
+      auto schema = js->find("schema");
+      const nlohmann::ordered_json s =
+          schema == js->end() ? nlohmann::ordered_json(true) : nlohmann::ordered_json::parse(schema->dump());
+      return std::make_shared<const Grammar>(json_schema_grammar(s));
+    }
+  } catch (const Error& e) {
+    bad("response_format", fmt::format("response_format: {}", e.what()));
+  }
+  throw ApiError(400, fmt::format("response_format type '{}' is not supported (text, json_object, json_schema)", type),
+                 "invalid_request_error", "response_format", "unsupported_parameter");
+}
+
 CommonRequest parse_common(const json& body, const SamplingParams& defaults, bool chat) {
   CommonRequest r;
   r.gen.sampling = defaults;
@@ -148,14 +179,7 @@ CommonRequest parse_common(const json& body, const SamplingParams& defaults, boo
     // Completions: logprobs is the number of alternatives (0..5 in OpenAI's API).
     if (auto v = integer(body, "logprobs", 0, 5)) r.top_logprobs = (int)*v;
   }
-  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
-      bad("response_format", "'response_format' must be an object with a string 'type'");
-    if ((*it)["type"] != "text")
-      throw ApiError(400, fmt::format("response_format type '{}' is not supported (only 'text')",
-                                      (*it)["type"].get<std::string>()),
-                     "invalid_request_error", "response_format", "unsupported_parameter");
-  }
+  r.gen.constraint.grammar = response_format_grammar(body);
   return r;
 }
 
@@ -275,8 +299,9 @@ ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults)
     r.messages.push_back(std::move(msg));
   }
   // tool_choice "none" hides the tools; a named function ({"type": "function", "function": {"name":
-  // N}}) shows only that one (it must be among the tools); "auto" and "required" show them all. The
-  // choice stays the model's: no grammar constrains the output.
+  // N}}) shows only that one (it must be among the tools); "auto" and "required" show them all.
+  // "required" and a named function also make the reply a tool call (require_tool_call: the
+  // server constrains the output with the chat format's call grammar).
   bool use_tools = true;
   std::string only_tool;
   bool choice_needs_tools = false;
@@ -328,6 +353,7 @@ ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults)
     }
     if (use_tools) r.tools = std::move(ordered);
   }
+  r.require_tool_call = choice_needs_tools && use_tools;
   if (auto v = boolean(body, "enable_thinking")) r.enable_thinking = v;
   if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && kw->is_object())
     if (auto v = boolean(*kw, "enable_thinking")) r.enable_thinking = v;

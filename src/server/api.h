@@ -38,7 +38,7 @@ nlohmann::json parse_body(const std::string& body);
 
 // Fields shared by /v1/chat/completions and /v1/completions.
 struct CommonRequest {
-  GenerationConfig gen;      // sampling, max_tokens, stop strings
+  GenerationConfig gen;      // sampling, max_tokens, stop strings, response_format's constraint
   bool max_tokens_given = false;
   bool stream = false;
   bool include_usage = false;
@@ -51,6 +51,7 @@ struct ChatRequest {
   std::vector<ChatMessage> messages;
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
   std::optional<bool> enable_thinking;
+  bool require_tool_call = false;  // tool_choice "required" or a named function
 };
 
 struct CompletionRequest {

@@ -19,6 +19,7 @@
 #include "generate/chat_template.h"
 #include "generate/generator.h"
 #include "generate/prompt_cache.h"
+#include "generate/tool_call_grammar.h"
 #include "model/session.h"
 #include "server/api.h"
 #include "server/reasoning_split.h"
@@ -523,6 +524,15 @@ struct Server::Impl {
     const int64_t created = unix_now();
     const bool has_tools = !cr.tools.empty();
     const bool split_reasoning = thinking() && !(cr.enable_thinking && !*cr.enable_thinking);
+    // A required tool call replaces response_format's constraint; either starts after the reasoning.
+    if (cr.require_tool_call) {
+      try {
+        job->gen.constraint.grammar = std::make_shared<const Grammar>(tool_call_grammar(cr.tools, chat_template->format()));
+      } catch (const Error& e) {
+        throw ApiError(400, e.what(), "invalid_request_error", "tools");
+      }
+    }
+    job->gen.constraint.after_reasoning = split_reasoning;
     auto finish_name = [&](const GenerationResult& r, const ParsedReply& parsed) -> std::string {
       if (!parsed.tool_calls.empty()) return "tool_calls";
       return r.finish == FinishReason::Length ? "length" : "stop";

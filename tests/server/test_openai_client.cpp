@@ -17,6 +17,7 @@
 #include <fstream>
 
 #include "generate/chat_template.h"
+#include "generate/json_constraint_util.h"
 #include "server_test_util.h"
 
 using nlohmann::json;
@@ -44,9 +45,11 @@ std::string run_capture(const std::string& cmd) { return run_shell(cmd).out; }
 // A `redlite serve` child process, stopped with SIGTERM.
 class ServeProcess {
  public:
-  ServeProcess(const std::string& model, int port, const std::string& key, const std::string& log) {
+  ServeProcess(const std::string& model, int port, const std::string& key, const std::string& log,
+               const std::vector<std::string>& extra_args = {}) {
     std::vector<std::string> args = {redlite_bin(), "serve", "-m", model, "--port", std::to_string(port),
                                      "--api-key", key, "--backend", "cpu", "--threads", "2"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -107,17 +110,24 @@ TEST(ServerOpenAIClient, StreamGreedy) {
   const std::string log = std::string(REDLITE_BINARY_DIR) + "/serve-openai-test.log";
   ServeProcess server(server_model(), port, key, log);
   ASSERT_TRUE(server.ok()) << "could not start " << redlite_bin();
-  httplib::Client c("127.0.0.1", port);
-  bool up = false;
-  for (int i = 0; i < 600 && !up; i++) {
-    auto h = c.Get("/health");
-    up = h && h->status == 200;
-    if (!up) usleep(100000);
+  // A second server in a chat format with tools, for tool_choice "required".
+  const int tools_port = free_port();
+  ServeProcess tools_server(server_model(), tools_port, key, log + ".tools", {"--chat-template", "qwen3-instruct"});
+  ASSERT_TRUE(tools_server.ok()) << "could not start " << redlite_bin();
+  for (int p : {port, tools_port}) {
+    httplib::Client c("127.0.0.1", p);
+    bool up = false;
+    for (int i = 0; i < 600 && !up; i++) {
+      auto h = c.Get("/health");
+      up = h && h->status == 200;
+      if (!up) usleep(100000);
+    }
+    ASSERT_TRUE(up) << "redlite serve did not become healthy; log: " << log;
   }
-  ASSERT_TRUE(up) << "redlite serve did not become healthy; log: " << log;
 
-  const std::string out =
-      run_capture("cd " + dir + " && node openai_client.mjs http://127.0.0.1:" + std::to_string(port) + "/v1 " + key);
+  const std::string out = run_capture("cd " + dir + " && node openai_client.mjs http://127.0.0.1:" +
+                                      std::to_string(port) + "/v1 " + key + " http://127.0.0.1:" +
+                                      std::to_string(tools_port) + "/v1");
   json r = json::parse(out, nullptr, false);
   ASSERT_FALSE(r.is_discarded()) << "client output: " << out;
 
@@ -142,4 +152,22 @@ TEST(ServerOpenAIClient, StreamGreedy) {
   const auto text_ids = tok.encode("The quick brown fox jumps over the lazy dog.", true);
   EXPECT_EQ(r["completion"]["text"].get<std::string>(), cli_greedy_text(text_ids, 24, tok));
   EXPECT_FALSE(r["completion"]["text"].get<std::string>().empty());
+
+  // Structured outputs, validated by Python's jsonschema: the json_schema reply (whole and
+  // streamed alike) and the arguments of the required tool call.
+  EXPECT_EQ(r["json_schema"]["finish"], "stop");
+  EXPECT_EQ(r["json_schema"]["text"], r["json_schema"]["streamed"]);
+  std::vector<SchemaCase> cases{{nlohmann::ordered_json::parse(r["json_schema"]["schema"].dump()),
+                                 r["json_schema"]["text"].get<std::string>()}};
+  EXPECT_EQ(r["tool_required"]["finish"], "tool_calls");
+  ASSERT_FALSE(r["tool_required"]["calls"].empty()) << out;
+  for (const json& call : r["tool_required"]["calls"]) {
+    EXPECT_EQ(call["function"]["name"], "get_population");
+    cases.push_back({nlohmann::ordered_json::parse(r["tool_required"]["tools"][0]["function"]["parameters"].dump()),
+                     call["function"]["arguments"].get<std::string>()});
+  }
+  bool missing = false;
+  const std::string report = python_validate(cases, missing);
+  if (missing) GTEST_SKIP() << "python3-jsonschema is missing: " << report;
+  EXPECT_EQ(report, "");
 }
