@@ -9,6 +9,9 @@
 #     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX)
 #     parity       the tree's `parity --backend cuda` on each carried fixture model vs the oracle,
 #                  prompts up to $PARITY_TOKENS (default 40) tokens, budgets 1, 0.5, 0.1
+#     parity-80b   the tree's parity on the 80B model at budgets 1, 0.5, 0.1, with and without
+#                  --x32-always (the parity prompts are too short for the default to use X32)
+#     bench-8g     the tree's bench with --cache-mib 8192 (one rep)
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
 #     depths       `bench --depths $DEPTHS` on the tree's binary (default 0,4096,16384,32768,65536)
 #     base-depths  the same on the base binary with $BASE_DEPTHS (default: $DEPTHS); the base must
@@ -65,6 +68,14 @@ for s in "$@"; do
           --prompt-tokens "${PARITY_TOKENS:-40}" --budget-fractions 1,0.5,0.1
       done
       ;;
+    parity-80b)
+      model
+      STEP_TIMEOUT=300 step parity-80b "$BUILD/redlite" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 \
+        --budget-fractions 1,0.5,0.1
+      STEP_TIMEOUT=300 step parity-80b-x32 "$BUILD/redlite" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 \
+        --budget-fractions 1,0.5,0.1 --x32-always
+      ;;
+    bench-8g) model; step bench-80b-8g "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ;;
     main)
       model
       for r in $(seq "${AB_ROUNDS:-2}"); do
