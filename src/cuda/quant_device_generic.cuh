@@ -21,24 +21,49 @@ __device__ __forceinline__ uint2 load8_a1(const uint8_t* p) {
   return make_uint2(lo, hi);
 }
 
-// The 32-value blocks keep value j in the low nibble of qs[j] and value j + 16 in the high nibble:
-// chunk k (0..3) of a block is the nibbles (k >= 2: high) of qs[8 (k & 1) .. 8 (k & 1) + 7].
+// The alignment an offset n from a 4-byte aligned address keeps (4, 2 or 1).
+constexpr int alignment_of(int n) { return n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1; }
+
+// Eight bytes from an address aligned to kAlign (4, 2 or 1).
+template <int kAlign>
+__device__ __forceinline__ uint2 load8(const uint8_t* p) {
+  if constexpr (kAlign >= 4) return load8_a4(p);
+  else if constexpr (kAlign == 2) return load8_a2(p);
+  else return load8_a1(p);
+}
+
+// Nibble i of eight packed bytes: the high ones for chunks k >= 2 of a 32-value nibble layout.
 __device__ __forceinline__ int nibble8(uint2 qs, int i, int k) {
   const int v = byte8(qs, i);
   return k >= 2 ? v >> 4 : v & 0xF;
 }
+
+// Chunk c of a row of 32-value blocks, which keep value j in the low nibble of qs[j] and value
+// j + 16 in the high nibble: chunk k (0..3) of its block is the nibbles (k >= 2: high) of
+// qs[8 (k & 1) .. 8 (k & 1) + 7]. kQs: where qs starts in the block; the loads are as wide as the
+// block size allows.
+template <int kBytes, int kQs>
+struct Chunk32 {
+  const uint8_t* b;  // the block
+  int k;
+  uint2 qs;
+  __device__ Chunk32(const uint8_t* row, int c) : b(row + (c >> 2) * kBytes), k(c & 3) {
+    constexpr int kAlign = alignment_of(kBytes) < alignment_of(kQs) ? alignment_of(kBytes) : alignment_of(kQs);
+    qs = load8<kAlign>(b + kQs + 8 * (k & 1));
+  }
+  __device__ int q(int i) const { return nibble8(qs, i, k); }  // the 4-bit value i of the chunk
+  __device__ int index(int i) const { return 8 * k + i; }  // its place in the block
+};
 
 // x = (q - 8) * d
 template <>
 struct Dequant<GgmlType::Q4_0> {
   static constexpr int kValues = 32, kBytes = 18;
   __device__ static void chunk8(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (c >> 2) * kBytes;
-    const int k = c & 3;
-    const float d = half_bits_to_f32(load_u16(b));
-    const uint2 qs = load8_a2(b + 2 + 8 * (k & 1));
+    const Chunk32<kBytes, 2> k(row, c);
+    const float d = half_bits_to_f32(load_u16(k.b));
 #pragma unroll
-    for (int i = 0; i < 8; i++) out[i] = small_int_to_float(nibble8(qs, i, k) - 8) * d;
+    for (int i = 0; i < 8; i++) out[i] = small_int_to_float(k.q(i) - 8) * d;
   }
 };
 
@@ -47,13 +72,11 @@ template <>
 struct Dequant<GgmlType::Q4_1> {
   static constexpr int kValues = 32, kBytes = 20;
   __device__ static void chunk8(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (c >> 2) * kBytes;
-    const int k = c & 3;
-    const uint32_t dm = load_u32(b);
+    const Chunk32<kBytes, 4> k(row, c);
+    const uint32_t dm = load_u32(k.b);
     const float d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)), m = half_bits_to_f32((uint16_t)(dm >> 16));
-    const uint2 qs = load8_a4(b + 4 + 8 * (k & 1));
 #pragma unroll
-    for (int i = 0; i < 8; i++) out[i] = small_uint_to_float(nibble8(qs, i, k)) * d + m;
+    for (int i = 0; i < 8; i++) out[i] = small_uint_to_float(k.q(i)) * d + m;
   }
 };
 
@@ -65,13 +88,11 @@ template <>
 struct Dequant<GgmlType::Q5_0> {
   static constexpr int kValues = 32, kBytes = 22;
   __device__ static void chunk8(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (c >> 2) * kBytes;
-    const int k = c & 3;
-    const float d = half_bits_to_f32(load_u16(b));
-    const uint32_t qh = (uint32_t)load_u16(b + 2) | ((uint32_t)load_u16(b + 4) << 16);
-    const uint2 qs = load8_a2(b + 6 + 8 * (k & 1));
+    const Chunk32<kBytes, 6> k(row, c);
+    const float d = half_bits_to_f32(load_u16(k.b));
+    const uint32_t qh = (uint32_t)load_u16(k.b + 2) | ((uint32_t)load_u16(k.b + 4) << 16);
 #pragma unroll
-    for (int i = 0; i < 8; i++) out[i] = small_int_to_float((nibble8(qs, i, k) | fifth_bit(qh, 8 * k + i)) - 16) * d;
+    for (int i = 0; i < 8; i++) out[i] = small_int_to_float((k.q(i) | fifth_bit(qh, k.index(i))) - 16) * d;
   }
 };
 
@@ -80,14 +101,12 @@ template <>
 struct Dequant<GgmlType::Q5_1> {
   static constexpr int kValues = 32, kBytes = 24;
   __device__ static void chunk8(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (c >> 2) * kBytes;
-    const int k = c & 3;
-    const uint32_t dm = load_u32(b);
+    const Chunk32<kBytes, 8> k(row, c);
+    const uint32_t dm = load_u32(k.b);
     const float d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)), m = half_bits_to_f32((uint16_t)(dm >> 16));
-    const uint32_t qh = load_u32(b + 4);
-    const uint2 qs = load8_a4(b + 8 + 8 * (k & 1));
+    const uint32_t qh = load_u32(k.b + 4);
 #pragma unroll
-    for (int i = 0; i < 8; i++) out[i] = small_uint_to_float(nibble8(qs, i, k) | fifth_bit(qh, 8 * k + i)) * d + m;
+    for (int i = 0; i < 8; i++) out[i] = small_uint_to_float(k.q(i) | fifth_bit(qh, k.index(i))) * d + m;
   }
 };
 
@@ -96,12 +115,10 @@ template <>
 struct Dequant<GgmlType::IQ4_NL> {
   static constexpr int kValues = 32, kBytes = 18;
   __device__ static void chunk8(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (c >> 2) * kBytes;
-    const int k = c & 3;
-    const float d = half_bits_to_f32(load_u16(b));
-    const uint2 qs = load8_a2(b + 2 + 8 * (k & 1));
+    const Chunk32<kBytes, 2> k(row, c);
+    const float d = half_bits_to_f32(load_u16(k.b));
 #pragma unroll
-    for (int i = 0; i < 8; i++) out[i] = d * (float)g_kvalues_iq4nl[nibble8(qs, i, k)];
+    for (int i = 0; i < 8; i++) out[i] = d * (float)g_kvalues_iq4nl[k.q(i)];
   }
 };
 
@@ -116,12 +133,10 @@ template <>
 struct Dequant<GgmlType::MXFP4> {
   static constexpr int kValues = 32, kBytes = 17;
   __device__ static void chunk8(const uint8_t* row, int c, float* out) {
-    const uint8_t* b = row + (c >> 2) * kBytes;
-    const int k = c & 3;
-    const float d = e8m0_to_f32_half(b[0]);
-    const uint2 qs = load8_a1(b + 1 + 8 * (k & 1));
+    const Chunk32<kBytes, 1> k(row, c);
+    const float d = e8m0_to_f32_half(k.b[0]);
 #pragma unroll
-    for (int i = 0; i < 8; i++) out[i] = (float)g_kvalues_mxfp4[nibble8(qs, i, k)] * d;
+    for (int i = 0; i < 8; i++) out[i] = (float)g_kvalues_mxfp4[k.q(i)] * d;
   }
 };
 

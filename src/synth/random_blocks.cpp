@@ -63,6 +63,8 @@ constexpr int kIQ2ScaleLo = 4, kIQ2ScaleHi = 11;  // 4-bit scale ls: values * (0
 constexpr int kIQ1MScaleLo = 2, kIQ1MScaleHi = 7;  // 3-bit scale s: values * (2 s + 1)
 
 uint16_t half(float v) { return f32_to_fp16(v); }
+// A byte of two 4-bit scales, each uniform in [lo, hi] (IQ2_XS, IQ2_S, IQ3_S).
+uint8_t two_scale_nibbles(Rng& rng, int lo, int hi) { return (uint8_t)(rng.range(lo, hi) | (rng.range(lo, hi) << 4)); }
 float as_float(uint16_t h) { return fp16_to_f32(h); }
 
 // The 12-byte packing of eight 6-bit scales and eight 6-bit mins shared by Q4_K and Q5_K:
@@ -161,8 +163,7 @@ void gen_iq2_xs(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
   for (int64_t i = 0; i < nb; i++) {
     // Each 16-bit code: a 9-bit grid index and a 7-bit sign code; every value is valid.
     rng.bytes(reinterpret_cast<uint8_t*>(b[i].qs), sizeof b[i].qs);
-    for (auto& s : b[i].scales)
-      s = (uint8_t)(rng.range(kIQ2ScaleLo, kIQ2ScaleHi) | (rng.range(kIQ2ScaleLo, kIQ2ScaleHi) << 4));
+    for (auto& s : b[i].scales) s = two_scale_nibbles(rng, kIQ2ScaleLo, kIQ2ScaleHi);
     b[i].d = half(scale);
   }
 }
@@ -287,8 +288,7 @@ void gen_iq2_s(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
   for (int64_t i = 0; i < nb; i++) {
     rng.bytes(b[i].qs, sizeof b[i].qs);  // grid index low bits and full sign bytes
     rng.bytes(b[i].qh, sizeof b[i].qh);
-    for (auto& s : b[i].scales)
-      s = (uint8_t)(rng.range(kIQ2ScaleLo, kIQ2ScaleHi) | (rng.range(kIQ2ScaleLo, kIQ2ScaleHi) << 4));
+    for (auto& s : b[i].scales) s = two_scale_nibbles(rng, kIQ2ScaleLo, kIQ2ScaleHi);
     b[i].d = half(scale);
   }
 }
@@ -312,8 +312,7 @@ void gen_iq3_s(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
     rng.bytes(b[i].qs, sizeof b[i].qs);
     rng.bytes(b[i].qh, sizeof b[i].qh);
     rng.bytes(b[i].signs, sizeof b[i].signs);
-    for (auto& s : b[i].scales)
-      s = (uint8_t)(rng.range(kIQ3SScaleLo, kIQ3SScaleHi) | (rng.range(kIQ3SScaleLo, kIQ3SScaleHi) << 4));
+    for (auto& s : b[i].scales) s = two_scale_nibbles(rng, kIQ3SScaleLo, kIQ3SScaleHi);
     b[i].d = half(scale);
   }
 }
