@@ -6,7 +6,8 @@
 // product differs from the CPU oracle's only in the order of the fp32 sums.
 // Block layouts: quant/blocks.h. Rows start at block multiples from a device allocation, so a
 // block is 4-byte aligned when its size is (Q4_K 144, Q5_K 176: 32-bit loads) and 2-byte aligned
-// otherwise (Q8_0 34, Q6_K 210, the IQ types: 16-bit loads).
+// otherwise (Q8_0 34, Q6_K 210, the IQ types: 16-bit loads). The types without a tuned form:
+// quant_device_generic.cuh.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -17,12 +18,18 @@
 
 namespace rl::cuda {
 
-// Codebooks of the IQ types (quant/iq_grids.h), as uploaded by quant_tables.cu.
+// Codebooks of the IQ types and the 4-bit value tables of IQ4_NL / IQ4_XS and MXFP4
+// (quant/iq_grids.h), as uploaded by quant_tables.cu.
 struct QuantTablesHost {
   uint64_t iq2xxs_grid[256];
   uint64_t iq2xs_grid[512];
+  uint64_t iq2s_grid[1024];
+  uint32_t iq3xxs_grid[256];
+  uint32_t iq3s_grid[512];
   uint64_t iq1s_grid[2048];
   uint8_t ksigns_iq2xs[128];
+  int8_t kvalues_iq4nl[16];
+  int8_t kvalues_mxfp4[16];
 };
 
 // The device copies. The library is built without separable compilation, so a __device__ variable
@@ -30,15 +37,26 @@ struct QuantTablesHost {
 // own upload function (RL_QUANT_TABLES_UPLOADER), all called from upload_quant_tables().
 static __device__ uint64_t g_iq2xxs_grid[256];
 static __device__ uint64_t g_iq2xs_grid[512];
+static __device__ uint64_t g_iq2s_grid[1024];
+static __device__ uint32_t g_iq3xxs_grid[256];
+static __device__ uint32_t g_iq3s_grid[512];
 static __device__ uint64_t g_iq1s_grid[2048];
 static __device__ uint8_t g_ksigns_iq2xs[128];
+static __device__ int8_t g_kvalues_iq4nl[16];
+static __device__ int8_t g_kvalues_mxfp4[16];
 
-#define RL_QUANT_TABLES_UPLOADER(fn)                                                    \
-  void fn(const QuantTablesHost& h) {                                                   \
-    RL_CUDA_CHECK(cudaMemcpyToSymbol(g_iq2xxs_grid, h.iq2xxs_grid, sizeof h.iq2xxs_grid)); \
-    RL_CUDA_CHECK(cudaMemcpyToSymbol(g_iq2xs_grid, h.iq2xs_grid, sizeof h.iq2xs_grid));    \
-    RL_CUDA_CHECK(cudaMemcpyToSymbol(g_iq1s_grid, h.iq1s_grid, sizeof h.iq1s_grid));       \
-    RL_CUDA_CHECK(cudaMemcpyToSymbol(g_ksigns_iq2xs, h.ksigns_iq2xs, sizeof h.ksigns_iq2xs)); \
+#define RL_QUANT_TABLE_UPLOAD(name) RL_CUDA_CHECK(cudaMemcpyToSymbol(g_##name, h.name, sizeof h.name))
+#define RL_QUANT_TABLES_UPLOADER(fn)                                                      \
+  void fn(const QuantTablesHost& h) {                                                     \
+    RL_QUANT_TABLE_UPLOAD(iq2xxs_grid);                                                   \
+    RL_QUANT_TABLE_UPLOAD(iq2xs_grid);                                                    \
+    RL_QUANT_TABLE_UPLOAD(iq2s_grid);                                                     \
+    RL_QUANT_TABLE_UPLOAD(iq3xxs_grid);                                                   \
+    RL_QUANT_TABLE_UPLOAD(iq3s_grid);                                                     \
+    RL_QUANT_TABLE_UPLOAD(iq1s_grid);                                                     \
+    RL_QUANT_TABLE_UPLOAD(ksigns_iq2xs);                                                  \
+    RL_QUANT_TABLE_UPLOAD(kvalues_iq4nl);                                                 \
+    RL_QUANT_TABLE_UPLOAD(kvalues_mxfp4);                                                 \
   }
 // The units that dequantise.
 void upload_quant_tables_matvec(const QuantTablesHost& h);
@@ -426,22 +444,27 @@ struct SharedTables {
   }
 };
 
-// Calls f.template operator()<T>() for the weight types this backend runs; false for the others.
-// The list is the types of the project's recipes and fixtures (DESIGN.md §2, issue 6).
+}  // namespace rl::cuda
+
+#include "cuda/quant_device_generic.cuh"
+
+namespace rl::cuda {
+
+// Calls f.template operator()<T>() for the weight types this backend runs (every ggml type with
+// a float view: the tuned forms above, the rest through quant_device_generic.cuh); false for the
+// others (the storage types I8..F64, Q8_1, Q8_K and TQ1_0 / TQ2_0, and ids that are no type).
 template <class F>
 bool dispatch_type(GgmlType t, F&& f) {
   switch (t) {
-    case GgmlType::F32: f.template operator()<GgmlType::F32>(); return true;
-    case GgmlType::F16: f.template operator()<GgmlType::F16>(); return true;
-    case GgmlType::BF16: f.template operator()<GgmlType::BF16>(); return true;
-    case GgmlType::Q8_0: f.template operator()<GgmlType::Q8_0>(); return true;
-    case GgmlType::Q2_K: f.template operator()<GgmlType::Q2_K>(); return true;
-    case GgmlType::Q4_K: f.template operator()<GgmlType::Q4_K>(); return true;
-    case GgmlType::Q5_K: f.template operator()<GgmlType::Q5_K>(); return true;
-    case GgmlType::Q6_K: f.template operator()<GgmlType::Q6_K>(); return true;
-    case GgmlType::IQ2_XXS: f.template operator()<GgmlType::IQ2_XXS>(); return true;
-    case GgmlType::IQ2_XS: f.template operator()<GgmlType::IQ2_XS>(); return true;
-    case GgmlType::IQ1_M: f.template operator()<GgmlType::IQ1_M>(); return true;
+#define RL_DISPATCH(T) \
+  case GgmlType::T: f.template operator()<GgmlType::T>(); return true;
+    RL_DISPATCH(F32) RL_DISPATCH(F16) RL_DISPATCH(BF16)
+    RL_DISPATCH(Q4_0) RL_DISPATCH(Q4_1) RL_DISPATCH(Q5_0) RL_DISPATCH(Q5_1) RL_DISPATCH(Q8_0)
+    RL_DISPATCH(IQ4_NL) RL_DISPATCH(MXFP4)
+    RL_DISPATCH(Q2_K) RL_DISPATCH(Q3_K) RL_DISPATCH(Q4_K) RL_DISPATCH(Q5_K) RL_DISPATCH(Q6_K)
+    RL_DISPATCH(IQ4_XS) RL_DISPATCH(IQ2_XXS) RL_DISPATCH(IQ2_XS) RL_DISPATCH(IQ2_S)
+    RL_DISPATCH(IQ3_XXS) RL_DISPATCH(IQ3_S) RL_DISPATCH(IQ1_S) RL_DISPATCH(IQ1_M)
+#undef RL_DISPATCH
     default: return false;
   }
 }

@@ -13,14 +13,19 @@ void upload_quant_tables() {
   static std::once_flag once;
   std::call_once(once, [] {
     auto h = std::make_unique<QuantTablesHost>();
-    static_assert(sizeof(h->iq2xxs_grid) == sizeof(iq2xxs_grid));
-    static_assert(sizeof(h->iq2xs_grid) == sizeof(iq2xs_grid));
-    static_assert(sizeof(h->iq1s_grid) == sizeof(iq1s_grid));
-    static_assert(sizeof(h->ksigns_iq2xs) == sizeof(ksigns_iq2xs));
-    std::memcpy(h->iq2xxs_grid, iq2xxs_grid, sizeof h->iq2xxs_grid);
-    std::memcpy(h->iq2xs_grid, iq2xs_grid, sizeof h->iq2xs_grid);
-    std::memcpy(h->iq1s_grid, iq1s_grid, sizeof h->iq1s_grid);
-    std::memcpy(h->ksigns_iq2xs, ksigns_iq2xs, sizeof h->ksigns_iq2xs);
+#define RL_COPY_TABLE(name)                          \
+  static_assert(sizeof(h->name) == sizeof(name)); \
+  std::memcpy(h->name, name, sizeof h->name)
+    RL_COPY_TABLE(iq2xxs_grid);
+    RL_COPY_TABLE(iq2xs_grid);
+    RL_COPY_TABLE(iq2s_grid);
+    RL_COPY_TABLE(iq3xxs_grid);
+    RL_COPY_TABLE(iq3s_grid);
+    RL_COPY_TABLE(iq1s_grid);
+    RL_COPY_TABLE(ksigns_iq2xs);
+    RL_COPY_TABLE(kvalues_iq4nl);
+    RL_COPY_TABLE(kvalues_mxfp4);
+#undef RL_COPY_TABLE
     upload_quant_tables_matvec(*h);
     upload_quant_tables_matmul(*h);
     upload_quant_tables_x24(*h);

@@ -26,6 +26,12 @@ extern const uint32_t iq3s_grid[512];    // IQ3_S: odd values 1..15
 // IQ1_S and IQ1_M: 8 signed values per point, each byte an int8 of -1, 0 or +1; 11-bit index.
 extern const uint64_t iq1s_grid[2048];
 
+// The 16 IQ4_NL / IQ4_XS levels (ggml's kvalues_iq4nl): a non-uniform 4-bit codebook.
+extern const int8_t kvalues_iq4nl[16];
+// The E2M1 (fp4) values of MXFP4, doubled so they are integers (ggml's kvalues_mxfp4); the block
+// scale is halved to compensate.
+extern const int8_t kvalues_mxfp4[16];
+
 // The shift added to every IQ1_S / IQ1_M grid value before scaling, its sign chosen per group of
 // 8 by one stored bit: x = scale * (grid value ± delta).
 constexpr float IQ1S_DELTA = 0.125f;

@@ -18,19 +18,12 @@
 #include "common/fp16.h"
 #include "quant/block_dot.h"
 #include "quant/blocks.h"
+#include "quant/iq_grids.h"
 #include "quant/quant_kernels.h"
 
 namespace rl {
 
 namespace {
-
-// The 16 IQ4_NL / IQ4_XS levels (ggml's kvalues_iq4nl): a non-uniform 4-bit codebook.
-constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                     1,    13,   25,  38,  53,  69,  89,  113};
-
-// The E2M1 (fp4) values of MXFP4, doubled so they are integers (ggml's kvalues_mxfp4); the block
-// scale is halved to compensate (e8m0_to_f32_half).
-constexpr int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // 2^(e - 128): half of the E8M0 scale 2^(e - 127). e = 0 and 1 give subnormals.
 inline float e8m0_to_f32_half(uint8_t e) {
@@ -156,14 +149,14 @@ inline void lookup_nibbles(const uint8_t* qs, const int8_t* codebook, int8_t* va
 inline void dequantize_block_iq4_nl(const BlockIQ4_NL& b, float* y) {
   const float d = half_to_f32(b.d);
   int8_t values[kQK32];
-  lookup_nibbles(b.qs, kIQ4NLValues, values);
+  lookup_nibbles(b.qs, kvalues_iq4nl, values);
   for (int j = 0; j < kQK32; j++) y[j] = d * (float)values[j];
 }
 
 inline void dequantize_block_mxfp4(const BlockMXFP4& b, float* y) {
   const float d = e8m0_to_f32_half(b.e);
   int8_t values[kQK32];
-  lookup_nibbles(b.qs, kMXFP4Values, values);
+  lookup_nibbles(b.qs, kvalues_mxfp4, values);
   for (int j = 0; j < kQK32; j++) y[j] = (float)values[j] * d;
 }
 
@@ -176,7 +169,7 @@ inline void dequantize_block_iq4_xs(const BlockIQ4_XS& b, float* y) {
     const int scale_hi = (b.scales_h >> (2 * sub)) & 3;
     const float dl = d * (float)((scale_lo | (scale_hi << 4)) - 32);
     int8_t values[32];
-    lookup_nibbles(b.qs + 16 * sub, kIQ4NLValues, values);  // nibble layout of a 32-value block
+    lookup_nibbles(b.qs + 16 * sub, kvalues_iq4nl, values);  // nibble layout of a 32-value block
     for (int j = 0; j < 32; j++) y[32 * sub + j] = dl * (float)values[j];
   }
 }

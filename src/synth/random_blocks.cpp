@@ -1,5 +1,6 @@
 #include "synth/random_blocks.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -62,6 +63,8 @@ constexpr int kIQ2ScaleLo = 4, kIQ2ScaleHi = 11;  // 4-bit scale ls: values * (0
 constexpr int kIQ1MScaleLo = 2, kIQ1MScaleHi = 7;  // 3-bit scale s: values * (2 s + 1)
 
 uint16_t half(float v) { return f32_to_fp16(v); }
+// A byte of two 4-bit scales, each uniform in [lo, hi] (IQ2_XS, IQ2_S, IQ3_S).
+uint8_t two_scale_nibbles(Rng& rng, int lo, int hi) { return (uint8_t)(rng.range(lo, hi) | (rng.range(lo, hi) << 4)); }
 float as_float(uint16_t h) { return fp16_to_f32(h); }
 
 // The 12-byte packing of eight 6-bit scales and eight 6-bit mins shared by Q4_K and Q5_K:
@@ -160,8 +163,7 @@ void gen_iq2_xs(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
   for (int64_t i = 0; i < nb; i++) {
     // Each 16-bit code: a 9-bit grid index and a 7-bit sign code; every value is valid.
     rng.bytes(reinterpret_cast<uint8_t*>(b[i].qs), sizeof b[i].qs);
-    for (auto& s : b[i].scales)
-      s = (uint8_t)(rng.range(kIQ2ScaleLo, kIQ2ScaleHi) | (rng.range(kIQ2ScaleLo, kIQ2ScaleHi) << 4));
+    for (auto& s : b[i].scales) s = two_scale_nibbles(rng, kIQ2ScaleLo, kIQ2ScaleHi);
     b[i].d = half(scale);
   }
 }
@@ -184,6 +186,149 @@ void gen_iq1_m(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
   }
 }
 
+// ---- the types without a tuned GPU form (the all-types recipe) ------------------------------
+
+constexpr int kQ3KScaleLo = 8, kQ3KScaleHi = 15;    // |scale6 - 32|, random sign
+constexpr int kIQ4XSScaleLo = 8, kIQ4XSScaleHi = 15;  // |scale6 - 32|, random sign
+constexpr int kIQ3SScaleLo = 2, kIQ3SScaleHi = 7;   // 4-bit s: values * (1 + 2 s)
+constexpr int kIQ1SScaleLo = 2, kIQ1SScaleHi = 7;   // 3-bit s: values * (2 s + 1)
+
+// x = d * q + m with m = -mid * d: q uniform in 0..2 mid has mean mid, so x has mean ~0.
+template <class Block>
+void set_scale_and_min(Block& b, float scale, float mid) {
+  b.d = half(scale);
+  b.m = half(-mid * as_float(b.d));
+}
+
+void gen_q4_1(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockQ4_1*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    set_scale_and_min(b[i], scale, 7.5f);
+  }
+}
+
+void gen_q5_0(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockQ5_0*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    rng.bytes(b[i].qh, sizeof b[i].qh);
+    b[i].d = half(scale * rng.sign());  // q - 16 has mean -0.5; the random sign cancels it
+  }
+}
+
+void gen_q5_1(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockQ5_1*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    rng.bytes(b[i].qh, sizeof b[i].qh);
+    set_scale_and_min(b[i], scale, 15.5f);
+  }
+}
+
+void gen_iq4_nl(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockIQ4_NL*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    b[i].d = half(scale * rng.sign());  // the codebook's mean (-5.9) cancels with the sign
+  }
+}
+
+// MXFP4's scale is a power of two 2^(e - 128): e is drawn between the two powers around `scale`
+// with the odds that make the mean square d^2 equal scale^2, so unit_rms still calibrates it.
+void gen_mxfp4(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockMXFP4*>(dst);
+  const int lo = (int)std::floor(std::log2(scale));
+  const double s2 = (double)scale * scale, lo2 = std::ldexp(1.0, 2 * lo);
+  const double p_lo = (4 * lo2 - s2) / (3 * lo2);  // p lo2 + (1 - p) 4 lo2 = s2
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);  // the codebook is symmetric: mean 0
+    const int e = 128 + lo + (rng.uniform() < p_lo ? 0 : 1);
+    b[i].e = (uint8_t)std::clamp(e, 2, 253);
+  }
+}
+
+void gen_q3_K(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockQ3_K*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].hmask, sizeof b[i].hmask);
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    // 16 six-bit scales stored + 32: low nibbles in bytes 0-7 (sub-blocks 8-15 in the high
+    // nibbles), the 2 high bits of sub-block s at bits 2 (s/4) of byte 8 + s%4. q has mean -0.5:
+    // the random scale signs cancel it.
+    std::memset(b[i].scales, 0, sizeof b[i].scales);
+    for (int sub = 0; sub < 16; sub++) {
+      const int v = rng.range(kQ3KScaleLo, kQ3KScaleHi) * (int)rng.sign() + 32;
+      b[i].scales[sub % 8] |= (uint8_t)((v & 0xF) << (sub < 8 ? 0 : 4));
+      b[i].scales[8 + sub % 4] |= (uint8_t)((v >> 4) << (2 * (sub / 4)));
+    }
+    b[i].d = half(scale);
+  }
+}
+
+void gen_iq4_xs(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockIQ4_XS*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    // Eight six-bit scales stored + 32: low nibbles in scales_l, high bit pairs in scales_h.
+    std::memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+    uint16_t high = 0;
+    for (int sub = 0; sub < 8; sub++) {
+      const int v = rng.range(kIQ4XSScaleLo, kIQ4XSScaleHi) * (int)rng.sign() + 32;
+      b[i].scales_l[sub / 2] |= (uint8_t)((v & 0xF) << (4 * (sub % 2)));
+      high |= (uint16_t)((v >> 4) << (2 * sub));
+    }
+    b[i].scales_h = high;
+    b[i].d = half(scale);
+  }
+}
+
+void gen_iq2_s(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockIQ2_S*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);  // grid index low bits and full sign bytes
+    rng.bytes(b[i].qh, sizeof b[i].qh);
+    for (auto& s : b[i].scales) s = two_scale_nibbles(rng, kIQ2ScaleLo, kIQ2ScaleHi);
+    b[i].d = half(scale);
+  }
+}
+
+void gen_iq3_xxs(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockIQ3_XXS*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    // The 4-bit scale is the top nibble of each 32-value group's sign word (its byte 3).
+    for (int g = 0; g < kQK_K / 32; g++) {
+      uint8_t& top = b[i].qs[64 + 4 * g + 3];
+      top = (uint8_t)((top & 0x0F) | (rng.range(kIQ2ScaleLo, kIQ2ScaleHi) << 4));
+    }
+    b[i].d = half(scale);
+  }
+}
+
+void gen_iq3_s(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockIQ3_S*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    rng.bytes(b[i].qh, sizeof b[i].qh);
+    rng.bytes(b[i].signs, sizeof b[i].signs);
+    for (auto& s : b[i].scales) s = two_scale_nibbles(rng, kIQ3SScaleLo, kIQ3SScaleHi);
+    b[i].d = half(scale);
+  }
+}
+
+void gen_iq1_s(uint8_t* dst, int64_t nb, float scale, Rng& rng) {
+  auto* b = reinterpret_cast<BlockIQ1_S*>(dst);
+  for (int64_t i = 0; i < nb; i++) {
+    rng.bytes(b[i].qs, sizeof b[i].qs);
+    // qh per 32 values: 4 x 3 high index bits, the 3-bit scale in bits 12-14, the delta's sign on top.
+    for (auto& h : b[i].qh)
+      h = (uint16_t)((rng.next() & 0x0FFF) | (rng.range(kIQ1SScaleLo, kIQ1SScaleHi) << 12) |
+                     ((rng.next() >> 63) << 15));
+    b[i].d = half(scale);
+  }
+}
+
 using BlockGen = void (*)(uint8_t* dst, int64_t n_blocks, float scale, Rng& rng);
 
 BlockGen block_generator(GgmlType type) {
@@ -197,6 +342,17 @@ BlockGen block_generator(GgmlType type) {
     case GgmlType::IQ2_XXS: return gen_iq2_xxs;
     case GgmlType::IQ2_XS: return gen_iq2_xs;
     case GgmlType::IQ1_M: return gen_iq1_m;
+    case GgmlType::Q4_1: return gen_q4_1;
+    case GgmlType::Q5_0: return gen_q5_0;
+    case GgmlType::Q5_1: return gen_q5_1;
+    case GgmlType::IQ4_NL: return gen_iq4_nl;
+    case GgmlType::MXFP4: return gen_mxfp4;
+    case GgmlType::Q3_K: return gen_q3_K;
+    case GgmlType::IQ4_XS: return gen_iq4_xs;
+    case GgmlType::IQ2_S: return gen_iq2_s;
+    case GgmlType::IQ3_XXS: return gen_iq3_xxs;
+    case GgmlType::IQ3_S: return gen_iq3_s;
+    case GgmlType::IQ1_S: return gen_iq1_s;
     default: return nullptr;
   }
 }
@@ -205,9 +361,11 @@ bool is_float_type(GgmlType type) {
   return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
 }
 
-constexpr GgmlType kGeneratable[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,    GgmlType::Q8_0,
-                                     GgmlType::Q4_0, GgmlType::Q2_K, GgmlType::Q4_K,    GgmlType::Q5_K,
-                                     GgmlType::Q6_K, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
+constexpr GgmlType kGeneratable[] = {
+    GgmlType::F32,  GgmlType::F16,     GgmlType::BF16,   GgmlType::Q4_0,    GgmlType::Q4_1,  GgmlType::Q5_0,
+    GgmlType::Q5_1, GgmlType::Q8_0,    GgmlType::IQ4_NL, GgmlType::MXFP4,   GgmlType::Q2_K,  GgmlType::Q3_K,
+    GgmlType::Q4_K, GgmlType::Q5_K,    GgmlType::Q6_K,   GgmlType::IQ4_XS,  GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+    GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S,   GgmlType::IQ1_M};
 
 }  // namespace
 

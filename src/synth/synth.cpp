@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <thread>
 
@@ -75,7 +76,7 @@ const std::vector<std::string>& preset_names() {
 }
 
 const std::vector<std::string>& recipe_names() {
-  static const std::vector<std::string> n{"seed-mix", "q4km", "f32"};
+  static const std::vector<std::string> n{"seed-mix", "q4km", "all-types", "f32"};
   return n;
 }
 
@@ -175,9 +176,34 @@ GgmlType q4km_type(Role role) {
   }
 }
 
-GgmlType recipe_type(const std::string& recipe, Role role, int layer, int n_layer) {
+// all-types: the weight matrices, in file order, cycle through every ggml type with a float view
+// except F32 (which the norms, routers and the DeltaNet's small tensors keep, as in every recipe);
+// up matrices take their gate's type. A model of at least 22 such places (the tiny preset has 31)
+// holds all 23 types, each in the products it would take in a real file.
+constexpr GgmlType kAllTypesCycle[] = {
+    GgmlType::IQ3_XXS, GgmlType::Q3_K,   GgmlType::IQ4_XS, GgmlType::IQ2_S,   GgmlType::Q4_0,   GgmlType::IQ3_S,
+    GgmlType::Q5_0,    GgmlType::IQ4_NL, GgmlType::MXFP4,  GgmlType::Q4_1,    GgmlType::IQ1_S,  GgmlType::Q5_1,
+    GgmlType::F16,     GgmlType::BF16,   GgmlType::Q8_0,   GgmlType::Q2_K,    GgmlType::Q4_K,   GgmlType::Q5_K,
+    GgmlType::Q6_K,    GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
+
+bool is_matrix(Role role) {
+  switch (role) {
+    case Role::Norm:
+    case Role::SsmConv:
+    case Role::SsmDtBias:
+    case Role::SsmA:
+    case Role::Router:
+    case Role::SharedGateInp: return false;
+    default: return true;
+  }
+}
+
+// matrix_index: the tensor's position among the file's matrices (all-types).
+GgmlType recipe_type(const std::string& recipe, Role role, int layer, int n_layer, int matrix_index) {
   if (recipe == "seed-mix") return seed_mix_type(role, layer, n_layer);
   if (recipe == "q4km") return q4km_type(role);
+  if (recipe == "all-types" && is_matrix(role))
+    return kAllTypesCycle[matrix_index % (int)std::size(kAllTypesCycle)];
   return GgmlType::F32;
 }
 
@@ -185,6 +211,7 @@ GgmlType recipe_type(const std::string& recipe, Role role, int layer, int n_laye
 uint32_t recipe_file_type(const std::string& recipe) {
   if (recipe == "seed-mix") return 20;  // MOSTLY_IQ2_XS
   if (recipe == "q4km") return 15;      // MOSTLY_Q4_K_M
+  if (recipe == "all-types") return 1024;  // GUESSED: no single type dominates
   return 0;                             // ALL_F32
 }
 
@@ -199,7 +226,10 @@ class TableBuilder {
   void add(std::string name, Role role, int layer, std::vector<int64_t> ne, WeightInit init, std::string row_dim) {
     TensorPlan t;
     t.name = std::move(name);
-    t.type = recipe_type(o_.recipe, role, layer, d_.n_layer);
+    // An up matrix shares its gate's place in the cycle (its type), as llama.cpp's mixes pair them.
+    const bool up = role == Role::UpExps || role == Role::UpShexp;
+    t.type = recipe_type(o_.recipe, role, layer, d_.n_layer, up ? matrices_ - 1 : matrices_);
+    matrices_ += is_matrix(role) && !up;
     t.ne = std::move(ne);
     t.init = std::move(init);
     check_row_length(t, row_dim);
@@ -217,6 +247,7 @@ class TableBuilder {
   }
   const Options& o_;
   const Dims& d_;
+  int matrices_ = 0;  // weight matrices added so far
 };
 
 void validate_dims(const Dims& d) {

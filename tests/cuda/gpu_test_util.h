@@ -46,11 +46,14 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
 // The fp16 fields of a block (byte offsets) that random bytes must not turn into inf/NaN.
 inline std::vector<int> half_fields(GgmlType t) {
   switch (t) {
-    case GgmlType::Q8_0: return {0};
+    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::IQ4_NL: return {0};
+    case GgmlType::Q4_1: case GgmlType::Q5_1: return {0, 2};
     case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
     case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
     case GgmlType::Q6_K: return {208};
-    case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: return {0};
+    case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S:
+    case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: case GgmlType::IQ1_S: return {0};
     default: return {};
   }
 }
@@ -80,6 +83,10 @@ inline std::vector<uint8_t> random_rows(GgmlType t, int rows, int cols, uint32_t
       std::memcpy(&bits, &v, 4);
       const uint16_t h = (uint16_t)(bits >> 16);
       std::memcpy(blk, &h, 2);
+    } else if (t == GgmlType::MXFP4) {
+      // The E8M0 exponent: 2^(e - 128) * 12 stays finite for e < 254; e = 0 and 1 (subnormal
+      // scales) are drawn too, one block in eight, so their exact product is covered.
+      blk[0] = (uint8_t)(byte(rng) % 8 == 0 ? byte(rng) % 2 : 100 + byte(rng) % 40);
     } else if (t == GgmlType::IQ1_M) {
       // The fp16 super-scale lives in the top nibbles of the four 16-bit scale words.
       const uint16_t h = f32_to_fp16(scale(rng));

@@ -2,6 +2,8 @@
 // (quant/quant.h), for every weight type the backend runs, at several shapes.
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <vector>
 
 #include "cuda/kernels.h"
 #include "common/error.h"
@@ -15,14 +17,27 @@ using test::random_rows;
 using test::to_device;
 using test::to_host;
 
-const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,    GgmlType::Q8_0,
-                           GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q5_K,    GgmlType::Q6_K,
-                           GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
+// Every ggml type with a float view (quant/quant.h): the tuned forms and the generic exact path.
+const GgmlType kTypes[] = {
+    GgmlType::F32,    GgmlType::F16,    GgmlType::BF16,    GgmlType::Q4_0,   GgmlType::Q4_1,   GgmlType::Q5_0,
+    GgmlType::Q5_1,   GgmlType::Q8_0,   GgmlType::IQ4_NL,  GgmlType::MXFP4,  GgmlType::Q2_K,   GgmlType::Q3_K,
+    GgmlType::Q4_K,   GgmlType::Q5_K,   GgmlType::Q6_K,    GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,  GgmlType::IQ3_XXS, GgmlType::IQ3_S,  GgmlType::IQ1_S,  GgmlType::IQ1_M};
+static_assert(std::size(kTypes) == 23);
 
 struct Shape {
   int rows, cols;
 };
 const Shape kShapes[] = {{1, 256}, {37, 512}, {300, 2048}, {64, 4096}};
+// A row length of an odd number of blocks (25 of 32 values, 3 of 256), so that every other row
+// starts at an odd multiple of the block size: MXFP4 (17 bytes) rows at odd addresses, Q5_0 and
+// Q3_K rows at addresses that are not 4-byte aligned.
+int odd_block_cols(GgmlType t) { return quant_type(t).block_size == 256 ? 768 : 800; }
+std::vector<Shape> shapes_of(GgmlType t) {
+  std::vector<Shape> v(std::begin(kShapes), std::end(kShapes));
+  v.push_back({29, odd_block_cols(t)});
+  return v;
+}
 
 // Reference dot and the magnitude sum |w_i x_i| that bounds its rounding.
 std::pair<double, double> reference_dot(GgmlType t, const uint8_t* row, const float* x, int cols) {
@@ -42,7 +57,7 @@ class CudaKernels : public ::testing::Test {
 
 TEST_F(CudaKernels, MatvecMatchesCpuForEveryTypeAndShape) {
   for (GgmlType t : kTypes) {
-    for (const Shape& s : kShapes) {
+    for (const Shape& s : shapes_of(t)) {
       SCOPED_TRACE(std::string(type_name(t)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols));
       const size_t rb = row_size(t, s.cols);
       auto w = random_rows(t, s.rows, s.cols, 1000 + s.rows);
@@ -70,7 +85,7 @@ TEST_F(CudaKernels, MatmulMatchesCpuForEveryTypeAndTokenCount) {
   const int token_counts[] = {2, 17, 64, 130};
   for (GgmlType t : kTypes) {
     for (int T : token_counts) {
-      const Shape s = T == 17 ? Shape{300, 2048} : Shape{70, 512};
+      const Shape s = T == 17 ? Shape{300, 2048} : T == 2 ? Shape{70, odd_block_cols(t)} : Shape{70, 512};
       const size_t rb = row_size(t, s.cols);
       auto w = random_rows(t, s.rows, s.cols, 77 + T);
       auto x = random_floats((size_t)T * s.cols, 8 + T);
@@ -117,7 +132,7 @@ TEST_F(CudaKernels, MatmulUnevenColumnSplits) {
 
 // Experts addressed through slot pointers: three experts in shuffled slots, uneven token groups.
 TEST_F(CudaKernels, ExpertProductsReadSlotsThroughPointers) {
-  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::Q4_K}) {
+  for (GgmlType t : kTypes) {
     SCOPED_TRACE(type_name(t));
     const int rows = 96, cols = 512, n = 3;
     const size_t rb = row_size(t, cols), mat = rb * rows, offset = 4096;  // matrix at +offset
@@ -172,7 +187,7 @@ TEST_F(CudaKernels, ExpertProductsReadSlotsThroughPointers) {
 // The fused SwiGLU pair gives bit for bit the two products (same token tile) and swiglu: dense,
 // and for experts whose gate and up sit in one slot; rows not a multiple of the kernel's 64.
 TEST_F(CudaKernels, GateUpProductsEqualTwoProductsAndSwiglu) {
-  for (GgmlType t : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::Q4_K, GgmlType::F32}) {
+  for (GgmlType t : kTypes) {
     const int rows = 70, cols = 512, n = 3;
     const size_t rb = row_size(t, cols), mat = rb * rows;
     for (int T : {5, 37}) {
@@ -222,7 +237,7 @@ TEST_F(CudaKernels, GateUpProductsEqualTwoProductsAndSwiglu) {
 
 TEST_F(CudaKernels, GetRowsMatchesReferenceDequantisation) {
   for (GgmlType t : kTypes) {
-    for (int cols : {256, 2048}) {
+    for (int cols : {256, 2048, odd_block_cols(t)}) {
       SCOPED_TRACE(std::string(type_name(t)) + " cols=" + std::to_string(cols));
       const int rows = 40;
       const size_t rb = row_size(t, cols);
@@ -236,8 +251,13 @@ TEST_F(CudaKernels, GetRowsMatchesReferenceDequantisation) {
       std::vector<float> ref(cols);
       for (size_t i = 0; i < ids.size(); i++) {
         dequantize_row(t, w.data() + ids[i] * rb, ref.data(), cols);
-        for (int c = 0; c < cols; c++)
-          ASSERT_NEAR(out[i * cols + c], ref[c], 1e-6 * std::fabs(ref[c]) + 1e-9) << "row " << i << " col " << c;
+        // Bit for bit: the same float operations in the same order as the CPU reference.
+        for (int c = 0; c < cols; c++) {
+          uint32_t got, want;
+          std::memcpy(&got, &out[i * cols + c], 4);
+          std::memcpy(&want, &ref[c], 4);
+          ASSERT_EQ(got, want) << "row " << i << " col " << c << ": " << out[i * cols + c] << " vs " << ref[c];
+        }
       }
     }
   }
@@ -245,10 +265,25 @@ TEST_F(CudaKernels, GetRowsMatchesReferenceDequantisation) {
 
 TEST_F(CudaKernels, RejectsUnsupportedTypesAndShapes) {
   cuda::DeviceBuffer d(1024);
-  EXPECT_THROW(cuda::matvec(GgmlType::Q3_K, d.get(), 110, 1, 256, d.f(), d.f(), nullptr), Error);
+  EXPECT_THROW(cuda::matvec(GgmlType::Q8_K, d.get(), 292, 1, 256, d.f(), d.f(), nullptr), Error);
+  EXPECT_THROW(cuda::matvec(static_cast<GgmlType>(9999), d.get(), 110, 1, 256, d.f(), d.f(), nullptr), Error);
   EXPECT_THROW(cuda::matvec(GgmlType::F32, d.get(), 4 * 20, 1, 20, d.f(), d.f(), nullptr), Error);
-  EXPECT_FALSE(cuda::weight_type_supported(GgmlType::MXFP4));
-  EXPECT_TRUE(cuda::weight_type_supported(GgmlType::IQ1_M));
+}
+
+// Host only (no GPU needed): the backend takes exactly the types the CPU reference can
+// dequantise, the 23 of kTypes, and refuses the storage types and ids that are no type.
+TEST(CudaWeightTypes, EveryTypeWithAFloatViewIsSupported) {
+  int supported = 0;
+  for (uint32_t id = 0; id < 64; id++) {
+    const QuantType* q = find_quant_type(id);
+    const bool want = q != nullptr && q->dequantize_row != nullptr;
+    EXPECT_EQ(cuda::weight_type_supported(static_cast<GgmlType>(id)), want) << "type id " << id;
+    supported += want;
+  }
+  EXPECT_EQ(supported, 23);
+  for (GgmlType t : kTypes) EXPECT_TRUE(cuda::weight_type_supported(t)) << type_name(t);
+  for (GgmlType t : {GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::TQ1_0, GgmlType::I32, static_cast<GgmlType>(9999)})
+    EXPECT_FALSE(cuda::weight_type_supported(t)) << static_cast<uint32_t>(t);
 }
 
 }  // namespace

@@ -39,9 +39,12 @@ Moments dequantised_moments(GgmlType type, float target_std, uint64_t seed, int6
   return m;
 }
 
-const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,    GgmlType::Q8_0,
-                           GgmlType::Q4_0, GgmlType::Q2_K, GgmlType::Q4_K,    GgmlType::Q5_K,
-                           GgmlType::Q6_K, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
+// Every ggml type with a float view.
+const GgmlType kTypes[] = {
+    GgmlType::F32,  GgmlType::F16,     GgmlType::BF16,   GgmlType::Q4_0,    GgmlType::Q4_1,  GgmlType::Q5_0,
+    GgmlType::Q5_1, GgmlType::Q8_0,    GgmlType::IQ4_NL, GgmlType::MXFP4,   GgmlType::Q2_K,  GgmlType::Q3_K,
+    GgmlType::Q4_K, GgmlType::Q5_K,    GgmlType::Q6_K,   GgmlType::IQ4_XS,  GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+    GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S,   GgmlType::IQ1_M};
 
 TEST(RandomBlocks, DequantisedSpreadMatchesTarget) {
   // Spreads the recipes use: 1/sqrt(2048) (projections of the 80B) up to 1 (token embeddings).
@@ -67,6 +70,11 @@ TEST(RandomBlocks, UnitRmsIsWithinTheFormatsRange) {
   EXPECT_LT(unit_rms(GgmlType::IQ2_XXS), 43 * 2.875);
   EXPECT_GT(unit_rms(GgmlType::IQ2_XS), 8 * 1.125);
   EXPECT_LT(unit_rms(GgmlType::IQ2_XS), 43 * 2.875);
+  // Q4_1 / Q5_1: q uniform in 0..15 (0..31) less its mean, variance (n^2 - 1) / 12; MXFP4 at
+  // scale 1 (d = 1): the 16 doubled E2M1 values, mean square 274 / 8.
+  EXPECT_NEAR(unit_rms(GgmlType::Q4_1), std::sqrt(21.25), 0.1);
+  EXPECT_NEAR(unit_rms(GgmlType::Q5_1), std::sqrt(85.25), 0.2);
+  EXPECT_NEAR(unit_rms(GgmlType::MXFP4), std::sqrt(274.0 / 8), 0.1);
   EXPECT_GT(unit_rms(GgmlType::IQ1_M), 0.125 * 5);
   EXPECT_LT(unit_rms(GgmlType::IQ1_M), 1.125 * 15);
 }
@@ -86,10 +94,10 @@ TEST(RandomBlocks, UnsupportedTypeIsAClearError) {
   std::vector<uint8_t> buf(1024);
   Rng rng(1);
   try {
-    fill_normal_row(GgmlType::IQ3_S, buf.data(), 256, 0.1f, rng);
+    fill_normal_row(GgmlType::TQ1_0, buf.data(), 256, 0.1f, rng);
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("iq3_s"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tq1_0"), std::string::npos) << e.what();
   }
 }
 

@@ -72,7 +72,7 @@ TEST_P(SynthOracle, TinyModelGivesFiniteHealthyLogits) {
   test::remove_temp(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::Values("seed-mix", "q4km", "f32"));
+INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::Values("seed-mix", "q4km", "all-types", "f32"));
 
 TEST(SynthOracle, PlaceholderVocabularyTokenizesText) {
   const std::string path = write_tiny("seed-mix");

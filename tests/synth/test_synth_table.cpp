@@ -7,8 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <set>
 
 #include "gguf/gguf.h"
+#include "quant/quant.h"
 #include "synth/synth.h"
 #include "test_util.h"
 
@@ -59,6 +62,38 @@ TEST(SynthTable, Preset80bSeedMixEqualsTheFixture) {
   // tensor data alone is fixed by the table.
   EXPECT_GT(got["data_bytes"].get<uint64_t>(), 22'000'000'000ull);
   EXPECT_LT(got["data_bytes"].get<uint64_t>(), 22'982'503'520ull);
+}
+
+// all-types: every one of the 23 ggml types with a float view (the reference dequantisation's
+// list) holds at least one weight matrix of the tiny model, in both layouts; the tensors that are
+// not matrices stay F32, and no tensor has a type without a float view.
+TEST(SynthTable, AllTypesRecipeUsesEveryTypeWithAFloatView) {
+  for (ProjectionLayout layout : {ProjectionLayout::LegacyFused, ProjectionLayout::Split}) {
+    Options o;
+    o.preset = "tiny";
+    o.recipe = "all-types";
+    o.layout = layout;
+    const Plan p = make_plan(o);
+    std::set<std::string> used;  // type names, so that a failure lists them readably
+    std::map<std::string, GgmlType> type_of;
+    for (const auto& t : p.tensors) type_of[t.name] = t.type;
+    for (const auto& t : p.tensors) {
+      used.insert(type_name(t.type));
+      if (const size_t at = t.name.find("ffn_up_"); at != std::string::npos) {  // the gate's type
+        EXPECT_EQ(t.type, type_of.at(t.name.substr(0, at) + "ffn_gate_" + t.name.substr(at + 7))) << t.name;
+      }
+      const bool matrix = t.ne.size() >= 2 && t.name.find("ssm_conv1d") == std::string::npos &&
+                          t.name.find("ffn_gate_inp") == std::string::npos;
+      if (!matrix) {
+        EXPECT_EQ(t.type, GgmlType::F32) << t.name;
+      }
+    }
+    std::set<std::string> want;
+    for (uint32_t id = 0; id < 64; id++)
+      if (const QuantType* q = find_quant_type(id); q && q->dequantize_row) want.insert(q->name);
+    EXPECT_EQ(want.size(), 23u);
+    EXPECT_EQ(used, want);
+  }
 }
 
 TEST(SynthTable, SplitLayoutReplacesSsmIn) {
