@@ -78,6 +78,16 @@ TEST_P(OracleParity, MatchesF32ReferenceOnEveryPrompt) {
   }
 }
 
+// Hand-computed: one differing id, one id and one pass that only one side recorded.
+TEST(ParityMetrics, CountsSelectionMismatchesEntryByEntry) {
+  const std::vector<std::vector<int32_t>> a = {{1, 2, 3, 4}, {5, 6}}, same = a;
+  EXPECT_EQ(count_selection_mismatches(a, same), 0);
+  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 9, 4}, {5, 6}}), 1);
+  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 3, 4}, {5}}), 1);
+  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 3, 4}}), 1);
+  EXPECT_EQ(count_selection_mismatches(a, {{2, 1, 3, 4}, {5, 6}, {7}}), 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, OracleParity, ::testing::ValuesIn(kModels),
                          [](const auto& info) { return std::string("model_") + info.param.label; });
 

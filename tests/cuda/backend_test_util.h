@@ -47,17 +47,9 @@ struct RouterRecorder final : TraceSink {
   }
 };
 
-// Selections that differ between two recordings, entry by entry (as `redlite parity` counts them);
-// a pass or entry one recording lacks counts as differing.
+// Selections that differ between two recordings, entry by entry (as `redlite parity` counts them).
 inline int count_router_mismatches(const RouterRecorder& a, const RouterRecorder& b) {
-  int n = 0;
-  const size_t m = std::min(a.topk.size(), b.topk.size());
-  for (size_t i = 0; i < m; i++) {
-    const size_t len = std::min(a.topk[i].size(), b.topk[i].size());
-    for (size_t j = 0; j < len; j++) n += a.topk[i][j] != b.topk[i][j];
-    n += (int)(std::max(a.topk[i].size(), b.topk[i].size()) - len);
-  }
-  return n + (int)(std::max(a.topk.size(), b.topk.size()) - m);
+  return count_selection_mismatches(a.topk, b.topk);
 }
 
 // Prefills both sessions with `toks` (with every position's logits when all_logits) and decodes

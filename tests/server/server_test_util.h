@@ -14,6 +14,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "generate/chat_template.h"
+#include "generate/generator.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "server/server.h"
@@ -112,6 +113,24 @@ inline nlohmann::json chat_body(const std::string& user, int max_tokens, bool st
                         {"max_tokens", max_tokens},
                         {"temperature", 0},
                         {"stream", stream}};
+}
+
+// Tests that need the server's fixture model skip, naming it, without it.
+class ServerModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
+};
+
+// The reference a reply must equal: the Generator on a fresh CPU session of the server's model
+// with `params`, from `prompt`.
+inline std::string generator_text(const std::vector<int32_t>& prompt, const SamplingParams& params, int max_tokens) {
+  auto owned = fixture_loader(server_model())([](float) {});
+  auto session = owned.backend->new_session(4096);
+  Generator gen(*session, *owned.tokenizer);
+  GenerationConfig cfg;
+  cfg.sampling = params;
+  cfg.max_tokens = max_tokens;
+  return wire_text(gen.generate(prompt, cfg, nullptr).text);
 }
 
 // The prompt tokens of chat_body(user, ...) as the server renders them: the file's chat template.

@@ -22,17 +22,6 @@ using namespace rl::test;
 
 namespace {
 
-// The reference: the Generator on a fresh CPU session, greedy, same prompt tokens.
-std::string direct_greedy(const std::vector<int32_t>& prompt, int max_tokens) {
-  auto owned = fixture_loader(server_model())([](float) {});
-  auto session = owned.backend->new_session(4096);
-  Generator gen(*session, *owned.tokenizer);
-  GenerationConfig cfg;
-  cfg.sampling.temperature = 0;
-  cfg.max_tokens = max_tokens;
-  return wire_text(gen.generate(prompt, cfg, nullptr).text);
-}
-
 size_t rss_kib() {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -41,10 +30,7 @@ size_t rss_kib() {
   return 0;
 }
 
-class ServerTest : public ::testing::Test {
- protected:
-  void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
-};
+class ServerTest : public ServerModelTest {};
 
 }  // namespace
 
@@ -97,7 +83,9 @@ TEST_F(ServerTest, StreamedChatEqualsWholeChatEqualsGenerator) {
   EXPECT_TRUE(sse.events.back().contains("usage")) << "include_usage adds a final usage chunk";
   EXPECT_EQ(sse.events.back()["usage"]["completion_tokens"], wj["usage"]["completion_tokens"]);
 
-  EXPECT_EQ(direct_greedy(chat_prompt_tokens(user), 20), whole_text);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(generator_text(chat_prompt_tokens(user), greedy, 20), whole_text);
 }
 
 // With tools in the request, a reply streams as it is generated (only a <tool_call> block and the

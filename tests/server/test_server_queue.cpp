@@ -13,10 +13,7 @@ using namespace rl::test;
 
 namespace {
 
-class ServerQueue : public ::testing::Test {
- protected:
-  void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
-};
+class ServerQueue : public ServerModelTest {};
 
 const json kShort = {{"prompt", "Hi there"}, {"max_tokens", 3}, {"temperature", 0}};
 

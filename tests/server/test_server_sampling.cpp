@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <fstream>
 
-#include "generate/generator.h"
 #include "server_test_util.h"
 
 using nlohmann::json;
@@ -46,21 +45,13 @@ SamplingParams server_defaults() {
   return p;
 }
 
-// The Generator on a fresh CPU session with `params`: what the server must produce for them.
+// The Generator's reply to `prompt` (text) with `params`.
 std::string generator_text(const std::string& prompt, const SamplingParams& params, int max_tokens) {
   auto owned = fixture_loader(server_model())([](float) {});
-  auto session = owned.backend->new_session(4096);
-  Generator gen(*session, *owned.tokenizer);
-  GenerationConfig cfg;
-  cfg.sampling = params;
-  cfg.max_tokens = max_tokens;
-  return wire_text(gen.generate(owned.tokenizer->encode(prompt, true), cfg, nullptr).text);
+  return test::generator_text(owned.tokenizer->encode(prompt, true), params, max_tokens);
 }
 
-class ServerSampling : public ::testing::Test {
- protected:
-  void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
-};
+class ServerSampling : public ServerModelTest {};
 
 }  // namespace
 
