@@ -38,15 +38,18 @@ using test::expect_identical_runs;
 using test::prompt;
 using test::RouterRecorder;
 
-// The exact tier's bound on the fixtures: relative RMS of the logits measured 7.6e-8 (model A) and
-// 8.0e-8 (model B) on the H200; 1e-6 leaves a margin of 12x.
-constexpr double kFixtureMaxRelRms = 1e-6;
+// The exact tier's bounds on the fixtures, relative RMS of the logits against the oracle, from
+// `redlite parity --backend cuda` on the H200 (docs/PERF.md, code 3a2c01d): model A 1.233e-6 (its
+// IQ2_XXS experts' prefill products run on X24), model B 7.622e-8; 8x and 13x margins.
+double fixture_max_rel_rms(const std::string& name) {
+  return name == "tiny-qwen3next-iq2xxs.gguf" ? 1e-5 : 1e-6;
+}
 
 // The oracle session `cpu` against the GPU session `gpu`: prefill `toks` with every position's
 // logits (relative RMS ≤ max_rel_rms, the same top-1 at each position), then `steps` greedy decode
 // steps (the same token, relative RMS ≤ max_rel_rms), and the same router selections throughout.
 void expect_matches_oracle(Session& cpu, Session& gpu, std::span<const int32_t> toks, int n_vocab, int steps,
-                           double max_rel_rms = kFixtureMaxRelRms) {
+                           double max_rel_rms) {
   RouterRecorder ra, rb;
   cpu.set_trace(&ra);
   gpu.set_trace(&rb);
@@ -84,7 +87,8 @@ TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
       auto gpu = cuda::make_cuda_backend(model, o);
       EXPECT_EQ(gpu->stats().fully_resident, fraction == 1.0);
       auto a = cpu->new_session(256), b = gpu->new_session(256);
-      ASSERT_NO_FATAL_FAILURE(expect_matches_oracle(*a, *b, prompt(37, n_vocab, 1), n_vocab, 12));
+      ASSERT_NO_FATAL_FAILURE(
+          expect_matches_oracle(*a, *b, prompt(37, n_vocab, 1), n_vocab, 12, fixture_max_rel_rms(name)));
       const auto st = gpu->stats();
       if (fraction < 1.0) {
         EXPECT_GT(st.cache.misses, 0u);
