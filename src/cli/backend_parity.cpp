@@ -53,17 +53,6 @@ Run run(Session& s, const std::vector<int32_t>& prompt, int n_greedy) {
   return r;
 }
 
-int count_router_mismatches(const TopkRecorder& a, const TopkRecorder& b) {
-  int n = 0;
-  const size_t m = std::min(a.rows.size(), b.rows.size());
-  for (size_t i = 0; i < m; i++) {
-    const size_t len = std::min(a.rows[i].size(), b.rows[i].size());
-    for (size_t j = 0; j < len; j++) n += a.rows[i][j] != b.rows[i][j];
-    n += (int)(std::max(a.rows[i].size(), b.rows[i].size()) - len);
-  }
-  return n + (int)(std::max(a.rows.size(), b.rows.size()) - m);
-}
-
 }  // namespace
 
 int run_backend_parity(const CommonOptions& common, const BackendParityOptions& o) {
@@ -125,7 +114,7 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
           top1 += argmax_token(got.greedy_logits[i]) == argmax_token(ref.greedy_logits[i]);
           worst = std::max(worst, relative_rms(got.greedy_logits[i], ref.greedy_logits[i]));
         }
-        const int mismatches = count_router_mismatches(got.topk, ref.topk);
+        const int mismatches = count_selection_mismatches(got.topk.rows, ref.topk.rows);
         const bool pass_ok =
             top1 == positions && worst <= o.max_rel_rms && common_greedy == o.greedy && mismatches == 0;
         all_pass = all_pass && pass_ok;

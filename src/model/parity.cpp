@@ -118,6 +118,17 @@ std::vector<float> read_f32_file(const std::string& path, size_t n) {
   return v;
 }
 
+int count_selection_mismatches(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b) {
+  int n = 0;
+  const size_t m = std::min(a.size(), b.size());
+  for (size_t i = 0; i < m; i++) {
+    const size_t len = std::min(a[i].size(), b[i].size());
+    for (size_t j = 0; j < len; j++) n += a[i][j] != b[i][j];
+    n += (int)(std::max(a[i].size(), b[i].size()) - len);
+  }
+  return n + (int)(std::max(a.size(), b.size()) - m);
+}
+
 double relative_rms(std::span<const float> a, std::span<const float> b) {
   if (a.size() != b.size()) fail("relative_rms: sizes differ ({} vs {})", a.size(), b.size());
   double diff = 0, ref = 0;

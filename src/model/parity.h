@@ -58,6 +58,11 @@ int32_t argmax_token(std::span<const float> logits);
 // Length of the common prefix of two token sequences.
 int common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
 
+// Router selections that differ between two recordings of the same passes (one entry per pass
+// and layer, [n_tokens * k] ids), entry by entry; a pass or an id one recording lacks counts as
+// differing.
+int count_selection_mismatches(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b);
+
 // Prefills `tokens` from the session's current state in chunks of `chunk` tokens and returns the
 // argmax at every position; `last_logits` receives the logits of the last position. Chunking keeps
 // memory at chunk * n_vocab floats even for long prompts and a 152k vocabulary.

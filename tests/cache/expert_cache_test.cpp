@@ -1,5 +1,5 @@
 // ExpertCache policy tests (CPU only): slot assignment, LRU order, pins, commit/abort, listener,
-// statistics, and a randomized comparison against a plain reference LRU.
+// statistics, and a randomized comparison against a plain reference LRU that tracks slots.
 #include "cache/expert_cache.h"
 
 #include <gtest/gtest.h>
@@ -211,59 +211,170 @@ TEST(ExpertCache, ListenerTracksResidency) {
   }
 }
 
-// Reference: a textbook LRU over keys (list + map), with the same pin rule.
-TEST(ExpertCache, MatchesReferenceLru) {
-  const int n_layers = 3, n_experts = 20, n_slots = 12, k = 4;
-  ExpertCache c(n_layers, n_experts, kSlot, n_slots * kSlot, k);
-  std::list<int> lru;  // front = most recent
-  std::mt19937 rng(11);
-  std::discrete_distribution<int> skew({8, 6, 5, 4, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
-  uint64_t hits = 0, misses = 0;
-  for (int step = 0; step < 3000; step++) {
-    const int layer = rng() % n_layers;
-    std::vector<int> req;
-    while ((int)req.size() < k) {
-      const int e = skew(rng);
-      if (std::find(req.begin(), req.end(), e) == req.end()) req.push_back(e);
-    }
-    const auto& r = c.reserve(layer, req);
+// Reference: a textbook LRU over keys (list + maps) that also keeps the slot of every key: a miss
+// with a victim takes the victim's slot, a miss without one any free slot (the reference does not
+// prescribe which), aborted misses free their slots, the experts of a request are pinned.
+class ReferenceLru {
+ public:
+  ReferenceLru(int n_slots, int n_keys) : n_slots_(n_slots), resident_slot_(n_keys, -1) {
+    for (int s = 0; s < n_slots; s++) free_.insert(s);
+  }
+
+  // Checks one reservation entry by entry against the reference and applies it.
+  void reserve(const ExpertCache& c, int layer, const std::vector<int>& req, const ExpertCache::Reservation& r,
+               int step) {
+    ASSERT_EQ(r.entries.size(), req.size()) << "step " << step;
     std::set<int> wanted;
     for (int e : req) wanted.insert(c.key(layer, e));
+    // Hits first, in request order, each becoming the most recent.
     for (size_t i = 0; i < req.size(); i++) {
       const int key = c.key(layer, req[i]);
-      const bool ref_hit = std::find(lru.begin(), lru.end(), key) != lru.end();
-      ASSERT_EQ(r.entries[i].hit, ref_hit) << "step " << step;
-      ref_hit ? hits++ : misses++;
+      const ExpertCache::Entry& e = r.entries[i];
+      ASSERT_EQ(e.expert, req[i]) << "step " << step;
+      const bool hit = resident_slot_[key] >= 0;
+      ASSERT_EQ(e.hit, hit) << "step " << step << " expert " << req[i];
+      if (!hit) continue;
+      ASSERT_EQ(e.slot, resident_slot_[key]) << "step " << step << ": a hit must name the expert's slot";
+      ASSERT_EQ(e.evicted, ExpertCache::kNoKey) << "step " << step;
+      lru_.remove(key);
+      lru_.push_front(key);
+      hits++;
     }
-    // Reference: touch hits in request order, then for each miss evict the LRU non-wanted key.
-    for (int e : req) {
-      const int key = c.key(layer, e);
-      auto it = std::find(lru.begin(), lru.end(), key);
-      if (it != lru.end()) {
-        lru.erase(it);
-        lru.push_front(key);
-      }
-    }
+    // Then the misses, in request order: a free slot, else the slot of the least recent key not
+    // in this request.
     for (size_t i = 0; i < req.size(); i++) {
-      if (r.entries[i].hit) continue;
-      int expect_evicted = ExpertCache::kNoKey;
-      if ((int)lru.size() == n_slots) {
-        for (auto it = lru.rbegin(); it != lru.rend(); ++it)
+      const ExpertCache::Entry& e = r.entries[i];
+      if (e.hit) continue;
+      const int key = c.key(layer, req[i]);
+      misses++;
+      if (!free_.empty()) {
+        ASSERT_EQ(e.evicted, ExpertCache::kNoKey) << "step " << step << ": a free slot was left";
+        ASSERT_EQ(free_.count(e.slot), 1u)
+            << "step " << step << ": slot " << e.slot << " is not free (it holds key " << owner_of(e.slot) << ")";
+        free_.erase(e.slot);
+      } else {
+        int victim = ExpertCache::kNoKey;
+        for (auto it = lru_.rbegin(); it != lru_.rend(); ++it)
           if (!wanted.count(*it)) {
-            expect_evicted = *it;
-            lru.erase(std::next(it).base());
+            victim = *it;
             break;
           }
+        ASSERT_NE(victim, ExpertCache::kNoKey) << "step " << step << ": the reference has no victim";
+        ASSERT_EQ(e.evicted, victim) << "step " << step;
+        ASSERT_EQ(e.slot, slot_of(victim)) << "step " << step << ": a miss must take its victim's slot";
+        lru_.remove(victim);
+        resident_slot_[victim] = -1;
+        pending_slot_.erase(victim);
+        evictions++;
       }
-      ASSERT_EQ(r.entries[i].evicted, expect_evicted) << "step " << step;
-      lru.push_front(c.key(layer, req[i]));
+      lru_.push_front(key);
+      pending_slot_[key] = e.slot;
     }
-    c.commit();
   }
-  EXPECT_EQ(c.stats().hits, hits);
-  EXPECT_EQ(c.stats().misses, misses);
-  EXPECT_GT(hits, 0u);
-  EXPECT_GT(misses, 0u);
+  void commit() {
+    for (const auto& [key, slot] : pending_slot_) resident_slot_[key] = slot;
+    pending_slot_.clear();
+  }
+  void abort() {
+    for (const auto& [key, slot] : pending_slot_) {
+      lru_.remove(key);
+      free_.insert(slot);
+    }
+    pending_slot_.clear();
+  }
+  void touch(const ExpertCache& c, int layer, const std::vector<int>& experts) {
+    for (int e : experts) {
+      const int key = c.key(layer, e);
+      if (resident_slot_[key] < 0) continue;
+      lru_.remove(key);
+      lru_.push_front(key);
+      hits++;
+    }
+  }
+
+  // The cache's view of every key equals the reference's, so no slot holds two resident keys.
+  void expect_same_residency(const ExpertCache& c, int step) const {
+    std::map<int, int> key_on_slot;
+    int resident = 0;
+    for (int key = 0; key < (int)resident_slot_.size(); key++) {
+      const int slot = c.lookup(c.layer_of(key), c.expert_of(key));
+      ASSERT_EQ(slot, resident_slot_[key]) << "step " << step << " key " << key;
+      if (slot < 0) continue;
+      resident++;
+      ASSERT_LT(slot, n_slots_);
+      const auto [it, fresh] = key_on_slot.emplace(slot, key);
+      ASSERT_TRUE(fresh) << "step " << step << ": keys " << it->second << " and " << key << " both on slot " << slot;
+    }
+    ASSERT_EQ(c.n_resident(), resident) << "step " << step;
+  }
+
+  uint64_t hits = 0, misses = 0, evictions = 0;
+
+ private:
+  int slot_of(int key) const {
+    if (auto it = pending_slot_.find(key); it != pending_slot_.end()) return it->second;
+    return resident_slot_[key];
+  }
+  int owner_of(int slot) const {
+    for (int key = 0; key < (int)resident_slot_.size(); key++)
+      if (slot_of(key) == slot) return key;
+    return ExpertCache::kNoKey;
+  }
+  int n_slots_;
+  std::vector<int> resident_slot_;  // [key] -> slot once committed, -1 when absent
+  std::map<int, int> pending_slot_;  // misses of the open reservation -> their slots
+  std::list<int> lru_;               // front = most recent; resident and pending keys
+  std::set<int> free_;
+};
+
+// Random reservations (skewed popularity, so there are hits, misses and evictions), commits and
+// aborts, and touches, at a cache of exactly k slots, a bounded one and one that holds every
+// expert: every entry (hit, slot, victim), the statistics and the residency of every key after
+// every step equal the reference's.
+TEST(ExpertCache, MatchesReferenceLruSlotForSlot) {
+  const int n_layers = 3, n_experts = 20, k = 4;
+  for (int n_slots : {k, 12, n_layers * n_experts}) {
+    SCOPED_TRACE("slots " + std::to_string(n_slots));
+    ExpertCache c(n_layers, n_experts, kSlot, n_slots * kSlot, k);
+    ASSERT_EQ(c.n_slots(), n_slots);
+    ReferenceLru ref(n_slots, n_layers * n_experts);
+    std::mt19937 rng(11 + n_slots);
+    std::discrete_distribution<int> skew({8, 6, 5, 4, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+    int aborts = 0;
+    for (int step = 0; step < 3000; step++) {
+      const int layer = rng() % n_layers;
+      std::vector<int> req;
+      const int want = 1 + rng() % k;
+      while ((int)req.size() < want) {
+        const int e = skew(rng);
+        if (std::find(req.begin(), req.end(), e) == req.end()) req.push_back(e);
+      }
+      if (rng() % 8 == 0) {
+        c.touch(layer, req);
+        ref.touch(c, layer, req);
+      } else {
+        const auto& r = c.reserve(layer, req);
+        ASSERT_NO_FATAL_FAILURE(ref.reserve(c, layer, req, r, step));
+        if (rng() % 10 == 0) {
+          c.abort();
+          ref.abort();
+          aborts++;
+        } else {
+          c.commit();
+          ref.commit();
+        }
+      }
+      ASSERT_NO_FATAL_FAILURE(ref.expect_same_residency(c, step));
+      ASSERT_EQ(c.stats().hits, ref.hits) << "step " << step;
+      ASSERT_EQ(c.stats().misses, ref.misses) << "step " << step;
+      ASSERT_EQ(c.stats().evictions, ref.evictions) << "step " << step;
+    }
+    EXPECT_GT(ref.hits, 0u);
+    EXPECT_GT(ref.misses, 0u);
+    EXPECT_GT(aborts, 0);
+    if (n_slots < n_layers * n_experts) EXPECT_GT(ref.evictions, 0u);
+    else EXPECT_EQ(ref.evictions, 0u);
+  }
 }
 
 TEST(ExpertCache, CopyStatistics) {

@@ -42,10 +42,10 @@ TEST_P(OracleParity, MatchesF32ReferenceOnEveryPrompt) {
   const std::string ref_native_path = test::fixture(std::string(fm.stem) + ".ref.json");
   RL_REQUIRE_FIXTURE(gguf);
   RL_REQUIRE_FIXTURE(ref_f32_path);
+  RL_REQUIRE_FIXTURE(ref_native_path);
   const Reference ref = load_reference(ref_f32_path);
   ASSERT_TRUE(ref.is_f32);
-  const bool have_native = std::filesystem::exists(ref_native_path);
-  const Reference native = have_native ? load_reference(ref_native_path) : Reference{};
+  const Reference native = load_reference(ref_native_path);
 
   auto model = Model::open(gguf);
   ASSERT_EQ(model->config().n_vocab, ref.n_vocab);
@@ -65,7 +65,9 @@ TEST_P(OracleParity, MatchesF32ReferenceOnEveryPrompt) {
     EXPECT_EQ(r.top1_agree, r.n_tokens) << "first differing position " << r.first_top1_mismatch;
     EXPECT_EQ(r.greedy_common, r.greedy_len) << "greedy continuation differs from step " << r.greedy_common;
 
-    if (const RefPrompt* np = have_native ? native.find_prompt(p.name) : nullptr) {
+    const RefPrompt* np = native.find_prompt(p.name);
+    EXPECT_NE(np, nullptr) << "prompt " << p.name << " is missing from " << ref_native_path;
+    if (np) {
       const PromptParity n = score_prompt(run, *np, native.n_vocab);
       const std::string line = fmt::format(
           "| {} | {} | {} | {:.4f} | {:.3f} | {}/{} ({:.0f} %) | {}/{} |", fm.label, p.name, n.n_tokens,
@@ -74,6 +76,16 @@ TEST_P(OracleParity, MatchesF32ReferenceOnEveryPrompt) {
       report_native(line);
     }
   }
+}
+
+// Hand-computed: one differing id, one id and one pass that only one side recorded.
+TEST(ParityMetrics, CountsSelectionMismatchesEntryByEntry) {
+  const std::vector<std::vector<int32_t>> a = {{1, 2, 3, 4}, {5, 6}}, same = a;
+  EXPECT_EQ(count_selection_mismatches(a, same), 0);
+  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 9, 4}, {5, 6}}), 1);
+  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 3, 4}, {5}}), 1);
+  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 3, 4}}), 1);
+  EXPECT_EQ(count_selection_mismatches(a, {{2, 1, 3, 4}, {5, 6}, {7}}), 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, OracleParity, ::testing::ValuesIn(kModels),

@@ -1,6 +1,10 @@
 // Starts an in-process rl::Server on a fixture model (CPU backend, loopback, any free port).
 #pragma once
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -9,6 +13,8 @@
 #include <thread>
 
 #include "cpu/cpu_backend.h"
+#include "generate/chat_template.h"
+#include "generate/generator.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "server/server.h"
@@ -98,5 +104,126 @@ inline SseStream parse_sse(const std::string& body) {
   }
   return s;
 }
+
+// A chat request of two messages (a terse system prompt, then `user`), greedy.
+inline nlohmann::json chat_body(const std::string& user, int max_tokens, bool stream = false) {
+  return nlohmann::json{{"model", "any"},
+                        {"messages", nlohmann::json::array({{{"role", "system"}, {"content", "You are terse."}},
+                                                            {{"role", "user"}, {"content", user}}})},
+                        {"max_tokens", max_tokens},
+                        {"temperature", 0},
+                        {"stream", stream}};
+}
+
+// Tests that need the server's fixture model skip, naming it, without it.
+class ServerModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
+};
+
+// The reference a reply must equal: the Generator on a fresh CPU session of the server's model
+// with `params`, from `prompt`.
+inline std::string generator_text(const std::vector<int32_t>& prompt, const SamplingParams& params, int max_tokens) {
+  auto owned = fixture_loader(server_model())([](float) {});
+  auto session = owned.backend->new_session(4096);
+  Generator gen(*session, *owned.tokenizer);
+  GenerationConfig cfg;
+  cfg.sampling = params;
+  cfg.max_tokens = max_tokens;
+  return wire_text(gen.generate(prompt, cfg, nullptr).text);
+}
+
+// The prompt tokens of chat_body(user, ...) as the server renders them: the file's chat template.
+inline std::vector<int32_t> chat_prompt_tokens(const std::string& user) {
+  auto owned = fixture_loader(server_model())([](float) {});
+  ChatTemplate t = ChatTemplate::detect(owned.tokenizer->chat_template(), false);
+  std::vector<ChatMessage> msgs(2);
+  msgs[0].role = "system";
+  msgs[0].content = "You are terse.";
+  msgs[1].role = "user";
+  msgs[1].content = user;
+  return owned.tokenizer->encode(t.render(msgs), true);
+}
+
+// The text of a stream's chunks (chat deltas or completion texts), and its last finish_reason.
+inline std::string stream_text(const SseStream& s, std::string* finish = nullptr) {
+  std::string text;
+  for (const nlohmann::json& e : s.events) {
+    if (!e.contains("choices")) continue;
+    for (const nlohmann::json& c : e["choices"]) {
+      if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
+        text += c["delta"]["content"].get<std::string>();
+      if (c.contains("text")) text += c["text"].get<std::string>();
+      if (finish && c.contains("finish_reason") && c["finish_reason"].is_string()) *finish = c["finish_reason"];
+    }
+  }
+  return text;
+}
+
+// The value of an unlabelled metric in the /metrics text; -1 when the server does not report it.
+inline double metric(const TestServer& s, const std::string& name) {
+  auto r = s.client().Get("/metrics");
+  if (!r || r->status != 200) return -1;
+  const std::string key = "\n" + name + " ";
+  const size_t at = ("\n" + r->body).find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(r->body.substr(at + key.size() - 1));
+}
+
+// Polls a metric until it equals `want` (true) or `timeout` passes (false).
+inline bool wait_for_metric(const TestServer& s, const std::string& name, double want,
+                            std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (metric(s, name) != want) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// A streaming completion long enough to keep the model's worker busy, on a raw socket: it runs
+// from start() (which returns once its first event arrived) until release() hangs up, which
+// cancels it at its next token.
+class BusyStream {
+ public:
+  explicit BusyStream(const TestServer& s) : server_(s) {}
+  ~BusyStream() { release(); }
+  // False when the connection or the request failed, or the generation never started.
+  bool start() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd_ < 0) return false;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(server_.port());
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    if (::connect(fd_, (sockaddr*)&addr, sizeof addr) != 0) return false;
+    const std::string body =
+        nlohmann::json{{"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"temperature", 0}, {"stream", true}}
+            .dump();
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    if (::write(fd_, req.data(), req.size()) != (ssize_t)req.size()) return false;
+    // The first event proves the generation runs (the gauge alone may still show the previous
+    // request, which the worker has finished but not yet let go).
+    timeval tv{30, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string seen;
+    char buf[1024];
+    while (seen.find("data: ") == std::string::npos) {
+      const ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) return false;
+      seen.append(buf, (size_t)n);
+    }
+    return metric(server_, "redlite_requests_running") == 1 && metric(server_, "redlite_queue_depth") == 0;
+  }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  const TestServer& server_;
+  int fd_ = -1;
+};
 
 }  // namespace rl::test

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "test_util.h"
@@ -61,12 +62,13 @@ TEST(TokenizeCli, MissingOrInvalidModelIsAClearError) {
   r = run_redlite("tokenize hello");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("--model"), std::string::npos) << r.out;
-  const std::string not_gguf = test::fixture("qwen2-vocab-tokenizer-tests.inp");
-  if (std::filesystem::exists(not_gguf)) {
-    r = run_redlite("tokenize -m '" + not_gguf + "' hello");
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.out.find("qwen2-vocab-tokenizer-tests.inp"), std::string::npos) << r.out;
-  }
+  // A file that is not GGUF (written here, so the case needs no fixture).
+  const std::string not_gguf = test::temp_path("tokenize-cli", "not-a-model.gguf");
+  std::ofstream(not_gguf) << "hello, this is text and not a GGUF file\n";
+  r = run_redlite("tokenize -m '" + not_gguf + "' hello");
+  test::remove_temp(not_gguf);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("not-a-model.gguf"), std::string::npos) << r.out;
 }
 
 }  // namespace

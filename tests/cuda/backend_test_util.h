@@ -1,0 +1,71 @@
+// Helpers of the CUDA backend tests (whole sessions against the oracle): prompts, cache budgets as
+// a fraction of the experts, the router's selections and logits from the trace, bit-identical runs.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/model.h"
+#include "model/parity.h"
+#include "model/session.h"
+
+namespace rl::test {
+
+// Deterministic token ids spread over the vocabulary.
+inline std::vector<int32_t> prompt(int n, int n_vocab, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + seed * 104729) % n_vocab);
+  return t;
+}
+
+// Budget in MiB for a fraction of the model's experts (at least one layer's k experts).
+inline int64_t budget_mib(const Model& m, double fraction) {
+  const Config& c = m.config();
+  size_t expert = 0;
+  for (const LayerWeights& l : m.layers)
+    expert = std::max(expert, l.moe.gate_exps.matrix(0).nbytes + l.moe.up_exps.matrix(0).nbytes +
+                                  l.moe.down_exps.matrix(0).nbytes + 3 * 256);
+  const double total = (double)expert * c.n_layer * c.n_expert;
+  return std::max<int64_t>((int64_t)std::ceil(total * fraction / 1048576.0), 1);
+}
+
+// The router of every MoE layer of every pass, in order, from the trace: its selections
+// ("ffn_moe_topk-L", [n_tokens][k]) and its logits ("ffn_moe_logits-L", [n_tokens][n_expert]).
+struct RouterRecorder final : TraceSink {
+  std::vector<std::vector<int32_t>> topk;
+  std::vector<std::vector<float>> logits;
+  void tensor(std::string_view name, int n, int w, const float* d) override {
+    if (name.rfind("ffn_moe_logits", 0) == 0) logits.emplace_back(d, d + (size_t)n * w);
+  }
+  void ids(std::string_view name, int n, int w, const int32_t* d) override {
+    if (name.rfind("ffn_moe_topk", 0) == 0) topk.emplace_back(d, d + (size_t)n * w);
+  }
+};
+
+// Selections that differ between two recordings, entry by entry (as `redlite parity` counts them).
+inline int count_router_mismatches(const RouterRecorder& a, const RouterRecorder& b) {
+  return count_selection_mismatches(a.topk, b.topk);
+}
+
+// Prefills both sessions with `toks` (with every position's logits when all_logits) and decodes
+// `steps` greedy tokens from b's logits: every logit must be bit-identical, both at one position.
+inline void expect_identical_runs(Session& a, Session& b, std::span<const int32_t> toks, bool all_logits, int steps) {
+  std::vector<float> all_a, all_b;
+  auto la = a.prefill(toks, all_logits ? &all_a : nullptr), lb = b.prefill(toks, all_logits ? &all_b : nullptr);
+  ASSERT_EQ(la, lb);
+  ASSERT_EQ(all_a, all_b);
+  for (int step = 0; step < steps; step++) {
+    const int32_t next = argmax_token(lb);
+    la = a.decode(next);
+    lb = b.decode(next);
+    ASSERT_EQ(la, lb) << "step " << step;
+    ASSERT_EQ(a.position(), b.position());
+  }
+}
+
+}  // namespace rl::test
