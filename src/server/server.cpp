@@ -172,6 +172,8 @@ struct Server::Impl {
         else
           chat_template = ChatTemplate::detect(model.tokenizer->chat_template(), cfg.chatml_fallback);
         if (chat_template->fell_back()) fmt::print(stderr, "warning: {}\n", chat_template->warning());
+        if (!chat_template->jinja_warning().empty())
+          fmt::print(stderr, "warning: {}\n", chat_template->jinja_warning());
       } catch (const Error& e) {
         chat_template_error = e.what();  // completions still work; chat requests get this error
         fmt::print(stderr, "warning: /v1/chat/completions disabled: {}\n", e.what());
