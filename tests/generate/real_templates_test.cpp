@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "common/error.h"
 #include "generate/chat_template.h"
 #include "jinja2_reference.h"
 
@@ -203,6 +204,46 @@ TEST(RealTemplates, HundredMessageConversationRendersQuickly) {
     std::printf("%-36s 100 messages, %zu bytes: %.2f ms per render\n", tf.file, bytes, ms);
     EXPECT_LT(ms, 200.0) << tf.file;
   }
+}
+
+}  // namespace
+}  // namespace rl
+
+namespace rl {
+namespace {
+
+// A template the interpreter cannot run falls back to the native renderer of its recognised
+// format, and the warning names the construct; a template's own error fails the render with it.
+TEST(RealTemplates, UnrunnableTemplateFallsBackNamingTheConstruct) {
+  const std::string instruct = read_file(test::template_fixture("qwen3-next-80b-a3b-instruct.jinja"));
+  const std::vector<ChatMessage> m = chat_messages(ojson::parse(R"([{"role": "user", "content": "Hi"}])"));
+  const std::string native = ChatTemplate::of(ChatFormat::Qwen3Instruct).render(m);
+  // At parse time (a statement it lacks) and when first run (a method it lacks).
+  for (auto [extra, construct] : {std::pair{"{% include 'header.jinja' %}", "include"},
+                                  std::pair{"{{- 'x'.zfill(3) }}", "zfill"}}) {
+    SCOPED_TRACE(construct);
+    const ChatTemplate t = ChatTemplate::detect(std::string(extra) + instruct, false);
+    EXPECT_EQ(t.format(), ChatFormat::Qwen3Instruct);
+    EXPECT_FALSE(t.uses_jinja());
+    EXPECT_NE(t.jinja_warning().find(construct), std::string::npos) << t.jinja_warning();
+    EXPECT_NE(t.jinja_warning().find("qwen3-instruct"), std::string::npos) << t.jinja_warning();
+    EXPECT_EQ(t.render(m), native);
+  }
+  // raise_exception on a condition the sample conversation does not meet: the template runs, and
+  // a request that meets it fails with the template's message.
+  const ChatTemplate strict = ChatTemplate::detect(
+      "{%- if messages[0].content == 'forbidden' %}{{ raise_exception('No forbidden openers.') }}{% endif %}" +
+          instruct,
+      false);
+  ASSERT_TRUE(strict.uses_jinja()) << strict.jinja_warning();
+  const std::vector<ChatMessage> bad = chat_messages(ojson::parse(R"([{"role": "user", "content": "forbidden"}])"));
+  try {
+    strict.render(bad);
+    ADD_FAILURE() << "rendered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("No forbidden openers."), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(strict.render(m), native);
 }
 
 }  // namespace
