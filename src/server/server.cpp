@@ -507,7 +507,7 @@ struct Server::Impl {
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
     check_auth(req);
-    json body = api::parse_body(req.body);
+    const nlohmann::ordered_json body = api::parse_body(req.body);
     api::ChatRequest cr = api::parse_chat_request(body, default_sampling);
     require_ready();
     if (!chat_template) throw ApiError(500, chat_template_error, "server_error");
@@ -628,7 +628,7 @@ struct Server::Impl {
 
   void completions(const httplib::Request& req, httplib::Response& res) {
     check_auth(req);
-    json body = api::parse_body(req.body);
+    const nlohmann::ordered_json body = api::parse_body(req.body);
     api::CompletionRequest cr = api::parse_completion_request(body, default_sampling);
     require_ready();
     std::vector<int32_t> prompt = cr.prompt_text ? model.tokenizer->encode(*cr.prompt_text, /*parse_special=*/true)
