@@ -1,5 +1,6 @@
 #include "generate/chat_template.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -459,6 +460,41 @@ std::optional<ToolCall> parse_json_call(std::string_view body) {
   return call;
 }
 
+// The JSON types a parameter's schema allows ("type": "integer" or ["string", "null"]).
+std::vector<std::string> schema_types(const ojson* schema) {
+  std::vector<std::string> out;
+  if (!schema || !schema->is_object() || !schema->contains("type")) return out;
+  const ojson& t = (*schema)["type"];
+  if (t.is_string()) out.push_back(t.get<std::string>());
+  if (t.is_array())
+    for (const ojson& e : t)
+      if (e.is_string()) out.push_back(e.get<std::string>());
+  return out;
+}
+
+// An XML parameter value, typed by the tool's schema. Templates write strings as they are and
+// other values as tojson does (Coder-Next) or as Python's str() (older Qwen3-Coder: True, None),
+// so both spellings read back; a value that fits no allowed type, or a parameter without a
+// schema, stays the string the model wrote.
+ojson typed_xml_value(std::string_view value, const ojson* schema) {
+  const std::vector<std::string> types = schema_types(schema);
+  auto allows = [&](std::string_view t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+  if (types.empty() || allows("string")) return std::string(value);
+  const std::string v = py_strip(value);
+  if (allows("boolean")) {
+    if (v == "true" || v == "True") return true;
+    if (v == "false" || v == "False") return false;
+  }
+  if (allows("null") && (v == "null" || v == "None")) return nullptr;
+  ojson parsed = ojson::parse(v, nullptr, false);
+  if (parsed.is_discarded()) return std::string(value);
+  const bool fits = (parsed.is_number_integer() && (allows("integer") || allows("number"))) ||
+                    (parsed.is_number() && allows("number")) || (parsed.is_object() && allows("object")) ||
+                    (parsed.is_array() && allows("array")) || (parsed.is_boolean() && allows("boolean")) ||
+                    (parsed.is_null() && allows("null"));
+  return fits ? parsed : ojson(std::string(value));
+}
+
 // <function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>
 std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools) {
   std::string b = py_strip(body);
@@ -483,15 +519,13 @@ std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools
     // The format puts the value on its own lines: one newline each side belongs to the syntax.
     if (starts_with(value, "\n")) value.remove_prefix(1);
     if (ends_with(value, "\n")) value.remove_suffix(1);
-    std::string type;
-    if (tool && tool->contains("parameters")) {
-      const ojson& props = (*tool)["parameters"].value("properties", ojson::object());
-      if (props.contains(key) && props[key].is_object() && props[key].contains("type") && props[key]["type"].is_string())
-        type = props[key]["type"].get<std::string>();
+    const ojson* schema = nullptr;
+    if (tool && tool->contains("parameters") && (*tool)["parameters"].is_object()) {
+      const ojson& params = (*tool)["parameters"];
+      if (auto props = params.find("properties"); props != params.end() && props->is_object())
+        if (auto p_schema = props->find(key); p_schema != props->end()) schema = &*p_schema;
     }
-    ojson parsed = ojson::parse(value, nullptr, false);
-    if (!type.empty() && type != "string" && !parsed.is_discarded()) args[key] = parsed;
-    else args[key] = std::string(value);
+    args[key] = typed_xml_value(value, schema);
     rest = rest.substr(close + 12);
   }
   call.arguments = args.dump();

@@ -499,8 +499,10 @@ struct Server::Impl {
     return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
-  bool thinking() const {
-    return chat_template && chat_template->format() == ChatFormat::Qwen3Thinking;
+  // Formats whose model may write a <think> block (the prompt decides whether it starts in one).
+  bool may_think() const {
+    return chat_template && (chat_template->format() == ChatFormat::Qwen3Thinking ||
+                             chat_template->format() == ChatFormat::Qwen3Hybrid);
   }
 
   // ---- endpoints ----------------------------------------------------------------------------
@@ -524,7 +526,7 @@ struct Server::Impl {
     const std::string id = fmt::format("chatcmpl-{}", next_id++);
     const int64_t created = unix_now();
     const bool has_tools = !cr.tools.empty();
-    const bool split_reasoning = thinking() && !(cr.enable_thinking && !*cr.enable_thinking);
+    const ReasoningSplitter::Start split_reasoning = ReasoningSplitter::start_for(prompt_text, may_think());
     auto finish_name = [&](const GenerationResult& r, const ParsedReply& parsed) -> std::string {
       if (!parsed.tool_calls.empty()) return "tool_calls";
       return r.finish == FinishReason::Length ? "length" : "stop";
@@ -546,7 +548,9 @@ struct Server::Impl {
       GenerationResult r = wait_result(job);
       ReasoningSplitter split(split_reasoning);
       auto [reasoning, content] = split.push(r.text);
-      reasoning += split.flush_reasoning();
+      auto [held_reasoning, held_content] = split.finish();
+      reasoning += held_reasoning;
+      content += held_content;
       ParsedReply parsed;
       if (has_tools) parsed = chat_template->parse_tool_calls(content, cr.tools);
       else parsed.content = content;
@@ -605,8 +609,10 @@ struct Server::Impl {
             return ok;
           };
           auto on_finish = [&](const GenerationResult& r) {
-            if (std::string rest = split.flush_reasoning(); !rest.empty())
-              send_event(sink, chunk({{"reasoning_content", rest}}, nullptr, nullptr));
+            auto [rest, held_content] = split.finish();
+            if (!rest.empty()) send_event(sink, chunk({{"reasoning_content", rest}}, nullptr, nullptr));
+            if (std::string out = calls.push(held_content); !out.empty())
+              send_event(sink, chunk({{"content", out}}, nullptr, lps_json()));
             ParsedReply parsed;
             if (has_tools) {
               parsed = chat_template->parse_tool_calls(calls.finish(), tools);

@@ -3,6 +3,8 @@
 // from the templates' specification (quoted in each test), not copied from this renderer's output.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 #include "generate/chat_template.h"
 
@@ -343,6 +345,42 @@ TEST(ChatTemplate, SplitsThinking) {
 TEST(ChatTemplate, PythonJsonDumps) {
   ojson v = ojson::parse("{\"b\": 1, \"a\": [1.5, true, null, \"\xC3\xA9\\n\\\"x\\\"\", 2.0, -3], \"c\": {}}");
   EXPECT_EQ(python_json_dumps(v), "{\"b\": 1, \"a\": [1.5, true, null, \"\xC3\xA9\\n\\\"x\\\"\", 2.0, -3], \"c\": {}}");
+}
+
+}  // namespace
+}  // namespace rl
+
+namespace rl {
+namespace {
+
+// Values written by hand as the two Coder templates print them (tojson, or Python str() in the
+// older one), read back with the JSON type the tool's schema declares.
+TEST(ChatTemplate, XmlValuesAreTypedByTheSchema) {
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"flag": {"type": "boolean"}, "old_flag": {"type": "boolean"},
+    "limit": {"type": ["integer", "null"]}, "ids": {"type": "array"}, "opts": {"type": "object"},
+    "code": {"type": "string"}, "ratio": {"type": "number"}, "count": {"type": "integer"}}}}}])");
+  ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Coder);
+  auto param = [](const char* k, const char* v) { return fmt::format("<parameter={}>\n{}\n</parameter>\n", k, v); };
+  const std::string reply = "<tool_call>\n<function=f>\n" + param("flag", "true") + param("old_flag", "True") +
+                            param("limit", "None") + param("ids", "[1, 2]") + param("opts", "{\"a\": false}") +
+                            param("code", "42") + param("ratio", "0.5") + param("count", "many") + param("extra", "7") +
+                            "</function>\n</tool_call>";
+  ParsedReply r = t.parse_reply(reply, tools);
+  ASSERT_EQ(r.tool_calls.size(), 1u) << r.content;
+  EXPECT_EQ(ojson::parse(r.tool_calls[0].arguments),
+            ojson::parse(R"({"flag": true, "old_flag": true, "limit": null, "ids": [1, 2], "opts": {"a": false},
+              "code": "42", "ratio": 0.5, "count": "many", "extra": "7"})"));
+}
+
+TEST(ChatTemplate, HybridReplySplitsItsOwnThinkBlock) {
+  ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Hybrid);
+  ParsedReply r = t.parse_reply("<think>\nThe user greets.\n</think>\n\nHello!");
+  EXPECT_EQ(r.reasoning_content, "The user greets.");
+  EXPECT_EQ(r.content, "Hello!");
+  ParsedReply plain = t.parse_reply("Hello!");
+  EXPECT_EQ(plain.reasoning_content, "");
+  EXPECT_EQ(plain.content, "Hello!");
 }
 
 }  // namespace
