@@ -173,7 +173,10 @@ std::string coder_tool_call(const ToolCall& call, size_t message_index) {
   const ojson args = parse_arguments(call, message_index);  // items() must not outlive it
   for (auto& [k, v] : args.items()) {
     out += "<parameter=" + k + ">\n";
-    out += (v.is_object() || v.is_array()) ? python_json_dumps(v) : py_str(v);
+    // Coder-Next: `args_value | string if args_value is string else args_value | tojson`, so
+    // true, null and numbers are written as JSON (the older Qwen3-Coder wrote Python's True/None;
+    // its own template text, run by the interpreter, still does).
+    out += v.is_string() ? v.get<std::string>() : python_json_dumps(v);
     out += "\n</parameter>\n";
   }
   return out + "</function>\n</tool_call>";

@@ -222,7 +222,8 @@ TEST(ChatTemplate, Qwen3HybridEnableThinking) {
 // parameter "\n<parameter>\n<name>P</name>\n<type>T</type>\n<description>D|trim</description>
 // \n</parameter>" + remaining keys as "\n<key>value</key>" + "\n</parameters>\n</function>", then
 // "\n</tools>" and the format instructions. Calls: '\n<tool_call>\n<function=N>\n' +
-// '<parameter=K>\n' + value (Python str, JSON for lists/objects) + '\n</parameter>\n' +
+// '<parameter=K>\n' + value (a string as it is, anything else as tojson: Coder-Next's
+// `args_value | string if args_value is string else args_value | tojson`) + '\n</parameter>\n' +
 // '</function>\n</tool_call>'; content (trimmed) goes first as '\n' + content + '\n'.
 TEST(ChatTemplate, Qwen3CoderTools) {
   ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Coder);
@@ -252,7 +253,7 @@ TEST(ChatTemplate, Qwen3CoderTools) {
             "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
             "<|im_start|>assistant\nI will check.\n\n<tool_call>\n<function=get_weather>\n"
             "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
-            "<parameter=metric>\nTrue\n</parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n"
+            "<parameter=metric>\ntrue\n</parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n"
             "</function>\n</tool_call><|im_end|>\n"
             "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n<tool_response>\nsunny\n"
             "</tool_response>\n<|im_end|>\n"
