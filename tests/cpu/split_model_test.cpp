@@ -12,8 +12,8 @@
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
 #include "gguf/gguf.h"
-#include "gguf/gguf_writer.h"
 #include "model/model.h"
+#include "gguf_split_writer.h"
 #include "test_util.h"
 
 namespace rl {
@@ -21,27 +21,8 @@ namespace {
 
 const std::string kModelB = "tiny-qwen3next-q4km.gguf";
 
-std::string shard_path(const std::string& prefix, int i, int n) {
-  return fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, i + 1, n);
-}
-
-// Shard i of n: the first carries all metadata; every one carries split.no / split.count /
-// split.tensors.count and a contiguous run of the tensors. `split_no` overrides split.no.
-void write_shard(const GgufFile& src, const std::string& prefix, int i, int n, int split_no = -1) {
-  GgufWriter w(src.alignment());
-  if (i == 0)
-    for (const GgufKV& kv : src.metadata()) w.add_value(kv.key, kv.value);
-  w.add_u16("split.no", (uint16_t)(split_no >= 0 ? split_no : i));
-  w.add_u16("split.count", (uint16_t)n);
-  w.add_i32("split.tensors.count", (int32_t)src.tensors().size());
-  const size_t total = src.tensors().size(), begin = total * i / n, end = total * (i + 1) / n;
-  for (size_t k = begin; k < end; ++k) {
-    const GgufTensorInfo& t = src.tensors()[k];
-    std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
-    w.add_tensor_bytes(t.name, t.type, ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
-  }
-  w.write(shard_path(prefix, i, n));
-}
+using test::shard_path;
+using test::write_shard;
 
 class SplitModelTest : public ::testing::Test {
  protected:
@@ -50,7 +31,7 @@ class SplitModelTest : public ::testing::Test {
     RL_REQUIRE_FIXTURE(path_);
     src_ = GgufFile::open(path_);
     prefix_ = test::temp_path("split", "model-b");
-    for (int i = 0; i < kShards; ++i) write_shard(*src_, prefix_, i, kShards);
+    test::write_split(*src_, prefix_, kShards);
   }
   void TearDown() override {
     for (int i = 0; i < kShards; ++i) std::filesystem::remove(shard_path(prefix_, i, kShards));
