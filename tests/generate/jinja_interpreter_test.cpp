@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <span>
 
 #include "generate/jinja_template.h"
 #include "jinja2_reference.h"
@@ -86,18 +87,24 @@ ojson snippet_context() {
   })");
 }
 
-TEST(JinjaInterpreter, SnippetsRenderAsJinja2Does) {
+// jinja2's results for template sources given as text (each written to a scratch file).
+std::vector<test::Jinja2Result> jinja2_results(std::span<const char* const> sources) {
   std::vector<test::Jinja2Case> cases;
   std::vector<std::string> paths;
-  for (size_t k = 0; k < std::size(kSnippets); ++k) {
+  for (size_t k = 0; k < sources.size(); ++k) {
     paths.push_back(test::temp_path("jinja-snippets", "s" + std::to_string(k) + ".jinja"));
-    std::ofstream(paths.back(), std::ios::binary) << kSnippets[k];
+    std::ofstream(paths.back(), std::ios::binary) << sources[k];
     cases.push_back({paths.back(), snippet_context()});
   }
-  const auto expected = test::render_with_jinja2(cases);
+  auto results = test::render_with_jinja2(cases);
   for (auto& p : paths) test::remove_temp(p);
-  ASSERT_EQ(expected.size(), cases.size());
-  for (size_t k = 0; k < cases.size(); ++k) {
+  return results;
+}
+
+TEST(JinjaInterpreter, SnippetsRenderAsJinja2Does) {
+  const auto expected = jinja2_results(kSnippets);
+  ASSERT_EQ(expected.size(), std::size(kSnippets));
+  for (size_t k = 0; k < expected.size(); ++k) {
     SCOPED_TRACE(kSnippets[k]);
     ASSERT_TRUE(expected[k].ok) << "jinja2: " << expected[k].text;
     std::string got;
@@ -122,17 +129,9 @@ TEST(JinjaInterpreter, TemplateErrorsAreErrorsAsInJinja2) {
       "{{ 5 | items | list }}",
       "{{ none | length }}",
   };
-  std::vector<test::Jinja2Case> cases;
-  std::vector<std::string> paths;
-  for (size_t k = 0; k < std::size(failing); ++k) {
-    paths.push_back(test::temp_path("jinja-failing", "f" + std::to_string(k) + ".jinja"));
-    std::ofstream(paths.back(), std::ios::binary) << failing[k];
-    cases.push_back({paths.back(), snippet_context()});
-  }
-  const auto expected = test::render_with_jinja2(cases);
-  for (auto& p : paths) test::remove_temp(p);
-  ASSERT_EQ(expected.size(), cases.size());
-  for (size_t k = 0; k < cases.size(); ++k) {
+  const auto expected = jinja2_results(failing);
+  ASSERT_EQ(expected.size(), std::size(failing));
+  for (size_t k = 0; k < expected.size(); ++k) {
     SCOPED_TRACE(failing[k]);
     EXPECT_FALSE(expected[k].ok);
     try {
