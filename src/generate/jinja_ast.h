@@ -12,6 +12,9 @@ namespace rl::jinja {
 // and the interpreter stops a deeper macro recursion, so neither can exhaust the C++ stack.
 // Real chat templates nest well under 20.
 inline constexpr int kMaxNestingDepth = 64;
+// Longest run of operators chained at one level (a ~ b ~ ..., x.a.b..., v|f|g...), which still
+// nests the parsed tree one level per operator.
+inline constexpr int kMaxChainLength = 256;
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;

@@ -1,6 +1,9 @@
 #include "generate/jinja_lexer.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>

@@ -38,6 +38,12 @@ class Parser {
     ~DepthGuard() { --p.depth_; }
   };
 
+  // Operators chained without nesting (a ~ b ~ c, x.a.b.c, v|f|g) still build a left-deep tree
+  // that evaluation walks recursively: bound its length too.
+  void chain_step(int& length) const {
+    if (++length > kMaxChainLength) error(fmt::format("an expression chains more than {} operations", kMaxChainLength));
+  }
+
   [[noreturn]] void error(std::string_view what) const {
     throw JinjaError(fmt::format("template syntax error at line {}: {}", line_, what));
   }
@@ -242,7 +248,9 @@ class Parser {
   ExprPtr parse_expr() {
     DepthGuard guard(*this);
     ExprPtr e = parse_or();
+    int chain = 0;
     while (skip_name("if")) {
+      chain_step(chain);
       auto c = node(Expr::Type::Cond);
       ExprPtr test = parse_or();
       ExprPtr other = skip_name("else") ? parse_expr() : nullptr;
@@ -264,12 +272,12 @@ class Parser {
 
   ExprPtr parse_or() {
     ExprPtr e = parse_and();
-    while (skip_name("or")) e = binary(Expr::Type::Or, "or", std::move(e), parse_and());
+    for (int chain = 0; skip_name("or"); chain_step(chain)) e = binary(Expr::Type::Or, "or", std::move(e), parse_and());
     return e;
   }
   ExprPtr parse_and() {
     ExprPtr e = parse_not();
-    while (skip_name("and")) e = binary(Expr::Type::And, "and", std::move(e), parse_not());
+    for (int chain = 0; skip_name("and"); chain_step(chain)) e = binary(Expr::Type::And, "and", std::move(e), parse_not());
     return e;
   }
   ExprPtr parse_not() {
@@ -304,6 +312,7 @@ class Parser {
         cmp = node(Expr::Type::Compare);
         cmp->args.push_back(std::move(first));
       }
+      if ((int)cmp->ops.size() >= kMaxChainLength) error("too many comparisons in a chain");
       cmp->ops.push_back(op);
       cmp->args.push_back(parse_concat());
     }
@@ -311,12 +320,12 @@ class Parser {
   }
   ExprPtr parse_concat() {
     ExprPtr e = parse_math1();
-    while (skip_op("~")) e = binary(Expr::Type::Binary, "~", std::move(e), parse_math1());
+    for (int chain = 0; skip_op("~"); chain_step(chain)) e = binary(Expr::Type::Binary, "~", std::move(e), parse_math1());
     return e;
   }
   ExprPtr parse_math1() {
     ExprPtr e = parse_math2();
-    while (at_op("+") || at_op("-")) {
+    for (int chain = 0; at_op("+") || at_op("-"); chain_step(chain)) {
       std::string op = next().text;
       e = binary(Expr::Type::Binary, op, std::move(e), parse_math2());
     }
@@ -324,7 +333,7 @@ class Parser {
   }
   ExprPtr parse_math2() {
     ExprPtr e = parse_pow();
-    while (at_op("*") || at_op("/") || at_op("//") || at_op("%")) {
+    for (int chain = 0; at_op("*") || at_op("/") || at_op("//") || at_op("%"); chain_step(chain)) {
       std::string op = next().text;
       e = binary(Expr::Type::Binary, op, std::move(e), parse_pow());
     }
@@ -332,7 +341,7 @@ class Parser {
   }
   ExprPtr parse_pow() {
     ExprPtr e = parse_unary();
-    while (skip_op("**")) e = binary(Expr::Type::Binary, "**", std::move(e), parse_unary());
+    for (int chain = 0; skip_op("**"); chain_step(chain)) e = binary(Expr::Type::Binary, "**", std::move(e), parse_unary());
     return e;
   }
   ExprPtr parse_unary() {
@@ -434,7 +443,7 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr e) {
-    for (;;) {
+    for (int chain = 0;; chain_step(chain)) {
       if (skip_op(".")) {
         auto a = node(Expr::Type::Attr);
         if (peek().type == Token::Type::Int) a->name = std::to_string(next().i);
@@ -481,7 +490,7 @@ class Parser {
   }
 
   ExprPtr parse_filters(ExprPtr e) {
-    for (;;) {
+    for (int chain = 0;; chain_step(chain)) {
       if (skip_op("|")) {
         e = parse_one_filter(std::move(e));
       } else if (skip_name("is")) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
 #include <span>
 
 #include "generate/jinja_template.h"
@@ -201,6 +202,35 @@ TEST(JinjaInterpreter, NestingDepthIsBounded) {
       EXPECT_NE(std::string(e.what()).find("nesting deeper than 64"), std::string::npos) << e.what();
     }
   }
+  // A flat chain of operators nests the parsed tree too: bounded at kMaxChainLength (256).
+  std::string chain = "{{ 1";
+  for (int k = 0; k < 300; ++k) chain += " ~ 1";
+  try {
+    JinjaTemplate::parse(chain + " }}");
+    ADD_FAILURE() << "parsed";
+  } catch (const JinjaError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 256"), std::string::npos) << e.what();
+  }
+  // The deepest tree the bounds allow (a full chain at every precedence level, inside as many
+  // parentheses as still parse) renders without exhausting the stack.
+  std::string level = "1";
+  for (const char* op : {" ** ", " * ", " + ", " ~ ", " == ", " and ", " or "}) {
+    std::string next = level;
+    for (int k = 0; k < 250; ++k) next += op + std::string("1");
+    level = next.size() > 200000 ? level : "(" + next + ")";
+  }
+  int outer = 64;
+  std::optional<JinjaTemplate> deepest;
+  while (!deepest && outer > 0) {
+    try {
+      deepest = JinjaTemplate::parse("{{ " + std::string(outer, '(') + level + std::string(outer, ')') + " }}");
+    } catch (const JinjaError&) {
+      --outer;
+    }
+  }
+  ASSERT_TRUE(deepest.has_value());
+  EXPECT_GT(outer, 5);
+  EXPECT_NO_THROW(deepest->render(ojson::object()));
   // Within the bound it parses and renders.
   std::string ok = "{{ " + std::string(20, '(') + "1" + std::string(20, ')') + " }}";
   EXPECT_EQ(JinjaTemplate::parse(ok).render(ojson::object()), "1");
