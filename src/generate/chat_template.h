@@ -24,13 +24,12 @@
 // system/user/assistant/tool, a tools list, tool_calls in assistant messages); parse_reply()
 // turns the model's text back into content, reasoning and tool calls.
 #pragma once
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -112,7 +111,8 @@ class ChatTemplate {
   // has just generated (its text is already in the session, the closing <|im_end|> is not):
   // closes that turn, renders `next` (user or tool messages) and the generation prompt. A chat
   // that keeps its session prefills only this. Unlike render(), earlier assistant turns keep
-  // their reasoning (it is already in the session).
+  // their reasoning (it is already in the session), and the text comes from the native renderer
+  // of the recognised format, not from the file's template.
   std::string continuation(std::span<const ChatMessage> next, const ChatRenderOptions& opt = {}) const;
 
   // What the generation prompt ends with for this format ("<|im_start|>assistant\n", plus
