@@ -15,6 +15,11 @@ inline constexpr int kMaxNestingDepth = 64;
 // Longest run of operators chained at one level (a ~ b ~ ..., x.a.b..., v|f|g...), which still
 // nests the parsed tree one level per operator.
 inline constexpr int kMaxChainLength = 256;
+// Deepest parsed expression tree (levels of operators, calls, subscripts, literals together).
+inline constexpr int kMaxExpressionDepth = 256;
+// Deepest evaluation at run time (expressions, statements and macro calls stacked): what bounds
+// the interpreter's use of the C++ stack (about 6 KiB a level in a sanitizer build).
+inline constexpr int kMaxEvalDepth = 512;
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;

@@ -41,6 +41,13 @@ std::string Interpreter::render(const Value& globals) {
   return out;
 }
 
+Interpreter::EvalDepth::EvalDepth(Interpreter& in) : in_(in) {
+  if (++in_.eval_depth_ > kMaxEvalDepth) {
+    --in_.eval_depth_;
+    throw JinjaError(fmt::format("chat template: evaluation nested deeper than {} levels", kMaxEvalDepth));
+  }
+}
+
 void Interpreter::step() {
   if ((++steps_ & 255) == 0 && std::chrono::steady_clock::now() > deadline_)
     throw JinjaError(fmt::format("chat template: rendering took longer than {} ms", limits_.time_budget.count()));
@@ -52,6 +59,7 @@ void Interpreter::check_size(size_t bytes) const {
 }
 
 Interpreter::Flow Interpreter::exec(const Body& body, Frame& frame, std::string& out) {
+  EvalDepth depth(*this);
   for (const Stmt& s : body) {
     step();
     switch (s.type) {
@@ -286,6 +294,7 @@ std::vector<int64_t> slice_indices(int64_t n, const Value* start, const Value* s
 }  // namespace
 
 Value Interpreter::eval(const Expr& e, Frame& frame) {
+  EvalDepth depth(*this);
   step();
   switch (e.type) {
     case Expr::Type::Literal: return e.literal;

@@ -55,6 +55,12 @@ class Interpreter {
   std::chrono::steady_clock::time_point deadline_;
   uint32_t steps_ = 0;
   int call_depth_ = 0;
+  int eval_depth_ = 0;  // exec() and eval() frames on the stack
+  struct EvalDepth {
+    explicit EvalDepth(Interpreter& in);
+    ~EvalDepth() { --in_.eval_depth_; }
+    Interpreter& in_;
+  };
   Frame* root_ = nullptr;
 };
 

@@ -83,6 +83,25 @@ class Parser {
     if (peek().type != Token::Type::End) error(fmt::format("unexpected '{}' at the end of a tag", peek().text));
   }
 
+  // The tree's depth, found without recursion (the tree may be deeper than is safe to recurse).
+  void check_tree_depth(const Expr* root) const {
+    if (!root) return;
+    std::vector<std::pair<const Expr*, int>> todo{{root, 1}};
+    while (!todo.empty()) {
+      auto [e, d] = todo.back();
+      todo.pop_back();
+      if (d > kMaxExpressionDepth) error(fmt::format("an expression nests deeper than {} levels", kMaxExpressionDepth));
+      for (const ExprPtr& c : e->args)
+        if (c) todo.emplace_back(c.get(), d + 1);
+    }
+  }
+  void check_tree_depth(const Stmt& s) const {
+    check_tree_depth(s.expr.get());
+    check_tree_depth(s.cond.get());
+    for (const ExprPtr& c : s.conditions) check_tree_depth(c.get());
+    for (const ExprPtr& d : s.defaults) check_tree_depth(d.get());
+  }
+
   ExprPtr node(Expr::Type t) {
     auto e = std::make_unique<Expr>();
     e->type = t;
@@ -114,6 +133,7 @@ class Parser {
         s.line = line_;
         s.expr = parse_expr();
         expect_end();
+        check_tree_depth(s);
         body.push_back(std::move(s));
         continue;
       }
@@ -124,6 +144,7 @@ class Parser {
           return body;
         }
       body.push_back(parse_statement(kw));
+      check_tree_depth(body.back());
     }
     if (ends.size() > 0) error(fmt::format("missing {{% {} %}}", *ends.begin()));
     return body;

@@ -211,26 +211,29 @@ TEST(JinjaInterpreter, NestingDepthIsBounded) {
   } catch (const JinjaError& e) {
     EXPECT_NE(std::string(e.what()).find("more than 256"), std::string::npos) << e.what();
   }
-  // The deepest tree the bounds allow (a full chain at every precedence level, inside as many
-  // parentheses as still parse) renders without exhausting the stack.
-  std::string level = "1";
-  for (const char* op : {" ** ", " * ", " + ", " ~ ", " == ", " and ", " or "}) {
-    std::string next = level;
-    for (int k = 0; k < 250; ++k) next += op + std::string("1");
-    level = next.size() > 200000 ? level : "(" + next + ")";
+  // A tree deeper than kMaxExpressionDepth (256) is refused, however it is built.
+  std::string tall = "{{ " + std::string(8, '(') + "1";  // ((((1 + 1 ...) + 1 ...) ...): 8 x 40 levels
+  for (int k = 0; k < 8; ++k) {
+    for (int j = 0; j < 40; ++j) tall += " + 1";
+    tall += ")";
   }
-  int outer = 64;
-  std::optional<JinjaTemplate> deepest;
-  while (!deepest && outer > 0) {
-    try {
-      deepest = JinjaTemplate::parse("{{ " + std::string(outer, '(') + level + std::string(outer, ')') + " }}");
-    } catch (const JinjaError&) {
-      --outer;
-    }
+  tall += " }}";
+  try {
+    JinjaTemplate::parse(tall);
+    ADD_FAILURE() << "parsed";
+  } catch (const JinjaError& e) {
+    EXPECT_NE(std::string(e.what()).find("nests deeper than 256"), std::string::npos) << e.what();
   }
-  ASSERT_TRUE(deepest.has_value());
-  EXPECT_GT(outer, 5);
-  EXPECT_NO_THROW(deepest->render(ojson::object()));
+  // A 200-level expression inside a macro recursing as deep as evaluation allows: a clean error
+  // at kMaxEvalDepth (512), not a stack overflow.
+  std::string sum = "n";
+  for (int k = 0; k < 200; ++k) sum += " + 0";
+  try {
+    JinjaTemplate::parse("{% macro f(n) %}{{ f(" + sum + " + 1) }}{% endmacro %}{{ f(0) }}").render(ojson::object());
+    ADD_FAILURE() << "rendered";
+  } catch (const JinjaError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than"), std::string::npos) << e.what();
+  }
   // Within the bound it parses and renders.
   std::string ok = "{{ " + std::string(20, '(') + "1" + std::string(20, ')') + " }}";
   EXPECT_EQ(JinjaTemplate::parse(ok).render(ojson::object()), "1");
