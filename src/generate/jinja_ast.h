@@ -10,7 +10,8 @@ namespace rl::jinja {
 
 // How deeply expressions, blocks and macro calls may nest: the parser refuses deeper templates
 // and the interpreter stops a deeper macro recursion, so neither can exhaust the C++ stack.
-// Real chat templates nest well under 20.
+// The parser counts its own levels: a block is one, a parenthesised or bracketed expression
+// about two (about 30 parentheses in all). Real chat templates stay well under 20.
 inline constexpr int kMaxNestingDepth = 64;
 // Longest run of operators chained at one level (a ~ b ~ ..., x.a.b..., v|f|g...), which still
 // nests the parsed tree one level per operator.

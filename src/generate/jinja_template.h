@@ -4,9 +4,10 @@
 // raise_exception and strftime_now, and jinja2's sandbox refusals (no mutating methods).
 //
 // Limits, explicit because a template comes from a file and runs per request:
-//   - nesting of expressions, blocks and macro calls: kMaxNestingDepth (64) levels, and chains
-//     of operators at one level: kMaxChainLength (256) (jinja_ast.h); deeper templates fail to
-//     parse, deeper macro recursion fails to render;
+//   - nesting (jinja_ast.h): blocks, parenthesised expressions and macro calls kMaxNestingDepth
+//     (64) levels; operator chains at one level kMaxChainLength (256); parsed expression trees
+//     kMaxExpressionDepth (256); evaluation at run time kMaxEvalDepth (512) frames, which bounds
+//     the C++ stack a render uses. Deeper templates fail to parse, deeper recursion to render;
 //   - time: RenderLimits::time_budget (2 s) per render;
 //   - size: RenderLimits::max_output_bytes (16 MiB) for the output and for any one string.
 // Every limit reached is a JinjaError that says which.
