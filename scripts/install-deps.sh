@@ -5,7 +5,8 @@ pkgs=(cmake ninja-build g++ pkg-config
       libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
       libcpp-httplib-dev libbrotli-dev libssl-dev zlib1g-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev
-      tmux nodejs npm python3 python3-jsonschema)
+      tmux nodejs npm
+      python3 python3-jinja2 python3-jsonschema)  # the reference renderer and validator of the tests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,13 +5,15 @@
 # /dev/shm, and the benches alternate between the two binaries so that drift falls on both alike.
 #
 #   scripts/device/ab.sh STEP...     steps, in order:
-#     build        build both (redlite; the tree's test_cuda too)
+#     build        build both (redlite; the tree's test_cuda too); SKIP_BASE=1: the tree only
 #     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX)
 #     parity       the tree's `parity --backend cuda` on each carried fixture model vs the oracle,
 #                  prompts up to $PARITY_TOKENS (default 40) tokens, budgets 1, 0.5, 0.1
 #     parity-80b   the tree's parity on the 80B model at budgets 1, 0.5, 0.1, with and without
 #                  --x32-always (the parity prompts are too short for the default to use X32)
 #     bench-8g     the tree's bench with --cache-mib 8192 (one rep)
+#     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
+#     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill)
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
 #     depths       `bench --depths $DEPTHS` on the tree's binary (default 0,4096,16384,32768,65536)
 #     base-depths  the same on the base binary with $BASE_DEPTHS (default: $DEPTHS); the base must
@@ -58,8 +60,13 @@ for s in "$@"; do
   case "$s" in
     build)
       if [ ! -d $BASE_SRC ]; then mkdir -p $BASE_SRC && tar -xzf "$ROOT/.deps/base/base-src.tgz" -C $BASE_SRC; fi
-      configure "$ROOT" $BUILD && configure $BASE_SRC $BASE_BUILD || { log "configure failed"; exit 1; }
-      STEP_TIMEOUT=500 step build bash -c "ninja -C $BUILD -j16 redlite test_cuda test_cache & ninja -C $BASE_BUILD -j16 redlite; r=\$?; wait %1 && exit \$r" || exit 1
+      if [ "${SKIP_BASE:-0}" = 1 ]; then
+        configure "$ROOT" $BUILD || { log "configure failed"; exit 1; }
+        STEP_TIMEOUT=500 step build ninja -C $BUILD -j16 redlite test_cuda test_cache || exit 1
+      else
+        configure "$ROOT" $BUILD && configure $BASE_SRC $BASE_BUILD || { log "configure failed"; exit 1; }
+        STEP_TIMEOUT=500 step build bash -c "ninja -C $BUILD -j16 redlite test_cuda test_cache & ninja -C $BASE_BUILD -j16 redlite; r=\$?; wait %1 && exit \$r" || exit 1
+      fi
       ;;
     test) REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step test_cuda "$BUILD/test_cuda" ;;
     parity)
@@ -75,6 +82,13 @@ for s in "$@"; do
       STEP_TIMEOUT=300 step parity-80b-x32 "$BUILD/redlite" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 \
         --budget-fractions 1,0.5,0.1 --x32-always
       ;;
+    parity-synth)
+      "$BUILD/redlite" synth --preset tiny --recipe "${SYNTH_RECIPE:-all-types}" --out /tmp/rl-synth.gguf > /dev/null &&
+        step parity-synth "$BUILD/redlite" parity -m /tmp/rl-synth.gguf --backend cuda --repeat 2 --prompt-tokens 40 \
+          --budget-fractions 1,0.5,0.1
+      ;;
+    cpu-fast) model; STEP_TIMEOUT=300 step cpu-fast "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads 16 \
+      --reps 1 --decode-tokens 32 --prefill-tokens 64 --json ;;
     bench-8g) model; step bench-80b-8g "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ;;
     main)
       model

@@ -154,6 +154,7 @@ ChatTemplate chat_template_of(const Tokenizer& tok, const TextOptions& o) {
   if (!o.chat_format.empty()) return ChatTemplate::of(*chat_format_from_name(o.chat_format));
   ChatTemplate t = ChatTemplate::detect(tok.chat_template(), o.chatml_fallback);
   if (t.fell_back()) std::fprintf(stderr, "warning: %s\n", t.warning().c_str());
+  if (!t.jinja_warning().empty()) std::fprintf(stderr, "warning: %s\n", t.jinja_warning().c_str());
   return t;
 }
 

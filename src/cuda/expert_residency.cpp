@@ -53,27 +53,30 @@ ExpertResidency::ExpertResidency(const Model& model, const DeviceWeights& weight
 ExpertResidency::~ExpertResidency() {
   if (streams_.copy) cudaStreamSynchronize(streams_.copy);
   for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
-  if (registered_) cudaHostUnregister(const_cast<uint8_t*>(registered_base_));
+  for (const uint8_t* base : registered_bases_) cudaHostUnregister(const_cast<uint8_t*>(base));
 }
 
-// Misses are copied straight from the mapping. Registering it (read-only, page-locked) lets the
-// copy engine read it at PCIe speed; a pageable copy measured ~9x slower on the H200 host
-// (DEVICE.md). When registration is refused the backend still works, with pageable copies.
+// Misses are copied straight from the mappings (each tensor view points into the mapping of the
+// shard that holds it). Registering them (read-only, page-locked) lets the copy engine read them
+// at PCIe speed; a pageable copy measured ~9x slower on the H200 host (DEVICE.md). When
+// registration is refused the backend still works, with pageable copies.
 void ExpertResidency::register_mapping(const GgufFile& f) {
-  expected_file_size_ = f.file_size();
-  const uint8_t* base = f.base();
+  mappings_ = f.mappings();
+  registered_ = true;
   const size_t page = 4096;
-  const uint8_t* start = reinterpret_cast<const uint8_t*>((uintptr_t)base & ~(uintptr_t)(page - 1));
-  const size_t len = align_up((size_t)(base + f.file_size() - start), page);
-  cudaError_t e = cudaHostRegister(const_cast<uint8_t*>(start), len,
-                                   cudaHostRegisterReadOnly | cudaHostRegisterPortable);
-  if (e == cudaSuccess) {
-    registered_ = true;
-    registered_base_ = start;
-  } else {
-    cudaGetLastError();
-    std::fprintf(stderr, "cuda: could not page-lock the model mapping (%s); experts are copied from "
-                 "pageable memory, which is slower\n", cudaGetErrorString(e));
+  for (const GgufFile::Mapping& m : mappings_) {
+    const uint8_t* start = reinterpret_cast<const uint8_t*>((uintptr_t)m.base & ~(uintptr_t)(page - 1));
+    const size_t len = align_up((size_t)(m.base + m.size - start), page);
+    cudaError_t e = cudaHostRegister(const_cast<uint8_t*>(start), len,
+                                     cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+    if (e == cudaSuccess) {
+      registered_bases_.push_back(start);
+    } else {
+      cudaGetLastError();
+      registered_ = false;
+      std::fprintf(stderr, "cuda: could not page-lock the model mapping of %s (%s); its experts are copied "
+                   "from pageable memory, which is slower\n", m.path.c_str(), cudaGetErrorString(e));
+    }
   }
 }
 
@@ -93,10 +96,12 @@ void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool
   if (r.n_misses() == 0) return;
   loads_this_pass_ = true;
   // A file truncated after open would make the mapping's tail unreadable: refuse before copying.
-  struct stat sb{};
-  if (::stat(model_.path().c_str(), &sb) != 0 || (uint64_t)sb.st_size < expected_file_size_)
-    fail("{}: the model file changed size after it was opened (now {} bytes, expected {}); cannot "
-         "copy the experts of layer {}", model_.path(), (long long)sb.st_size, expected_file_size_, L);
+  for (const GgufFile::Mapping& m : mappings_) {
+    struct stat sb{};
+    if (::stat(m.path.c_str(), &sb) != 0 || (uint64_t)sb.st_size < m.size)
+      fail("{}: the model file changed size after it was opened (now {} bytes, expected {}); cannot "
+           "copy the experts of layer {}", m.path, (long long)sb.st_size, m.size, L);
+  }
   const MoeDev& moe = weights_.layers[L].moe;
   uint8_t* slots = slots_.get<uint8_t>();
   RL_CUDA_CHECK(cudaStreamWaitEvent(streams_.copy, streams_.slots_free, 0));

@@ -75,9 +75,9 @@ class ExpertResidency {
   DeviceBuffer residency_table_;  // [n_layer][n_expert] slot address or 0
   std::vector<uint64_t> residency_host_;
   std::vector<bool> residency_dirty_;
-  bool registered_ = false;
-  const uint8_t* registered_base_ = nullptr;
-  uint64_t expected_file_size_ = 0;
+  bool registered_ = false;                       // every mapping page-locked
+  std::vector<const uint8_t*> registered_bases_;  // one per registered mapping (split files have several)
+  std::vector<GgufFile::Mapping> mappings_;       // the files the experts are copied from
   bool loads_this_pass_ = false;
   bool last_pass_loaded_ = false;
   std::vector<cudaEvent_t> pending_copy_events_;  // (start, stop) pairs awaiting collection

@@ -1,10 +1,12 @@
 #include "generate/chat_template.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "generate/python_text.h"
 
 namespace rl {
 
@@ -40,7 +42,8 @@ std::string chat_format_names() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Python-compatible text helpers (the templates call str.strip, lstrip('\n'), str(), json.dumps)
+// Python-compatible text helpers (the templates call str.strip and lstrip('\n'); str() and
+// json.dumps are in python_text.h)
 
 namespace {
 
@@ -63,134 +66,6 @@ std::string strip_chars(std::string_view s, char c, bool left, bool right) {
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool ends_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
-}
-
-// float.__repr__: the shortest text that reads back, always with a '.' or an exponent.
-std::string py_float(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
-  std::string s = fmt::format("{}", v);
-  if (s.find_first_of(".en") == std::string::npos) s += ".0";
-  return s;
-}
-
-void py_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += (char)c;
-    }
-  }
-  out += '"';
-}
-
-void py_json(std::string& out, const ojson& v) {
-  switch (v.type()) {
-    case ojson::value_t::null: out += "null"; break;
-    case ojson::value_t::boolean: out += v.get<bool>() ? "true" : "false"; break;
-    case ojson::value_t::number_integer: out += std::to_string(v.get<int64_t>()); break;
-    case ojson::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
-    case ojson::value_t::number_float: out += py_float(v.get<double>()); break;
-    case ojson::value_t::string: py_json_string(out, v.get_ref<const std::string&>()); break;
-    case ojson::value_t::array: {
-      out += '[';
-      bool first = true;
-      for (auto& e : v) {
-        if (!first) out += ", ";
-        first = false;
-        py_json(out, e);
-      }
-      out += ']';
-      break;
-    }
-    case ojson::value_t::object: {
-      out += '{';
-      bool first = true;
-      for (auto& [k, e] : v.items()) {
-        if (!first) out += ", ";
-        first = false;
-        py_json_string(out, k);
-        out += ": ";
-        py_json(out, e);
-      }
-      out += '}';
-      break;
-    }
-    default: out += "null";
-  }
-}
-
-// Jinja's `| string` on a JSON value, i.e. Python str(): True/False/None, repr of floats, and
-// lists/dicts in Python's repr (single quotes).
-std::string py_str(const ojson& v);
-
-void py_repr(std::string& out, const ojson& v) {
-  if (v.is_string()) {
-    // Python repr picks single quotes unless the text holds one and no double quote.
-    const std::string& s = v.get_ref<const std::string&>();
-    const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
-    const char q = dq ? '"' : '\'';
-    out += q;
-    for (char c : s) {
-      if (c == '\\') out += "\\\\";
-      else if (c == q) { out += '\\'; out += q; }
-      else if (c == '\n') out += "\\n";
-      else if (c == '\t') out += "\\t";
-      else if (c == '\r') out += "\\r";
-      else out += c;
-    }
-    out += q;
-  } else if (v.is_array()) {
-    out += '[';
-    bool first = true;
-    for (auto& e : v) {
-      if (!first) out += ", ";
-      first = false;
-      py_repr(out, e);
-    }
-    out += ']';
-  } else if (v.is_object()) {
-    out += '{';
-    bool first = true;
-    for (auto& [k, e] : v.items()) {
-      if (!first) out += ", ";
-      first = false;
-      py_repr(out, ojson(k));
-      out += ": ";
-      py_repr(out, e);
-    }
-    out += '}';
-  } else {
-    out += py_str(v);
-  }
-}
-
-std::string py_str(const ojson& v) {
-  switch (v.type()) {
-    case ojson::value_t::null: return "None";
-    case ojson::value_t::boolean: return v.get<bool>() ? "True" : "False";
-    case ojson::value_t::number_integer: return std::to_string(v.get<int64_t>());
-    case ojson::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
-    case ojson::value_t::number_float: {
-      std::string s = py_float(v.get<double>());
-      return s == "NaN" ? "nan" : s == "Infinity" ? "inf" : s == "-Infinity" ? "-inf" : s;
-    }
-    case ojson::value_t::string: return v.get<std::string>();
-    default: {
-      std::string out;
-      py_repr(out, v);
-      return out;
-    }
-  }
 }
 
 ojson parse_arguments(const ToolCall& call, size_t message_index) {
@@ -285,11 +160,12 @@ void coder_tools(std::string& out, const ojson& tools) {
   out += kCoderToolsTail;
 }
 
-// Qwen3 JSON form of one call; the arguments text goes in verbatim, as the template does with
-// a string.
-std::string qwen3_tool_call(const ToolCall& call) {
+// Qwen3 JSON form of one call. The arguments go in parsed and re-serialised, as the template's
+// `tojson` writes the object vLLM and llama.cpp hand it, so a client echoing our compact
+// arguments back gets the same prompt the model produced.
+std::string qwen3_tool_call(const ToolCall& call, size_t message_index) {
   return "<tool_call>\n{\"name\": \"" + call.name + "\", \"arguments\": " +
-         (call.arguments.empty() ? std::string("{}") : call.arguments) + "}\n</tool_call>";
+         python_json_dumps(parse_arguments(call, message_index)) + "}\n</tool_call>";
 }
 
 std::string coder_tool_call(const ToolCall& call, size_t message_index) {
@@ -297,7 +173,10 @@ std::string coder_tool_call(const ToolCall& call, size_t message_index) {
   const ojson args = parse_arguments(call, message_index);  // items() must not outlive it
   for (auto& [k, v] : args.items()) {
     out += "<parameter=" + k + ">\n";
-    out += (v.is_object() || v.is_array()) ? python_json_dumps(v) : py_str(v);
+    // Coder-Next: `args_value | string if args_value is string else args_value | tojson`, so
+    // true, null and numbers are written as JSON (the older Qwen3-Coder wrote Python's True/None;
+    // its own template text, run by the interpreter, still does).
+    out += v.is_string() ? v.get<std::string>() : python_json_dumps(v);
     out += "\n</parameter>\n";
   }
   return out + "</function>\n</tool_call>";
@@ -305,9 +184,28 @@ std::string coder_tool_call(const ToolCall& call, size_t message_index) {
 
 }  // namespace
 
-std::string python_json_dumps(const ojson& value) {
-  std::string out;
-  py_json(out, value);
+std::string python_json_dumps(const ojson& value) { return py_json_dumps(value); }
+
+ojson chat_messages_json(std::span<const ChatMessage> messages) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    ojson j = {{"role", m.role}, {"content", m.content}};
+    if (!m.reasoning_content.empty()) j["reasoning_content"] = m.reasoning_content;
+    if (!m.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const ToolCall& c : m.tool_calls) {
+        ojson call = ojson::object();
+        if (!c.id.empty()) call["id"] = c.id;
+        call["type"] = "function";
+        call["function"] = {{"name", c.name}, {"arguments", parse_arguments(c, i)}};
+        calls.push_back(std::move(call));
+      }
+      j["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    out.push_back(std::move(j));
+  }
   return out;
 }
 
@@ -319,6 +217,12 @@ ChatTemplate ChatTemplate::of(ChatFormat format, std::string default_system) {
 }
 
 ChatTemplate ChatTemplate::detect(std::string_view jinja, bool allow_chatml_fallback) {
+  ChatTemplate t = recognise(jinja, allow_chatml_fallback);
+  if (!t.fell_back()) t.attach_jinja(jinja);
+  return t;
+}
+
+ChatTemplate ChatTemplate::recognise(std::string_view jinja, bool allow_chatml_fallback) {
   // Templates write newlines as the escape "\n" inside Jinja strings, or as raw newlines; compare
   // against one spelling.
   std::string t;
@@ -386,8 +290,11 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
   check_roles(messages);
   const bool tools = opt.tools.is_array() && !opt.tools.empty();
   if (!opt.tools.is_null() && !opt.tools.is_array()) fail("tools: must be a list");
+  // Checked for the Jinja path too: without a known call syntax the reply's calls cannot be read.
   if (tools && !supports_tools())
     fail("tools: the {} chat template has no tool-calling format", name());
+  if (jinja_)
+    if (std::optional<std::string> prompt = render_jinja(messages, opt)) return *std::move(prompt);
   switch (format_) {
     case ChatFormat::ChatML:
     case ChatFormat::Qwen2: return render_chatml(messages, opt);
@@ -460,7 +367,7 @@ std::string ChatTemplate::render_qwen3(std::span<const ChatMessage> messages, co
       }
       for (size_t c = 0; c < m.tool_calls.size(); ++c) {
         if (c > 0 || !content.empty()) out += "\n";
-        out += qwen3_tool_call(m.tool_calls[c]);
+        out += qwen3_tool_call(m.tool_calls[c], i);
       }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
@@ -556,6 +463,41 @@ std::optional<ToolCall> parse_json_call(std::string_view body) {
   return call;
 }
 
+// The JSON types a parameter's schema allows ("type": "integer" or ["string", "null"]).
+std::vector<std::string> schema_types(const ojson* schema) {
+  std::vector<std::string> out;
+  if (!schema || !schema->is_object() || !schema->contains("type")) return out;
+  const ojson& t = (*schema)["type"];
+  if (t.is_string()) out.push_back(t.get<std::string>());
+  if (t.is_array())
+    for (const ojson& e : t)
+      if (e.is_string()) out.push_back(e.get<std::string>());
+  return out;
+}
+
+// An XML parameter value, typed by the tool's schema. Templates write strings as they are and
+// other values as tojson does (Coder-Next) or as Python's str() (older Qwen3-Coder: True, None),
+// so both spellings read back; a value that fits no allowed type, or a parameter without a
+// schema, stays the string the model wrote.
+ojson typed_xml_value(std::string_view value, const ojson* schema) {
+  const std::vector<std::string> types = schema_types(schema);
+  auto allows = [&](std::string_view t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+  if (types.empty() || allows("string")) return std::string(value);
+  const std::string v = py_strip(value);
+  if (allows("boolean")) {
+    if (v == "true" || v == "True") return true;
+    if (v == "false" || v == "False") return false;
+  }
+  if (allows("null") && (v == "null" || v == "None")) return nullptr;
+  ojson parsed = ojson::parse(v, nullptr, false);
+  if (parsed.is_discarded()) return std::string(value);
+  const bool fits = (parsed.is_number_integer() && (allows("integer") || allows("number"))) ||
+                    (parsed.is_number() && allows("number")) || (parsed.is_object() && allows("object")) ||
+                    (parsed.is_array() && allows("array")) || (parsed.is_boolean() && allows("boolean")) ||
+                    (parsed.is_null() && allows("null"));
+  return fits ? parsed : ojson(std::string(value));
+}
+
 // <function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>
 std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools) {
   std::string b = py_strip(body);
@@ -580,15 +522,13 @@ std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools
     // The format puts the value on its own lines: one newline each side belongs to the syntax.
     if (starts_with(value, "\n")) value.remove_prefix(1);
     if (ends_with(value, "\n")) value.remove_suffix(1);
-    std::string type;
-    if (tool && tool->contains("parameters")) {
-      const ojson& props = (*tool)["parameters"].value("properties", ojson::object());
-      if (props.contains(key) && props[key].is_object() && props[key].contains("type") && props[key]["type"].is_string())
-        type = props[key]["type"].get<std::string>();
+    const ojson* schema = nullptr;
+    if (tool && tool->contains("parameters") && (*tool)["parameters"].is_object()) {
+      const ojson& params = (*tool)["parameters"];
+      if (auto props = params.find("properties"); props != params.end() && props->is_object())
+        if (auto p_schema = props->find(key); p_schema != props->end()) schema = &*p_schema;
     }
-    ojson parsed = ojson::parse(value, nullptr, false);
-    if (!type.empty() && type != "string" && !parsed.is_discarded()) args[key] = parsed;
-    else args[key] = std::string(value);
+    args[key] = typed_xml_value(value, schema);
     rest = rest.substr(close + 12);
   }
   call.arguments = args.dump();

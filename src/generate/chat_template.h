@@ -1,7 +1,9 @@
-// Chat templates of the Qwen ChatML family, rendered in C++ (no Jinja engine): the format is
-// chosen by recognising the GGUF's `tokenizer.chat_template`, and each format reproduces, byte
-// for byte, what its Jinja template renders (Hugging Face semantics: trim_blocks, lstrip_blocks,
-// `tojson` = Python json.dumps with ensure_ascii=False and ", " / ": " separators).
+// Chat templates of the Qwen ChatML family. The format is chosen by recognising the GGUF's
+// `tokenizer.chat_template`; prompts are rendered from the file's own template text by Red
+// Lite's Jinja interpreter (jinja_template.h), so a fine-tuned file's template is honoured. The
+// native renderers below reproduce each recognised format byte for byte and take over when the
+// interpreter cannot run the template (a construct it lacks: the warning names it) or when
+// `--chat-template NAME` asks for one. parse_reply() follows the recognised format either way.
 //
 //   ChatML         <|im_start|>ROLE\nCONTENT<|im_end|>\n per message, no tools, no default system.
 //   Qwen2          ChatML plus the template's default system prompt when the conversation has
@@ -22,6 +24,7 @@
 // system/user/assistant/tool, a tools list, tool_calls in assistant messages); parse_reply()
 // turns the model's text back into content, reasoning and tool calls.
 #pragma once
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -31,6 +34,10 @@
 #include <nlohmann/json.hpp>
 
 namespace rl {
+
+namespace jinja {
+class JinjaTemplate;
+}
 
 enum class ChatFormat { ChatML, Qwen2, Qwen3Instruct, Qwen3Thinking, Qwen3Hybrid, Qwen3Coder };
 
@@ -77,8 +84,12 @@ class ChatTemplate {
  public:
   // Recognises `jinja` (tokenizer.chat_template). An empty or unrecognised template throws
   // rl::Error that says so and names the fallback flag, unless allow_chatml_fallback: then the
-  // result is plain ChatML with fell_back() true and warning() saying why.
+  // result is plain ChatML with fell_back() true and warning() saying why. A recognised template
+  // is also parsed and tried on a sample conversation by the Jinja interpreter; prompts then come
+  // from it (uses_jinja()), or, when it cannot run the template, from the native renderer with
+  // jinja_warning() naming the construct.
   static ChatTemplate detect(std::string_view jinja, bool allow_chatml_fallback);
+  // A native renderer only (--chat-template NAME).
   static ChatTemplate of(ChatFormat format, std::string default_system = {});
 
   ChatFormat format() const { return format_; }
@@ -86,17 +97,22 @@ class ChatTemplate {
   bool fell_back() const { return !warning_.empty(); }
   const std::string& warning() const { return warning_; }
   const std::string& default_system() const { return default_system_; }
+  bool uses_jinja() const { return jinja_ != nullptr; }
+  const std::string& jinja_warning() const { return jinja_warning_; }
   bool supports_tools() const;
 
   // The whole prompt for `messages` (throws rl::Error naming the message at fault: unknown role,
-  // tools given to a format without tools, malformed tool-call arguments).
+  // tools given to a format without tools, malformed tool-call arguments, or the template's own
+  // error such as a raise_exception). Tool-call arguments reach the template parsed, as an
+  // object with the client's key order, so `tojson` re-serialises them ({"city": "Paris"}).
   std::string render(std::span<const ChatMessage> messages, const ChatRenderOptions& opt = {}) const;
 
   // The text that continues a conversation whose last turn is an assistant reply the session
   // has just generated (its text is already in the session, the closing <|im_end|> is not):
   // closes that turn, renders `next` (user or tool messages) and the generation prompt. A chat
   // that keeps its session prefills only this. Unlike render(), earlier assistant turns keep
-  // their reasoning (it is already in the session).
+  // their reasoning (it is already in the session), and the text comes from the native renderer
+  // of the recognised format, not from the file's template.
   std::string continuation(std::span<const ChatMessage> next, const ChatRenderOptions& opt = {}) const;
 
   // What the generation prompt ends with for this format ("<|im_start|>assistant\n", plus
@@ -120,6 +136,10 @@ class ChatTemplate {
   ChatTemplate(ChatFormat f, std::string default_system, std::string warning)
       : format_(f), default_system_(std::move(default_system)), warning_(std::move(warning)) {}
 
+  static ChatTemplate recognise(std::string_view jinja, bool allow_chatml_fallback);
+  void attach_jinja(std::string_view jinja);
+  // Nullopt when the interpreter met a construct it lacks (warned on stderr): render natively.
+  std::optional<std::string> render_jinja(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const;
   std::string render_qwen3(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const;
   std::string render_coder(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const;
   std::string render_chatml(std::span<const ChatMessage> messages, const ChatRenderOptions& opt) const;
@@ -127,7 +147,15 @@ class ChatTemplate {
   ChatFormat format_;
   std::string default_system_;
   std::string warning_;
+  std::shared_ptr<const jinja::JinjaTemplate> jinja_;  // the file's template, when it runs
+  std::string jinja_warning_;
 };
+
+// The messages as the template sees them (OpenAI form): role, content, reasoning_content when
+// set, tool_calls as [{"id", "type": "function", "function": {"name", "arguments": {...}}}] with
+// the arguments parsed (throws rl::Error naming the message whose arguments are not a JSON
+// object), tool_call_id when set.
+nlohmann::ordered_json chat_messages_json(std::span<const ChatMessage> messages);
 
 // Python json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in stored order,
 // non-ASCII kept as UTF-8. What Jinja's `tojson` writes in the Hugging Face templates.

@@ -254,13 +254,7 @@ class GgufParser {
     for (size_t i = 1; i < idx.size(); i++)
       if (idx[i].first == idx[i - 1].first) fail("{}: duplicate metadata key '{}'", f_.path_, idx[i].first);
   }
-  void index_tensors() {
-    auto& idx = f_.tensor_index_;
-    for (size_t i = 0; i < f_.tensors_.size(); i++) idx.emplace_back(f_.tensors_[i].name, i);
-    std::sort(idx.begin(), idx.end());
-    for (size_t i = 1; i < idx.size(); i++)
-      if (idx[i].first == idx[i - 1].first) fail("{}: duplicate tensor name '{}'", f_.path_, idx[i].first);
-  }
+  void index_tensors() { f_.build_tensor_index(); }
 
   GgufFile& f_;
   const uint8_t* p_;
@@ -385,13 +379,34 @@ std::string GgufTensorInfo::shape_string() const {
 
 GgufFile::~GgufFile() = default;
 
-std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
+std::unique_ptr<GgufFile> GgufFile::open_one(const std::string& path) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
   f->map_ = std::make_unique<MappedFile>(path);
   f->bytes_ = f->map_->bytes();
   GgufParser(*f).parse();
   return f;
+}
+
+std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
+  std::unique_ptr<GgufFile> f = open_one(path);
+  f->open_split_shards();
+  return f;
+}
+
+void GgufFile::build_tensor_index() {
+  tensor_index_.clear();
+  for (size_t i = 0; i < tensors_.size(); i++) tensor_index_.emplace_back(tensors_[i].name, i);
+  std::sort(tensor_index_.begin(), tensor_index_.end());
+  for (size_t i = 1; i < tensor_index_.size(); i++)
+    if (tensor_index_[i].first == tensor_index_[i - 1].first)
+      fail("{}: duplicate tensor name '{}'", path_, tensor_index_[i].first);
+}
+
+std::vector<GgufFile::Mapping> GgufFile::mappings() const {
+  std::vector<Mapping> out{{path_, bytes_.data(), bytes_.size()}};
+  for (const auto& s : shards_) out.push_back({s->path_, s->bytes_.data(), s->bytes_.size()});
+  return out;
 }
 
 std::unique_ptr<GgufFile> GgufFile::from_bytes(std::span<const uint8_t> bytes, std::string name) {

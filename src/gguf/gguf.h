@@ -90,6 +90,10 @@ struct GgufTensorInfo {
 class GgufFile {
  public:
   // Maps and validates the file. Throws rl::Error naming the path and the offset, key or tensor.
+  // A split model (llama.cpp gguf-split: NAME-00001-of-0000N.gguf, keys split.no, split.count,
+  // split.tensors.count) is opened from its first shard: every shard is mapped and validated
+  // (a missing or mismatched shard is named), and tensors() lists the tensors of all shards,
+  // each viewing its own shard's mapping. Metadata comes from the first shard.
   static std::unique_ptr<GgufFile> open(const std::string& path);
   // Validates an in-memory image (no copy; the bytes must outlive the result). For tests and fuzzing.
   static std::unique_ptr<GgufFile> from_bytes(std::span<const uint8_t> bytes, std::string name = "<memory>");
@@ -100,7 +104,15 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return bytes_.size(); }
-  const uint8_t* base() const { return bytes_.data(); }
+  const uint8_t* base() const { return bytes_.data(); }  // of this (the first) file
+
+  // Every mapped file the tensors view: this one, then the other shards of a split model.
+  struct Mapping {
+    std::string path;
+    const uint8_t* base = nullptr;
+    uint64_t size = 0;
+  };
+  std::vector<Mapping> mappings() const;
 
   const std::vector<GgufKV>& metadata() const { return kv_; }
   const GgufValue* find(std::string_view key) const;
@@ -121,6 +133,9 @@ class GgufFile {
  private:
   friend class GgufParser;
   GgufFile() = default;
+  static std::unique_ptr<GgufFile> open_one(const std::string& path);
+  void open_split_shards();  // gguf_split.cpp
+  void build_tensor_index();
   std::string path_;
   std::unique_ptr<MappedFile> map_;
   std::span<const uint8_t> bytes_;
@@ -131,6 +146,7 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
   std::vector<std::pair<std::string_view, size_t>> kv_index_;      // sorted by key
   std::vector<std::pair<std::string_view, size_t>> tensor_index_;  // sorted by name
+  std::vector<std::unique_ptr<GgufFile>> shards_;  // split model: shards 2..N
 };
 
 }  // namespace rl

@@ -26,7 +26,7 @@ struct TensorView {
   const uint8_t* data = nullptr;          // first byte, in the mapping
   size_t nbytes = 0;                      // bytes of this view
   size_t row_bytes = 0;                   // bytes of one row of ne[0] values
-  uint64_t file_offset = 0;               // absolute offset of `data` in the GGUF file
+  uint64_t file_offset = 0;               // absolute offset of `data` in the file (shard) holding it
 
   bool present() const { return data != nullptr; }
   int64_t row_length() const { return ne[0]; }

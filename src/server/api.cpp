@@ -11,7 +11,9 @@
 
 namespace rl::api {
 
-using nlohmann::json;
+// Request bodies keep the client's key order (tools and tool-call arguments reach the chat
+// template, whose tojson writes them in that order).
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -240,14 +242,15 @@ std::vector<ToolCall> message_tool_calls(const json& m, size_t index) {
 
 }  // namespace
 
-json error_body(const ApiError& e) {
-  json err = {{"message", e.what()}, {"type", e.type}};
-  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
-  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
-  return json{{"error", err}};
+nlohmann::json error_body(const ApiError& e) {
+  using plain = nlohmann::json;
+  plain err = {{"message", e.what()}, {"type", e.type}};
+  err["param"] = e.param.empty() ? plain(nullptr) : plain(e.param);
+  err["code"] = e.code.empty() ? plain(nullptr) : plain(e.code);
+  return plain{{"error", err}};
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 std::string dump(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
@@ -328,8 +331,7 @@ ChatRequest parse_chat_request(const json& body, const SamplingParams& defaults)
     bad("tool_choice", "'tool_choice' requires a non-empty 'tools' list");
   if (auto tools = tools_it; tools != body.end() && !tools->is_null()) {
     if (!tools->is_array()) bad("tools", "'tools' must be an array");
-    // Keep the client's key order: the template renders the tools with tojson.
-    nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(tools->dump());
+    nlohmann::ordered_json ordered = *tools;
     for (size_t i = 0; i < ordered.size(); i++) {
       const auto& t = ordered[i];
       const std::string param = fmt::format("tools[{}]", i);

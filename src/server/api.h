@@ -34,7 +34,8 @@ std::string dump(const nlohmann::json& j);
 std::string dump(const nlohmann::ordered_json& j);
 
 // Parses a request body: must be a JSON object (400 otherwise, naming the parse error offset).
-nlohmann::json parse_body(const std::string& body);
+// Keys keep the client's order.
+nlohmann::ordered_json parse_body(const std::string& body);
 
 // Fields shared by /v1/chat/completions and /v1/completions.
 struct CommonRequest {
@@ -61,7 +62,7 @@ struct CompletionRequest {
 };
 
 // `defaults` supplies the sampling values a request leaves out.
-ChatRequest parse_chat_request(const nlohmann::json& body, const SamplingParams& defaults);
-CompletionRequest parse_completion_request(const nlohmann::json& body, const SamplingParams& defaults);
+ChatRequest parse_chat_request(const nlohmann::ordered_json& body, const SamplingParams& defaults);
+CompletionRequest parse_completion_request(const nlohmann::ordered_json& body, const SamplingParams& defaults);
 
 }  // namespace rl::api

@@ -1,5 +1,10 @@
-// Splits a Thinking model's reply into reasoning (the text before </think>) and content, piece by
+// Splits a model's reply into reasoning (the text of its <think> block) and content, piece by
 // piece, so that streamed deltas and the whole message are cut at exactly the same place.
+// The reply starts inside the block when the prompt opened it (Qwen3-Thinking's generation
+// prompt ends with "<think>\n", whatever enable_thinking says); with a hybrid template the model
+// may open the block itself as the first thing it writes. Newlines that only frame the block
+// (after <think>, before </think>, before the answer) belong to neither part, as the templates
+// strip them when the reasoning goes back into the history.
 #pragma once
 #include <string>
 #include <string_view>
@@ -11,38 +16,95 @@ namespace rl {
 
 class ReasoningSplitter {
  public:
-  // active: the generation prompt opened a <think> block, so the reply starts as reasoning.
-  // Inactive, every piece is content, unchanged.
-  explicit ReasoningSplitter(bool active) : in_reasoning_(active) {}
+  enum class Start {
+    Content,    // no reasoning is split off
+    Reasoning,  // the prompt opened <think>: the reply starts as reasoning
+    Either,     // the reply is reasoning if it opens with <think> (leading whitespace allowed)
+  };
+
+  explicit ReasoningSplitter(Start start) : state_(start) {}
+  explicit ReasoningSplitter(bool active) : state_(active ? Start::Reasoning : Start::Content) {}
+
+  // Where the reply to `prompt` starts: in reasoning when the prompt ends inside an open <think>
+  // block; otherwise Either when the model may think on its own (model_may_think), else Content.
+  static Start start_for(std::string_view prompt, bool model_may_think) {
+    const size_t open = prompt.rfind(kOpen);
+    if (open != std::string_view::npos && prompt.find(kEnd, open) == std::string_view::npos &&
+        prompt.find_first_not_of(" \t\r\n", open + kOpen.size()) == std::string_view::npos)
+      return Start::Reasoning;
+    return model_may_think ? Start::Either : Start::Content;
+  }
 
   // Appends generated text; returns the (reasoning, content) that became final.
   std::pair<std::string, std::string> push(std::string_view text) {
-    if (!in_reasoning_) return {std::string(), strip_leading(std::string(text))};
+    std::string reasoning, content;
     held_ += text;
-    if (size_t p = held_.find(kEnd); p != std::string::npos) {
-      std::string reasoning = held_.substr(0, p);
-      std::string rest = held_.substr(p + kEnd.size());
-      held_.clear();
-      in_reasoning_ = false;
-      strip_pending_ = true;
-      return {std::move(reasoning), strip_leading(std::move(rest))};
+    for (;;) {
+      if (state_ == Start::Content) {
+        content += strip_leading(std::move(held_));
+        held_.clear();
+        break;
+      }
+      if (state_ == Start::Either) {
+        const size_t i = held_.find_first_not_of(" \t\r\n");
+        if (i == std::string::npos) break;  // only whitespace so far: undecided
+        const std::string_view rest = std::string_view(held_).substr(i);
+        if (rest.substr(0, kOpen.size()) == kOpen) {
+          held_.erase(0, i + kOpen.size());
+          state_ = Start::Reasoning;
+          continue;
+        }
+        if (kOpen.substr(0, rest.size()) == rest) break;  // may still become <think>
+        state_ = Start::Content;
+        continue;
+      }
+      // Reasoning.
+      if (at_reasoning_start_) {
+        const size_t i = held_.find_first_not_of('\n');
+        if (i == std::string::npos) {
+          held_.clear();
+          break;
+        }
+        held_.erase(0, i);
+        at_reasoning_start_ = false;
+      }
+      if (size_t p = held_.find(kEnd); p != std::string::npos) {
+        reasoning += without_trailing_newlines(held_.substr(0, p));
+        held_.erase(0, p + kEnd.size());
+        state_ = Start::Content;
+        strip_pending_ = true;
+        continue;
+      }
+      // Hold back a tail that may be the start of </think>, and the newlines before it.
+      size_t keep = marker_prefix_tail(held_, kEnd);
+      while (keep < held_.size() && held_[held_.size() - keep - 1] == '\n') ++keep;
+      reasoning += held_.substr(0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      break;
     }
-    // Hold back a tail that may be the start of </think>.
-    const size_t keep = marker_prefix_tail(held_, kEnd);
-    std::string reasoning = held_.substr(0, held_.size() - keep);
-    held_.erase(0, held_.size() - keep);
-    return {std::move(reasoning), std::string()};
+    return {std::move(reasoning), std::move(content)};
   }
 
-  // At the end of generation: reasoning held back as a possible </think> prefix.
-  std::string flush_reasoning() {
-    std::string r;
-    r.swap(held_);
-    return r;
+  // At the end of generation: the (reasoning, content) still held back. Reasoning that never saw
+  // </think> ends there; text held while deciding whether it opens <think> is content.
+  std::pair<std::string, std::string> finish() {
+    std::string held;
+    held.swap(held_);
+    if (state_ == Start::Reasoning) return {without_trailing_newlines(std::move(held)), std::string()};
+    return {std::string(), std::move(held)};
   }
+
+  // finish()'s reasoning alone (for callers that never hold content).
+  std::string flush_reasoning() { return finish().first; }
 
  private:
+  static constexpr std::string_view kOpen = "<think>";
   static constexpr std::string_view kEnd = "</think>";
+
+  static std::string without_trailing_newlines(std::string s) {
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
 
   // The template separates </think> from the answer with blank lines: drop them, once, right after
   // the reasoning ends (never in a reply that had no reasoning).
@@ -54,7 +116,8 @@ class ReasoningSplitter {
     return s.substr(i);
   }
 
-  bool in_reasoning_;
+  Start state_;
+  bool at_reasoning_start_ = true;
   bool strip_pending_ = false;
   std::string held_;
 };

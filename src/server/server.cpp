@@ -173,6 +173,8 @@ struct Server::Impl {
         else
           chat_template = ChatTemplate::detect(model.tokenizer->chat_template(), cfg.chatml_fallback);
         if (chat_template->fell_back()) fmt::print(stderr, "warning: {}\n", chat_template->warning());
+        if (!chat_template->jinja_warning().empty())
+          fmt::print(stderr, "warning: {}\n", chat_template->jinja_warning());
       } catch (const Error& e) {
         chat_template_error = e.what();  // completions still work; chat requests get this error
         fmt::print(stderr, "warning: /v1/chat/completions disabled: {}\n", e.what());
@@ -498,15 +500,17 @@ struct Server::Impl {
     return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
-  bool thinking() const {
-    return chat_template && chat_template->format() == ChatFormat::Qwen3Thinking;
+  // Formats whose model may write a <think> block (the prompt decides whether it starts in one).
+  bool may_think() const {
+    return chat_template && (chat_template->format() == ChatFormat::Qwen3Thinking ||
+                             chat_template->format() == ChatFormat::Qwen3Hybrid);
   }
 
   // ---- endpoints ----------------------------------------------------------------------------
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
     check_auth(req);
-    json body = api::parse_body(req.body);
+    const nlohmann::ordered_json body = api::parse_body(req.body);
     api::ChatRequest cr = api::parse_chat_request(body, default_sampling);
     require_ready();
     if (!chat_template) throw ApiError(500, chat_template_error, "server_error");
@@ -523,8 +527,9 @@ struct Server::Impl {
     const std::string id = fmt::format("chatcmpl-{}", next_id++);
     const int64_t created = unix_now();
     const bool has_tools = !cr.tools.empty();
-    const bool split_reasoning = thinking() && !(cr.enable_thinking && !*cr.enable_thinking);
-    // A required tool call replaces response_format's constraint; either starts after the reasoning.
+    const ReasoningSplitter::Start split_reasoning = ReasoningSplitter::start_for(prompt_text, may_think());
+    // A required tool call replaces response_format's constraint; either starts after the reasoning
+    // when the prompt opened it (a reply that may open <think> itself is held to the document).
     if (cr.require_tool_call) {
       try {
         job->gen.constraint.grammar = std::make_shared<const Grammar>(tool_call_grammar(cr.tools, chat_template->format()));
@@ -532,7 +537,7 @@ struct Server::Impl {
         throw ApiError(400, e.what(), "invalid_request_error", "tools");
       }
     }
-    job->gen.constraint.after_reasoning = split_reasoning;
+    job->gen.constraint.after_reasoning = split_reasoning == ReasoningSplitter::Start::Reasoning;
     auto finish_name = [&](const GenerationResult& r, const ParsedReply& parsed) -> std::string {
       if (!parsed.tool_calls.empty()) return "tool_calls";
       return r.finish == FinishReason::Length ? "length" : "stop";
@@ -554,7 +559,9 @@ struct Server::Impl {
       GenerationResult r = wait_result(job);
       ReasoningSplitter split(split_reasoning);
       auto [reasoning, content] = split.push(r.text);
-      reasoning += split.flush_reasoning();
+      auto [held_reasoning, held_content] = split.finish();
+      reasoning += held_reasoning;
+      content += held_content;
       ParsedReply parsed;
       if (has_tools) parsed = chat_template->parse_tool_calls(content, cr.tools);
       else parsed.content = content;
@@ -613,8 +620,10 @@ struct Server::Impl {
             return ok;
           };
           auto on_finish = [&](const GenerationResult& r) {
-            if (std::string rest = split.flush_reasoning(); !rest.empty())
-              send_event(sink, chunk({{"reasoning_content", rest}}, nullptr, nullptr));
+            auto [rest, held_content] = split.finish();
+            if (!rest.empty()) send_event(sink, chunk({{"reasoning_content", rest}}, nullptr, nullptr));
+            if (std::string out = calls.push(held_content); !out.empty())
+              send_event(sink, chunk({{"content", out}}, nullptr, lps_json()));
             ParsedReply parsed;
             if (has_tools) {
               parsed = chat_template->parse_tool_calls(calls.finish(), tools);
@@ -636,7 +645,7 @@ struct Server::Impl {
 
   void completions(const httplib::Request& req, httplib::Response& res) {
     check_auth(req);
-    json body = api::parse_body(req.body);
+    const nlohmann::ordered_json body = api::parse_body(req.body);
     api::CompletionRequest cr = api::parse_completion_request(body, default_sampling);
     require_ready();
     std::vector<int32_t> prompt = cr.prompt_text ? model.tokenizer->encode(*cr.prompt_text, /*parse_special=*/true)

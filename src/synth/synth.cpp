@@ -76,7 +76,7 @@ const std::vector<std::string>& preset_names() {
 }
 
 const std::vector<std::string>& recipe_names() {
-  static const std::vector<std::string> n{"seed-mix", "q4km", "all-types", "f32"};
+  static const std::vector<std::string> n{"seed-mix", "q4km", "q4km-shexp-f16", "all-types", "f32"};
   return n;
 }
 
@@ -204,13 +204,15 @@ GgmlType recipe_type(const std::string& recipe, Role role, int layer, int n_laye
   if (recipe == "q4km") return q4km_type(role);
   if (recipe == "all-types" && is_matrix(role))
     return kAllTypesCycle[matrix_index % (int)std::size(kAllTypesCycle)];
+  // As q4km, with the shared-expert gate in F16 as the published Qwen3-Next GGUFs store it.
+  if (recipe == "q4km-shexp-f16") return role == Role::SharedGateInp ? GgmlType::F16 : q4km_type(role);
   return GgmlType::F32;
 }
 
 // llama.cpp's file type ids (LLAMA_FTYPE_*) for the recipes: the type of most of the weights.
 uint32_t recipe_file_type(const std::string& recipe) {
   if (recipe == "seed-mix") return 20;  // MOSTLY_IQ2_XS
-  if (recipe == "q4km") return 15;      // MOSTLY_Q4_K_M
+  if (recipe == "q4km" || recipe == "q4km-shexp-f16") return 15;  // MOSTLY_Q4_K_M
   if (recipe == "all-types") return 1024;  // GUESSED: no single type dominates
   return 0;                             // ALL_F32
 }

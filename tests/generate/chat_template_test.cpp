@@ -3,6 +3,8 @@
 // from the templates' specification (quoted in each test), not copied from this renderer's output.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 #include "generate/chat_template.h"
 
@@ -220,7 +222,8 @@ TEST(ChatTemplate, Qwen3HybridEnableThinking) {
 // parameter "\n<parameter>\n<name>P</name>\n<type>T</type>\n<description>D|trim</description>
 // \n</parameter>" + remaining keys as "\n<key>value</key>" + "\n</parameters>\n</function>", then
 // "\n</tools>" and the format instructions. Calls: '\n<tool_call>\n<function=N>\n' +
-// '<parameter=K>\n' + value (Python str, JSON for lists/objects) + '\n</parameter>\n' +
+// '<parameter=K>\n' + value (a string as it is, anything else as tojson: Coder-Next's
+// `args_value | string if args_value is string else args_value | tojson`) + '\n</parameter>\n' +
 // '</function>\n</tool_call>'; content (trimmed) goes first as '\n' + content + '\n'.
 TEST(ChatTemplate, Qwen3CoderTools) {
   ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Coder);
@@ -250,7 +253,7 @@ TEST(ChatTemplate, Qwen3CoderTools) {
             "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
             "<|im_start|>assistant\nI will check.\n\n<tool_call>\n<function=get_weather>\n"
             "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
-            "<parameter=metric>\nTrue\n</parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n"
+            "<parameter=metric>\ntrue\n</parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n"
             "</function>\n</tool_call><|im_end|>\n"
             "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n<tool_response>\nsunny\n"
             "</tool_response>\n<|im_end|>\n"
@@ -343,6 +346,42 @@ TEST(ChatTemplate, SplitsThinking) {
 TEST(ChatTemplate, PythonJsonDumps) {
   ojson v = ojson::parse("{\"b\": 1, \"a\": [1.5, true, null, \"\xC3\xA9\\n\\\"x\\\"\", 2.0, -3], \"c\": {}}");
   EXPECT_EQ(python_json_dumps(v), "{\"b\": 1, \"a\": [1.5, true, null, \"\xC3\xA9\\n\\\"x\\\"\", 2.0, -3], \"c\": {}}");
+}
+
+}  // namespace
+}  // namespace rl
+
+namespace rl {
+namespace {
+
+// Values written by hand as the two Coder templates print them (tojson, or Python str() in the
+// older one), read back with the JSON type the tool's schema declares.
+TEST(ChatTemplate, XmlValuesAreTypedByTheSchema) {
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"flag": {"type": "boolean"}, "old_flag": {"type": "boolean"},
+    "limit": {"type": ["integer", "null"]}, "ids": {"type": "array"}, "opts": {"type": "object"},
+    "code": {"type": "string"}, "ratio": {"type": "number"}, "count": {"type": "integer"}}}}}])");
+  ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Coder);
+  auto param = [](const char* k, const char* v) { return fmt::format("<parameter={}>\n{}\n</parameter>\n", k, v); };
+  const std::string reply = "<tool_call>\n<function=f>\n" + param("flag", "true") + param("old_flag", "True") +
+                            param("limit", "None") + param("ids", "[1, 2]") + param("opts", "{\"a\": false}") +
+                            param("code", "42") + param("ratio", "0.5") + param("count", "many") + param("extra", "7") +
+                            "</function>\n</tool_call>";
+  ParsedReply r = t.parse_reply(reply, tools);
+  ASSERT_EQ(r.tool_calls.size(), 1u) << r.content;
+  EXPECT_EQ(ojson::parse(r.tool_calls[0].arguments),
+            ojson::parse(R"({"flag": true, "old_flag": true, "limit": null, "ids": [1, 2], "opts": {"a": false},
+              "code": "42", "ratio": 0.5, "count": "many", "extra": "7"})"));
+}
+
+TEST(ChatTemplate, HybridReplySplitsItsOwnThinkBlock) {
+  ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Hybrid);
+  ParsedReply r = t.parse_reply("<think>\nThe user greets.\n</think>\n\nHello!");
+  EXPECT_EQ(r.reasoning_content, "The user greets.");
+  EXPECT_EQ(r.content, "Hello!");
+  ParsedReply plain = t.parse_reply("Hello!");
+  EXPECT_EQ(plain.reasoning_content, "");
+  EXPECT_EQ(plain.content, "Hello!");
 }
 
 }  // namespace

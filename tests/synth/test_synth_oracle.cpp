@@ -6,8 +6,12 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <cstring>
+
+#include "common/fp16.h"
 #include "cpu/cpu_backend.h"
 #include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "model/model.h"
 #include "synth/routing_study.h"
 #include "synth/synth.h"
@@ -72,7 +76,7 @@ TEST_P(SynthOracle, TinyModelGivesFiniteHealthyLogits) {
   test::remove_temp(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::Values("seed-mix", "q4km", "all-types", "f32"));
+INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::Values("seed-mix", "q4km", "q4km-shexp-f16", "all-types", "f32"));
 
 TEST(SynthOracle, PlaceholderVocabularyTokenizesText) {
   const std::string path = write_tiny("seed-mix");
@@ -132,6 +136,60 @@ TEST(SynthOracleRouting, SkewRaisesLruHitRatesThroughTheOracle) {
   }
   EXPECT_GT(hit25[1], hit25[0]);
   EXPECT_GT(hit25[2], hit25[1]);
+}
+
+}  // namespace
+}  // namespace rl::synth
+
+namespace rl::synth {
+namespace {
+
+// q4km-shexp-f16 stores ffn_gate_inp_shexp as F16 (as real files do). The same model with that
+// tensor widened to F32 (the F16 values exactly, converted here) must give the same logits on
+// the oracle: the F16 gate is read as F16, in every layer.
+TEST(SynthOracle, F16SharedExpertGateReadsAsItsF32Widening) {
+  const std::string path = write_tiny("q4km-shexp-f16");
+  auto f16_file = GgufFile::open(path);
+  int n_f16 = 0;
+  GgufWriter w(f16_file->alignment());
+  for (const GgufKV& kv : f16_file->metadata()) w.add_value(kv.key, kv.value);
+  for (const GgufTensorInfo& t : f16_file->tensors()) {
+    std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
+    const bool gate = t.name.find("ffn_gate_inp_shexp") != std::string::npos;
+    if (!gate) {
+      w.add_tensor_bytes(t.name, t.type, ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+      continue;
+    }
+    ASSERT_EQ(t.type, GgmlType::F16) << t.name;
+    ++n_f16;
+    std::vector<uint8_t> bytes((size_t)t.n_elements() * sizeof(float));
+    for (int64_t i = 0; i < t.n_elements(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * i, 2);
+      const float x = fp16_to_f32(h);
+      std::memcpy(bytes.data() + 4 * i, &x, 4);
+    }
+    w.add_tensor_bytes(t.name, GgmlType::F32, ne, std::move(bytes));
+  }
+  EXPECT_EQ(n_f16, (int)f16_file->get_uint("qwen3next.block_count"));
+  const std::string widened = test::temp_path("synth-oracle", "shexp-f32.gguf");
+  w.write(widened);
+
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; i++) tokens.push_back((i * 53 + 7) % 1000);
+  std::vector<float> a, b;
+  cpu::make_cpu_backend(Model::open(path), 2)->new_session(64)->prefill(tokens, &a);
+  cpu::make_cpu_backend(Model::open(widened), 2)->new_session(64)->prefill(tokens, &b);
+  ASSERT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    norm += (double)b[i] * b[i];
+  }
+  // One F16 dot product against its F32 equal: only the summation may differ.
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+  test::remove_temp(widened);
+  test::remove_temp(path);
 }
 
 }  // namespace
