@@ -23,7 +23,7 @@ float quantize_block(const float* x, int n, int8_t* qs) {
 void quantize_activation_q8k(const float* x, int64_t n, ActivationQ8K* out) {
   for (int64_t b = 0; b < n / 256; b++, x += 256) {
     ActivationQ8K& blk = out[b];
-    blk.d = quantize_block(x, 256, blk.qs);
+    for (int i = 0; i < 8; i++) blk.d[i] = quantize_block(x + 32 * i, 32, blk.qs + 32 * i);
     for (int i = 0; i < 16; i++) {
       int sum = 0;
       for (int j = 0; j < 16; j++) sum += blk.qs[16 * i + j];

@@ -1,16 +1,18 @@
-// Activations quantised for the fast tier's integer dot products: one fp32 scale and 8-bit
-// values per block, as llama.cpp's CPU backend forms them (Q8_K for the K and IQ weight types,
-// Q8_0 for Q8_0 weights). The scale maps the block's largest magnitude to 127.
+// Activations quantised for the fast tier's integer dot products: 8-bit values with one fp32
+// scale per 32 values (as ggml's Q8_0), which maps the block's largest magnitude to 127. For the
+// K and IQ weight types 256 values are grouped as ggml's Q8_K groups them, with the sums of every
+// 16 quantised values (bsums) that the K-quants' min and offset terms need. One scale per 32
+// values rather than Q8_K's one per 256 keeps a large activation from coarsening its neighbours:
+// on the fixtures it is what lifts the model-level agreement above llama.cpp's own (docs/cpu-fast.md).
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace rl::cpu {
 
-// 256 values: x ≈ d * qs; bsums[i] = sum of qs[16i .. 16i+15] (the K-quants' min and offset
-// terms need the sums of the activations they multiply, per 16 or 32 values).
+// 256 values: x[i] ≈ d[i / 32] * qs[i]; bsums[i] = sum of qs[16i .. 16i+15].
 struct ActivationQ8K {
-  float d;
+  float d[8];
   int8_t qs[256];
   int16_t bsums[16];
 };

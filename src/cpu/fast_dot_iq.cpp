@@ -4,7 +4,7 @@
 //   IQ2: magnitudes (unsigned) times the activations with the group's signs applied to them;
 //   IQ1: 8 * grid + delta sign (a small signed integer) times the activations, so the grid's
 //        shift by ±1/8 is exact in integers and the block's 1/8 goes into the float scale.
-// Integer sub-block scales (2s + 1) weight the int16 pair sums; fp32 scales once per block.
+// Integer sub-block scales (2s + 1) weight the int16 pair sums; fp32 scales once per 32 values.
 // Layouts: quant/blocks_iq.h and the dequantisers in quant/quant_iq.cpp.
 #include "common/fp16.h"
 #include "cpu/activation_quant.h"
@@ -44,7 +44,8 @@ float fast_dot_iq2_xxs(const void* row, const void* act, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / 256; b++) {
     const uint8_t* q = reinterpret_cast<const uint8_t*>(w[b].qs);
-    __m256i sum = _mm256_setzero_si256();
+    // x = d * (0.5 + s) * 0.25 * grid = d * (2s + 1) / 8 * grid
+    const float d = fp16_to_f32(w[b].d) * 0.125f;
     for (int ib32 = 0; ib32 < 8; ib32++, q += 8) {
       // 4 grid indices (bytes), then 4 x 7 sign bits and the 4-bit scale s in the top bits.
       const uint32_t idx = load_u32(q), ss = load_u32(q + 4);
@@ -54,11 +55,9 @@ float fast_dot_iq2_xxs(const void* row, const void* act, int64_t n) {
                                         kSignBytes.of[(ss >> 14) & 127], kSignBytes.of[(ss >> 21) & 127]);
       const int16_t scale = (int16_t)(2 * (ss >> 28) + 1);
       const __m256i x = _mm256_sign_epi8(load32(a[b].qs + 32 * ib32), signs);
-      sum = _mm256_add_epi32(sum, dot_u8_s8_scaled(magnitudes, x, scale, scale));
+      const __m256i p = dot_u8_s8_scaled(magnitudes, x, scale, scale);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d[ib32]), _mm256_cvtepi32_ps(p), acc);
     }
-    // x = d * (0.5 + s) * 0.25 * grid = d * (2s + 1) / 8 * grid
-    const float d = fp16_to_f32(w[b].d) * a[b].d * 0.125f;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
   }
   return hsum(acc);
 }
@@ -68,7 +67,7 @@ float fast_dot_iq2_xs(const void* row, const void* act, int64_t n) {
   const ActivationQ8K* a = static_cast<const ActivationQ8K*>(act);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / 256; b++) {
-    __m256i sum = _mm256_setzero_si256();
+    const float d = fp16_to_f32(w[b].d) * 0.125f;
     for (int ib32 = 0; ib32 < 8; ib32++) {
       // Per group of 8: 9-bit grid index, 7-bit sign index; one 4-bit scale per 16 values.
       const uint16_t* q = w[b].qs + 4 * ib32;
@@ -78,10 +77,9 @@ float fast_dot_iq2_xs(const void* row, const void* act, int64_t n) {
                                         kSignBytes.of[q[2] >> 9], kSignBytes.of[q[3] >> 9]);
       const uint8_t s = w[b].scales[ib32];
       const __m256i x = _mm256_sign_epi8(load32(a[b].qs + 32 * ib32), signs);
-      sum = _mm256_add_epi32(sum, dot_u8_s8_scaled(magnitudes, x, (int16_t)(2 * (s & 15) + 1), (int16_t)(2 * (s >> 4) + 1)));
+      const __m256i p = dot_u8_s8_scaled(magnitudes, x, (int16_t)(2 * (s & 15) + 1), (int16_t)(2 * (s >> 4) + 1));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d[ib32]), _mm256_cvtepi32_ps(p), acc);
     }
-    const float d = fp16_to_f32(w[b].d) * a[b].d * 0.125f;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
   }
   return hsum(acc);
 }
@@ -97,7 +95,8 @@ float fast_dot_iq1_m(const void* row, const void* act, int64_t n) {
     std::memcpy(words, w[b].scales, sizeof(words));
     const uint16_t d_bits = (uint16_t)((words[0] >> 12) | ((words[1] >> 8) & 0x00f0) | ((words[2] >> 4) & 0x0f00) |
                                        (words[3] & 0xf000));
-    __m256i sum = _mm256_setzero_si256();
+    // x = d * (2s + 1) * (grid ± 1/8) = d * (2s + 1) * (8 grid ± 1) / 8
+    const float d = fp16_to_f32(d_bits) * 0.125f;
     for (int ib32 = 0; ib32 < 8; ib32++) {
       const uint8_t* qs = w[b].qs + 4 * ib32;
       const uint8_t* qh = w[b].qh + 2 * ib32;
@@ -116,11 +115,9 @@ float fast_dot_iq1_m(const void* row, const void* act, int64_t n) {
       const int shift = 6 * (ib32 % 2);
       const int16_t s0 = (int16_t)(2 * ((words[ib32 / 2] >> shift) & 7) + 1);
       const int16_t s1 = (int16_t)(2 * ((words[ib32 / 2] >> (shift + 3)) & 7) + 1);
-      sum = _mm256_add_epi32(sum, dot_u8_s8_scaled(_mm256_abs_epi8(values), _mm256_sign_epi8(x, values), s0, s1));
+      const __m256i p = dot_u8_s8_scaled(_mm256_abs_epi8(values), _mm256_sign_epi8(x, values), s0, s1);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d[ib32]), _mm256_cvtepi32_ps(p), acc);
     }
-    // x = d * (2s + 1) * (grid ± 1/8) = d * (2s + 1) * (8 grid ± 1) / 8
-    const float d = fp16_to_f32(d_bits) * a[b].d * 0.125f;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
   }
   return hsum(acc);
 }

@@ -1,8 +1,9 @@
 // Fast dot products of the K-quant super-blocks (Q4_K, Q5_K, Q6_K) with Q8_K activations.
 // Per super-block the weight quants are dotted with the activation bytes as integers (maddubs),
 // weighted by the integer sub-block scales, and the block's float scales applied once:
-//   Q4_K/Q5_K: x = d*sc*q - dmin*m  ->  d*da * sum(sc * q.a) - dmin*da * sum(m * bsum)
-//   Q6_K:      x = d*sc*(q - 32)    ->  d*da * (sum(sc * q.a) - 32 * sum(sc * bsum))
+//   Q4_K/Q5_K: x = d*sc*q - dmin*m  ->  sum over sub-blocks of d*da * sc * q.a - dmin*da * m * bsum
+//   Q6_K:      x = d*sc*(q - 32)    ->  sum over sub-blocks of d*da * sc * (q.a - 32 * bsum)
+// (da: the activations' scale of those 32 values).
 // Layouts: quant/blocks.h and the dequantisers in quant/quant_k.cpp.
 #include "cpu/activation_quant.h"
 #include "cpu/fast_dot.h"
@@ -27,9 +28,9 @@ void unpack_k4_scales(const uint8_t* packed, int16_t scale[8], int16_t min[8]) {
 }
 
 // sum over sub-blocks of 32 of min[s] * (sum of the activations of sub-block s).
-int min_term(const int16_t min[8], const int16_t bsums[16]) {
-  int sum = 0;
-  for (int s = 0; s < 8; s++) sum += min[s] * (bsums[2 * s] + bsums[2 * s + 1]);
+float min_term(const int16_t min[8], const ActivationQ8K& a) {
+  float sum = 0.0f;
+  for (int s = 0; s < 8; s++) sum += a.d[s] * (float)(min[s] * (a.bsums[2 * s] + a.bsums[2 * s + 1]));
   return sum;
 }
 
@@ -44,9 +45,8 @@ float dot_k4(const void* row, const void* act, int64_t n, AddHighBits add_high_b
   for (int64_t b = 0; b < n / 256; b++) {
     int16_t scale[8], min[8];
     unpack_k4_scales(w[b].scales, scale, min);
-    const float da = a[b].d;
-    mins += half_to_f32(w[b].dmin) * da * (float)min_term(min, a[b].bsums);
-    __m256i sum = _mm256_setzero_si256();
+    mins += half_to_f32(w[b].dmin) * min_term(min, a[b]);
+    const float d = half_to_f32(w[b].d);
     for (int chunk = 0; chunk < 4; chunk++) {
       // 32 bytes: low nibbles are sub-block 2*chunk, high nibbles sub-block 2*chunk + 1.
       const __m256i q = load32(w[b].qs + 32 * chunk);
@@ -54,10 +54,11 @@ float dot_k4(const void* row, const void* act, int64_t n, AddHighBits add_high_b
       __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_nibble);
       add_high_bits(w[b], chunk, lo, hi);
       const int8_t* x = a[b].qs + 64 * chunk;
-      sum = _mm256_add_epi32(sum, dot_u8_s8_scaled(lo, load32(x), scale[2 * chunk], scale[2 * chunk]));
-      sum = _mm256_add_epi32(sum, dot_u8_s8_scaled(hi, load32(x + 32), scale[2 * chunk + 1], scale[2 * chunk + 1]));
+      const __m256i p_lo = dot_u8_s8_scaled(lo, load32(x), scale[2 * chunk], scale[2 * chunk]);
+      const __m256i p_hi = dot_u8_s8_scaled(hi, load32(x + 32), scale[2 * chunk + 1], scale[2 * chunk + 1]);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d[2 * chunk]), _mm256_cvtepi32_ps(p_lo), acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d[2 * chunk + 1]), _mm256_cvtepi32_ps(p_hi), acc);
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_f32(w[b].d) * da), _mm256_cvtepi32_ps(sum), acc);
   }
   return hsum(acc) - mins;
 }
@@ -88,9 +89,10 @@ float fast_dot_q6_K(const void* row, const void* act, int64_t n) {
   float offsets = 0.0f;
   for (int64_t b = 0; b < n / 256; b++) {
     const int8_t* sc = w[b].scales;
-    int offset = 0;  // sum over sub-blocks of 16 of scale * (activation sum): the "- 32" term
-    for (int s = 0; s < 16; s++) offset += sc[s] * a[b].bsums[s];
-    __m256i sum = _mm256_setzero_si256();
+    const float d = half_to_f32(w[b].d);
+    float offset = 0.0f;  // sum over sub-blocks of 16 of scale * (activation sum): the "- 32" term
+    for (int s = 0; s < 16; s++) offset += a[b].d[s / 2] * (float)(sc[s] * a[b].bsums[s]);
+    offsets += 32.0f * d * offset;
     for (int half = 0; half < 2; half++) {
       // Per 128-value half: ql[l] low/high nibble = values l / l+64, ql[l+32] = values l+32 / l+96,
       // qh[l] bit pairs 0, 2, 4, 6 = the high bits of values l, l+32, l+64, l+96.
@@ -108,12 +110,11 @@ float fast_dot_q6_K(const void* row, const void* act, int64_t n) {
       };
       const int8_t* x = a[b].qs + 128 * half;
       const int8_t* s = sc + 8 * half;
-      for (int k = 0; k < 4; k++)
-        sum = _mm256_add_epi32(sum, dot_u8_s8_scaled(q[k], load32(x + 32 * k), s[2 * k], s[2 * k + 1]));
+      for (int k = 0; k < 4; k++) {
+        const __m256i p = dot_u8_s8_scaled(q[k], load32(x + 32 * k), s[2 * k], s[2 * k + 1]);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d[4 * half + k]), _mm256_cvtepi32_ps(p), acc);
+      }
     }
-    const float d = half_to_f32(w[b].d) * a[b].d;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc);
-    offsets += 32.0f * d * (float)offset;
   }
   return hsum(acc) - offsets;
 }

@@ -43,21 +43,25 @@ void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
   }
   // fp32 rows: F32 in place, other types dequantised once per tile (quant/quant.h reference).
   thread_local std::vector<float> rows;
-  const float* tile = reinterpret_cast<const float*>(W.row(r0));
-  if (W.type != GgmlType::F32) {
+  const bool in_place = W.type == GgmlType::F32;
+  if (!in_place) {
     rows.resize((size_t)(nr * n_in));
     const DequantizeRowFn dequantize = quant_type(W.type).dequantize_row;
     for (int64_t r = 0; r < nr; r++) dequantize(W.row(r0 + r), rows.data() + r * n_in, n_in);
-    tile = rows.data();
   }
   for (int t = 0; t < p.job->n_tokens; t++) {
     const float* xt = p.job->x + (int64_t)t * n_in;
     float* o = p.job->out + (int64_t)t * n_out;
-    for (int64_t r = 0; r < nr; r++) o[r0 + r] = fast_dot_f32(tile + r * n_in, xt, n_in);
+    for (int64_t r = 0; r < nr; r++) {
+      const float* row = in_place ? reinterpret_cast<const float*>(W.row(r0 + r)) : rows.data() + r * n_in;
+      o[r0 + r] = fast_dot_f32(row, xt, n_in);
+    }
   }
 }
 
-void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
+// quantize_inputs false: fp32 activations for every weight type (dequantised rows where the
+// type's tuned kernel takes 8-bit ones).
+void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs, bool quantize_inputs) {
   std::vector<PreparedJob> prepared(jobs.size());
   int64_t n_tiles = 0, work = 0;
   for (size_t j = 0; j < jobs.size(); j++) {
@@ -66,6 +70,7 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
     const int64_t n_in = job.W.row_length();
     p.job = &job;
     p.kernel = fast_kernel(job.W.type);
+    if (!quantize_inputs && p.kernel.format != ActivationFormat::kF32) p.kernel = FastKernel{};
     if (p.kernel.dot) {
       p.act_stride = activation_bytes(p.kernel.format, n_in);
       p.acts.resize(p.act_stride * (size_t)job.n_tokens);
@@ -98,7 +103,11 @@ class FastProducts final : public Products {
   void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const override {
     fast_matmul(pool(), W, x, n_tokens, out);
   }
-  void matmul_batch(std::span<const ProductJob> jobs) const override { run_batch(pool(), jobs); }
+  void matmul_fp32_input(const TensorView& W, const float* x, int n_tokens, float* out) const override {
+    const ProductJob job{W, x, n_tokens, out};
+    run_batch(pool(), std::span(&job, 1), false);
+  }
+  void matmul_batch(std::span<const ProductJob> jobs) const override { run_batch(pool(), jobs, true); }
 };
 
 }  // namespace
@@ -107,7 +116,7 @@ std::unique_ptr<Products> make_fast_products(ThreadPool& pool) { return std::mak
 
 void fast_matmul(ThreadPool& pool, const TensorView& W, const float* x, int n_tokens, float* out) {
   const ProductJob job{W, x, n_tokens, out};
-  run_batch(pool, std::span(&job, 1));
+  run_batch(pool, std::span(&job, 1), true);
 }
 
 }  // namespace rl::cpu

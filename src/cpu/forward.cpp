@@ -207,7 +207,7 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
   Buf qkv, z;
   deltanet_projections(mm, c, w, h, T, qkv, z);
   Buf ba((size_t)T * 2 * nv);  // [T][nk][b (r), a (r)]
-  mm.matmul(w.ba, h, T, ba.data());
+  mm.matmul_fp32_input(w.ba, h, T, ba.data());
 
   // beta = sigmoid(b); g = softplus(a + dt_bias) * ssm_a (log-decay, negative)   [T][nv]
   Buf beta((size_t)T * nv), decay_log((size_t)T * nv);

@@ -27,6 +27,9 @@ class Products {
   virtual ~Products() = default;
   ThreadPool& pool() const { return pool_; }
   virtual void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const = 0;
+  // As matmul, with x never quantised: for the few small products whose error the model amplifies
+  // (the DeltaNet gates, whose decay is exponentiated and compounded over every later token).
+  virtual void matmul_fp32_input(const TensorView& W, const float* x, int n_tokens, float* out) const = 0;
   // Independent products (the routed experts of a layer), free to run in any order or together.
   virtual void matmul_batch(std::span<const ProductJob> jobs) const = 0;
 
