@@ -1,7 +1,7 @@
 // Activations quantised for the fast tier's integer dot products: 8-bit values with one fp32
-// scale per 32 values (as ggml's Q8_0), which maps the block's largest magnitude to 127. For the
-// K and IQ weight types 256 values are grouped as ggml's Q8_K groups them, with the sums of every
-// 16 quantised values (bsums) that the K-quants' min and offset terms need. One scale per 32
+// scale per 32 values (as ggml's Q8_0), which maps the block's largest magnitude to 127, grouped
+// by 256 as ggml's Q8_K, with the sums of every 16 quantised values (bsums) that the K-quants'
+// min terms need. One scale per 32
 // values rather than Q8_K's one per 256 keeps a large activation from coarsening its neighbours:
 // on the fixtures it is what lifts the model-level agreement above llama.cpp's own (docs/cpu-fast.md).
 #pragma once
@@ -17,14 +17,7 @@ struct ActivationQ8K {
   int16_t bsums[16];
 };
 
-// 32 values: x ≈ d * qs.
-struct ActivationQ8_0 {
-  float d;
-  int8_t qs[32];
-};
-
-// x: [n], n a multiple of the block size; out: [n / block size] blocks.
+// x: [n], n a multiple of 256; out: [n / 256] blocks.
 void quantize_activation_q8k(const float* x, int64_t n, ActivationQ8K* out);
-void quantize_activation_q8_0(const float* x, int64_t n, ActivationQ8_0* out);
 
 }  // namespace rl::cpu

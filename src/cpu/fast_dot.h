@@ -1,8 +1,8 @@
-// The fast tier's dot products: one weight row of n values (in its ggml block format, read in
-// place from the mapping) against one token's activations, accumulated in fp32. The tuned types
-// (those of the project's files: Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ1_M) take 8-bit
-// activations and form integer dot products per block with AVX2; F32 and F16 rows dot fp32
-// activations; every other type is dequantised row by row and dotted in fp32 (fast_products.cpp).
+// The fast tier's dot products: weight rows (in their ggml block format, read in place from the
+// mapping) against a token's activations, accumulated in fp32. The tuned types (those of the
+// project's files: Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ1_M) take 8-bit activations
+// (cpu/activation_quant.h) and form integer dot products with AVX2; F32 and F16 rows dot fp32
+// activations; every other type is dequantised and dotted in fp32 (fast_products.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,39 +11,42 @@
 
 namespace rl::cpu {
 
-enum class ActivationFormat {
-  kF32,   // the fp32 values as they are
-  kQ8K,   // ActivationQ8K blocks of 256 (K and IQ types)
-  kQ8_0,  // ActivationQ8_0 blocks of 32 (Q8_0)
+// Weights of the tuned types are first decoded, 256 values at a time, to one common integer
+// form (a 32-byte vector of int8 per 32 values and small integer scales), which is then dotted
+// with the 8-bit activations by one AVX2 kernel. A prefill decodes a tile of rows once for every
+// token; the form makes each type's whole cost its decoder.
+//   w[i] = d[i / 32] * scale[i / 16] * q[i] - dmin * min[i / 32]
+struct DecodedBlock {
+  int8_t q[256];
+  int16_t scale[16];
+  float d[8];
+  int16_t min[8];
+  float dmin;  // 0: no min term (every type but Q4_K and Q5_K)
 };
 
-// row: one weight row; activation: the token's activations in the kernel's format; n: values.
-using FastDotFn = float (*)(const void* row, const void* activation, int64_t n);
+// Decodes values [256 b, 256 b + 256) of a weight row.
+using DecodeBlockFn = void (*)(const uint8_t* row, int64_t b, DecodedBlock* out);
 
-struct FastKernel {
-  ActivationFormat format = ActivationFormat::kF32;
-  FastDotFn dot = nullptr;  // nullptr: rows are dequantised to fp32 and dotted with fast_dot_f32
-};
+// nullptr: the type has no decoder; its rows are dequantised to fp32 (the reference dequantiser)
+// and dotted with fp32 activations. F32 rows are read in place, F16 converted on the fly.
+DecodeBlockFn fast_decoder(GgmlType type);
 
-// The kernel for a weight type (F32 rows are read in place, other untuned types dequantised).
-FastKernel fast_kernel(GgmlType type);
-
-// Bytes of one token's activations of n values in `format`.
-size_t activation_bytes(ActivationFormat format, int64_t n);
-// x: [n] -> out: activation_bytes(format, n) bytes.
-void quantize_activation(ActivationFormat format, const float* x, int64_t n, void* out);
+// The decoded blocks of one row [n / 256] against one token's activations [n / 256], fp32 result.
+struct ActivationQ8K;
+float dot_decoded(const DecodedBlock* w, const ActivationQ8K* a, int64_t n_blocks);
 
 // sum a[i] * b[i] in fp32 (8 lanes, 4 accumulators).
 float fast_dot_f32(const float* a, const float* b, int64_t n);
+// An F16 row against fp32 values.
+float fast_dot_f16(const uint16_t* row, const float* x, int64_t n);
 
-// Tuned kernels, activation format in the comment.
-float fast_dot_f16(const void* row, const void* x, int64_t n);      // kF32
-float fast_dot_q8_0(const void* row, const void* x, int64_t n);     // kQ8_0
-float fast_dot_q4_K(const void* row, const void* x, int64_t n);     // kQ8K
-float fast_dot_q5_K(const void* row, const void* x, int64_t n);     // kQ8K
-float fast_dot_q6_K(const void* row, const void* x, int64_t n);     // kQ8K
-float fast_dot_iq2_xxs(const void* row, const void* x, int64_t n);  // kQ8K
-float fast_dot_iq2_xs(const void* row, const void* x, int64_t n);   // kQ8K
-float fast_dot_iq1_m(const void* row, const void* x, int64_t n);    // kQ8K
+// The decoders of the tuned types (fast_dot_k.cpp, fast_dot_iq.cpp, fast_dot_basic.cpp).
+void decode_q8_0(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_q4_K(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_q5_K(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_q6_K(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_iq2_xxs(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_iq2_xs(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_iq1_m(const uint8_t* row, int64_t b, DecodedBlock* out);
 
 }  // namespace rl::cpu

@@ -1,5 +1,5 @@
-// The fast tier's kernel table and its float and Q8_0 kernels.
-#include "common/error.h"
+// The fast tier's decoder table, its one integer dot kernel, the Q8_0 decoder and the float
+// kernels.
 #include "cpu/activation_quant.h"
 #include "cpu/fast_dot.h"
 #include "cpu/fast_simd.h"
@@ -9,36 +9,49 @@ namespace rl::cpu {
 
 using namespace simd;
 
-FastKernel fast_kernel(GgmlType type) {
-  using F = ActivationFormat;
+DecodeBlockFn fast_decoder(GgmlType type) {
   switch (type) {
-    case GgmlType::F16: return {F::kF32, fast_dot_f16};
-    case GgmlType::Q8_0: return {F::kQ8_0, fast_dot_q8_0};
-    case GgmlType::Q4_K: return {F::kQ8K, fast_dot_q4_K};
-    case GgmlType::Q5_K: return {F::kQ8K, fast_dot_q5_K};
-    case GgmlType::Q6_K: return {F::kQ8K, fast_dot_q6_K};
-    case GgmlType::IQ2_XXS: return {F::kQ8K, fast_dot_iq2_xxs};
-    case GgmlType::IQ2_XS: return {F::kQ8K, fast_dot_iq2_xs};
-    case GgmlType::IQ1_M: return {F::kQ8K, fast_dot_iq1_m};
-    default: return {F::kF32, nullptr};  // F32 in place; any other type dequantised to fp32
+    case GgmlType::Q8_0: return decode_q8_0;
+    case GgmlType::Q4_K: return decode_q4_K;
+    case GgmlType::Q5_K: return decode_q5_K;
+    case GgmlType::Q6_K: return decode_q6_K;
+    case GgmlType::IQ2_XXS: return decode_iq2_xxs;
+    case GgmlType::IQ2_XS: return decode_iq2_xs;
+    case GgmlType::IQ1_M: return decode_iq1_m;
+    default: return nullptr;
   }
 }
 
-size_t activation_bytes(ActivationFormat format, int64_t n) {
-  switch (format) {
-    case ActivationFormat::kQ8K: return (size_t)(n / 256) * sizeof(ActivationQ8K);
-    case ActivationFormat::kQ8_0: return (size_t)(n / 32) * sizeof(ActivationQ8_0);
-    case ActivationFormat::kF32: break;
+float dot_decoded(const DecodedBlock* w, const ActivationQ8K* a, int64_t n_blocks) {
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0.0f;
+  for (int64_t b = 0; b < n_blocks; b++) {
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      // |w| (<= 64 for every decoder) times x with w's sign: maddubs cannot saturate.
+      const __m256i q = load32(w[b].q + 32 * ib32);
+      const __m256i p = dot_u8_s8_scaled(_mm256_abs_epi8(q), _mm256_sign_epi8(load32(a[b].qs + 32 * ib32), q),
+                                         w[b].scale[2 * ib32], w[b].scale[2 * ib32 + 1]);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(w[b].d[ib32] * a[b].d[ib32]), _mm256_cvtepi32_ps(p), acc);
+    }
+    if (w[b].dmin != 0.0f) {
+      // The min term: dmin * m * (sum of the 32 activations it multiplies).
+      float sum = 0.0f;
+      for (int s = 0; s < 8; s++) sum += a[b].d[s] * (float)(w[b].min[s] * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]));
+      mins += w[b].dmin * sum;
+    }
   }
-  return (size_t)n * sizeof(float);
+  return hsum(acc) - mins;
 }
 
-void quantize_activation(ActivationFormat format, const float* x, int64_t n, void* out) {
-  switch (format) {
-    case ActivationFormat::kQ8K: return quantize_activation_q8k(x, n, static_cast<ActivationQ8K*>(out));
-    case ActivationFormat::kQ8_0: return quantize_activation_q8_0(x, n, static_cast<ActivationQ8_0*>(out));
-    case ActivationFormat::kF32: std::memcpy(out, x, (size_t)n * sizeof(float)); return;
+// Eight Q8_0 blocks of 32: x = d * q, one fp16 scale per block.
+void decode_q8_0(const uint8_t* row, int64_t b, DecodedBlock* out) {
+  const BlockQ8_0* w = reinterpret_cast<const BlockQ8_0*>(row) + 8 * b;
+  for (int i = 0; i < 8; i++) {
+    store32(out->q + 32 * i, load32(w[i].qs));
+    out->d[i] = half_to_f32(w[i].d);
   }
+  for (int s = 0; s < 16; s++) out->scale[s] = 1;
+  out->dmin = 0.0f;
 }
 
 float fast_dot_f32(const float* a, const float* b, int64_t n) {
@@ -53,9 +66,7 @@ float fast_dot_f32(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-float fast_dot_f16(const void* row, const void* act, int64_t n) {
-  const uint16_t* w = static_cast<const uint16_t*>(row);
-  const float* x = static_cast<const float*>(act);
+float fast_dot_f16(const uint16_t* w, const float* x, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -66,17 +77,6 @@ float fast_dot_f16(const void* row, const void* act, int64_t n) {
   float sum = hsum(_mm256_add_ps(acc0, acc1));
   for (; i < n; i++) sum += half_to_f32(w[i]) * x[i];
   return sum;
-}
-
-float fast_dot_q8_0(const void* row, const void* act, int64_t n) {
-  const BlockQ8_0* w = static_cast<const BlockQ8_0*>(row);
-  const ActivationQ8_0* a = static_cast<const ActivationQ8_0*>(act);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n / 32; b++) {
-    const __m256i p = dot_s8_s8(load32(w[b].qs), load32(a[b].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_to_f32(w[b].d) * a[b].d), _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum(acc);
 }
 
 }  // namespace rl::cpu

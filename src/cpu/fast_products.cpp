@@ -1,12 +1,13 @@
-// The fast tier's products. Each product's activations are quantised once per token into the
-// weight type's format; the work is then split into tiles of weight rows, and a tile dots its
-// rows with every token (a tile of rows stays in L1 while the tokens of a prefill pass it).
+// The fast tier's products. Each product's activations are quantised once per token; the work is
+// then split into tiles of weight rows, and a tile decodes its rows once (cpu/fast_dot.h) and
+// dots them with every token (the decoded tile stays in L1/L2 while the tokens of a prefill pass).
 // A batch of products (the selected experts of a decode step) is one set of tiles, so the pool
 // spreads experts x rows over its threads instead of running the small products one by one.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "cpu/activation_quant.h"
 #include "cpu/fast_dot.h"
 #include "cpu/ops.h"
 #include "cpu/products.h"
@@ -21,40 +22,65 @@ constexpr int64_t kRowTile = 16;
 // Below this many multiply-adds a batch runs on the calling thread: waking the pool costs more.
 constexpr int64_t kMinParallelWork = 1 << 15;
 
+// How one product's rows are dotted.
+enum class RowPath {
+  kDecoded,      // tuned type: rows decoded to the integer form, 8-bit activations
+  kF32,          // F32 rows in place, fp32 activations
+  kF16,          // F16 rows converted on the fly, fp32 activations
+  kDequantised,  // any other type (or fp32 inputs asked for): the reference dequantiser, fp32
+};
+
 struct PreparedJob {
   const ProductJob* job;
-  FastKernel kernel;
-  size_t act_stride;          // bytes of one token's activations
-  std::vector<uint8_t> acts;  // [n_tokens][act_stride]
+  RowPath path;
+  DecodeBlockFn decode = nullptr;
+  std::vector<ActivationQ8K> own_acts;  // [n_tokens][n_in / 256] when kDecoded
+  const ActivationQ8K* acts = nullptr;  // own_acts, or an earlier job's of the same input
   int64_t first_tile, n_tiles;
 };
+
+RowPath row_path(const TensorView& W, bool quantize_inputs) {
+  if (W.type == GgmlType::F32) return RowPath::kF32;
+  if (W.type == GgmlType::F16) return RowPath::kF16;
+  if (quantize_inputs && fast_decoder(W.type) && W.row_length() % 256 == 0) return RowPath::kDecoded;
+  return RowPath::kDequantised;
+}
 
 // Rows [r0, r0 + nr) of one product, for every token.
 void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
   const TensorView& W = p.job->W;
   const int64_t n_in = W.row_length(), n_out = W.n_rows();
-  if (p.kernel.dot) {
-    for (int t = 0; t < p.job->n_tokens; t++) {
-      const uint8_t* act = p.acts.data() + (size_t)t * p.act_stride;
-      float* o = p.job->out + (int64_t)t * n_out;
-      for (int64_t r = r0; r < r0 + nr; r++) o[r] = p.kernel.dot(W.row(r), act, n_in);
+  const int n_tokens = p.job->n_tokens;
+  if (p.path == RowPath::kDecoded) {
+    thread_local std::vector<DecodedBlock> decoded;  // [nr][n_blocks]
+    const int64_t n_blocks = n_in / 256;
+    decoded.resize((size_t)(nr * n_blocks));
+    for (int64_t r = 0; r < nr; r++)
+      for (int64_t b = 0; b < n_blocks; b++) p.decode(W.row(r0 + r), b, &decoded[(size_t)(r * n_blocks + b)]);
+    for (int t = 0; t < n_tokens; t++) {
+      const ActivationQ8K* act = p.acts + (size_t)t * n_blocks;
+      float* o = p.job->out + (int64_t)t * n_out + r0;
+      for (int64_t r = 0; r < nr; r++) o[r] = dot_decoded(&decoded[(size_t)(r * n_blocks)], act, n_blocks);
     }
     return;
   }
-  // fp32 rows: F32 in place, other types dequantised once per tile (quant/quant.h reference).
+  // fp32 activations; other types' rows dequantised once per tile (quant/quant.h reference).
   thread_local std::vector<float> rows;
-  const bool in_place = W.type == GgmlType::F32;
-  if (!in_place) {
+  if (p.path == RowPath::kDequantised) {
     rows.resize((size_t)(nr * n_in));
     const DequantizeRowFn dequantize = quant_type(W.type).dequantize_row;
     for (int64_t r = 0; r < nr; r++) dequantize(W.row(r0 + r), rows.data() + r * n_in, n_in);
   }
-  for (int t = 0; t < p.job->n_tokens; t++) {
+  for (int t = 0; t < n_tokens; t++) {
     const float* xt = p.job->x + (int64_t)t * n_in;
-    float* o = p.job->out + (int64_t)t * n_out;
+    float* o = p.job->out + (int64_t)t * n_out + r0;
     for (int64_t r = 0; r < nr; r++) {
-      const float* row = in_place ? reinterpret_cast<const float*>(W.row(r0 + r)) : rows.data() + r * n_in;
-      o[r0 + r] = fast_dot_f32(row, xt, n_in);
+      const uint8_t* row = W.row(r0 + r);
+      switch (p.path) {
+        case RowPath::kF32: o[r] = fast_dot_f32(reinterpret_cast<const float*>(row), xt, n_in); break;
+        case RowPath::kF16: o[r] = fast_dot_f16(reinterpret_cast<const uint16_t*>(row), xt, n_in); break;
+        default: o[r] = fast_dot_f32(rows.data() + r * n_in, xt, n_in); break;
+      }
     }
   }
 }
@@ -69,13 +95,21 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs, bool quantize
     const ProductJob& job = jobs[j];
     const int64_t n_in = job.W.row_length();
     p.job = &job;
-    p.kernel = fast_kernel(job.W.type);
-    if (!quantize_inputs && p.kernel.format != ActivationFormat::kF32) p.kernel = FastKernel{};
-    if (p.kernel.dot) {
-      p.act_stride = activation_bytes(p.kernel.format, n_in);
-      p.acts.resize(p.act_stride * (size_t)job.n_tokens);
-      for (int t = 0; t < job.n_tokens; t++)
-        quantize_activation(p.kernel.format, job.x + (int64_t)t * n_in, n_in, p.acts.data() + (size_t)t * p.act_stride);
+    p.path = row_path(job.W, quantize_inputs);
+    if (p.path == RowPath::kDecoded) {
+      p.decode = fast_decoder(job.W.type);
+      // A gate and an up product share their input: quantise it once.
+      const PreparedJob* prev = j > 0 ? &prepared[j - 1] : nullptr;
+      if (prev && prev->acts && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens &&
+          prev->job->W.row_length() == n_in) {
+        p.acts = prev->acts;
+      } else {
+        const int64_t n_blocks = n_in / 256;
+        p.own_acts.resize((size_t)(n_blocks * job.n_tokens));
+        for (int t = 0; t < job.n_tokens; t++)
+          quantize_activation_q8k(job.x + (int64_t)t * n_in, n_in, p.own_acts.data() + (size_t)t * n_blocks);
+        p.acts = p.own_acts.data();
+      }
     }
     p.first_tile = n_tiles;
     p.n_tiles = (job.W.n_rows() + kRowTile - 1) / kRowTile;

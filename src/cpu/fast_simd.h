@@ -15,6 +15,7 @@ inline float hsum(__m256 v) {
 }
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline void store32(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
 
 // Eight int32 sums of four products each: sum over 4 bytes of u[i] * s[i], u unsigned (<= 128 on
 // every caller, so the int16 pair sums of maddubs cannot saturate), s signed.
