@@ -15,14 +15,21 @@ namespace rl::cpu {
 // form (a 32-byte vector of int8 per 32 values and small integer scales), which is then dotted
 // with the 8-bit activations by one AVX2 kernel. A prefill decodes a tile of rows once for every
 // token; the form makes each type's whole cost its decoder.
-//   w[i] = d[i / 32] * scale[i / 16] * q[i] - dmin * min[i / 32]
+//   w[i] = d[i / 32] * scale(i / 16) * q[i] - dmin * min[i / 32]
+// The scales are stored as the kernel multiplies by them: per 32 values one vector of 16 int16,
+// eight copies of the first 16 values' scale, then eight of the second's (set_scale).
 struct DecodedBlock {
   int8_t q[256];
-  int16_t scale[16];
+  int16_t scale[8][16];
   float d[8];
   int16_t min[8];
   float dmin;  // 0: no min term (every type but Q4_K and Q5_K)
 };
+
+// Sets the scale of values [16 s, 16 s + 16) of a decoded block.
+inline void set_scale(DecodedBlock* out, int s, int16_t value) {
+  for (int i = 0; i < 8; i++) out->scale[s / 2][8 * (s % 2) + i] = value;
+}
 
 // Decodes values [256 b, 256 b + 256) of a weight row.
 using DecodeBlockFn = void (*)(const uint8_t* row, int64_t b, DecodedBlock* out);
@@ -31,9 +38,11 @@ using DecodeBlockFn = void (*)(const uint8_t* row, int64_t b, DecodedBlock* out)
 // and dotted with fp32 activations. F32 rows are read in place, F16 converted on the fly.
 DecodeBlockFn fast_decoder(GgmlType type);
 
-// The decoded blocks of one row [n / 256] against one token's activations [n / 256], fp32 result.
+// The decoded blocks of one row [n / 256] against the activations [n / 256] of n_tokens tokens
+// (1 to 4: a prefill reuses each loaded weight vector for four tokens): out[t], fp32.
 struct ActivationQ8K;
-float dot_decoded(const DecodedBlock* w, const ActivationQ8K* a, int64_t n_blocks);
+void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out);
+constexpr int kDotTokens = 4;
 
 // sum a[i] * b[i] in fp32 (8 lanes, 4 accumulators).
 float fast_dot_f32(const float* a, const float* b, int64_t n);

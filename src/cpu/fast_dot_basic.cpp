@@ -22,25 +22,51 @@ DecodeBlockFn fast_decoder(GgmlType type) {
   }
 }
 
-float dot_decoded(const DecodedBlock* w, const ActivationQ8K* a, int64_t n_blocks) {
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;
+namespace {
+
+template <int kTokens>
+void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
+  __m256 acc[kTokens];
+  float mins[kTokens];
+  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = 0.0f;
   for (int64_t b = 0; b < n_blocks; b++) {
+    const __m256 wd = _mm256_loadu_ps(w[b].d);
+    __m256 dd[kTokens];  // weight scale times activation scale, per 32 values
+    for (int t = 0; t < kTokens; t++) dd[t] = _mm256_mul_ps(wd, _mm256_loadu_ps(a[t][b].d));
     for (int ib32 = 0; ib32 < 8; ib32++) {
-      // |w| (<= 64 for every decoder) times x with w's sign: maddubs cannot saturate.
+      // |w| (<= 128 for every decoder) times x with w's sign: maddubs cannot saturate.
       const __m256i q = load32(w[b].q + 32 * ib32);
-      const __m256i p = dot_u8_s8_scaled(_mm256_abs_epi8(q), _mm256_sign_epi8(load32(a[b].qs + 32 * ib32), q),
-                                         w[b].scale[2 * ib32], w[b].scale[2 * ib32 + 1]);
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(w[b].d[ib32] * a[b].d[ib32]), _mm256_cvtepi32_ps(p), acc);
+      const __m256i magnitude = _mm256_abs_epi8(q);
+      const __m256i scale = load32(w[b].scale[ib32]);
+      const __m256i lane = _mm256_set1_epi32(ib32);
+      for (int t = 0; t < kTokens; t++) {
+        const __m256i x = _mm256_sign_epi8(load32(a[t][b].qs + 32 * ib32), q);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), scale);
+        acc[t] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd[t], lane), _mm256_cvtepi32_ps(p), acc[t]);
+      }
     }
     if (w[b].dmin != 0.0f) {
       // The min term: dmin * m * (sum of the 32 activations it multiplies).
-      float sum = 0.0f;
-      for (int s = 0; s < 8; s++) sum += a[b].d[s] * (float)(w[b].min[s] * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]));
-      mins += w[b].dmin * sum;
+      for (int t = 0; t < kTokens; t++) {
+        float sum = 0.0f;
+        for (int s = 0; s < 8; s++)
+          sum += a[t][b].d[s] * (float)(w[b].min[s] * (a[t][b].bsums[2 * s] + a[t][b].bsums[2 * s + 1]));
+        mins[t] += w[b].dmin * sum;
+      }
     }
   }
-  return hsum(acc) - mins;
+  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - mins[t];
+}
+
+}  // namespace
+
+void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
+  switch (n_tokens) {
+    case 1: return dot_decoded_n<1>(w, a, n_blocks, out);
+    case 2: return dot_decoded_n<2>(w, a, n_blocks, out);
+    case 3: return dot_decoded_n<3>(w, a, n_blocks, out);
+    default: return dot_decoded_n<4>(w, a, n_blocks, out);
+  }
 }
 
 // Eight Q8_0 blocks of 32: x = d * q, one fp16 scale per block.
@@ -50,7 +76,7 @@ void decode_q8_0(const uint8_t* row, int64_t b, DecodedBlock* out) {
     store32(out->q + 32 * i, load32(w[i].qs));
     out->d[i] = half_to_f32(w[i].d);
   }
-  for (int s = 0; s < 16; s++) out->scale[s] = 1;
+  for (int s = 0; s < 16; s++) set_scale(out, s, 1);
   out->dmin = 0.0f;
 }
 

@@ -53,7 +53,8 @@ void decode_iq2_xxs(const uint8_t* row, int64_t b, DecodedBlock* out) {
     const __m256i signs = four_points(kSignBytes.of[ss & 127], kSignBytes.of[(ss >> 7) & 127],
                                       kSignBytes.of[(ss >> 14) & 127], kSignBytes.of[(ss >> 21) & 127]);
     store32(out->q + 32 * ib32, _mm256_sign_epi8(magnitudes, signs));
-    out->scale[2 * ib32] = out->scale[2 * ib32 + 1] = (int16_t)(2 * (ss >> 28) + 1);
+    set_scale(out, 2 * ib32, (int16_t)(2 * (ss >> 28) + 1));
+    set_scale(out, 2 * ib32 + 1, (int16_t)(2 * (ss >> 28) + 1));
   }
 }
 
@@ -68,8 +69,8 @@ void decode_iq2_xs(const uint8_t* row, int64_t b, DecodedBlock* out) {
     const __m256i signs = four_points(kSignBytes.of[q[0] >> 9], kSignBytes.of[q[1] >> 9], kSignBytes.of[q[2] >> 9],
                                       kSignBytes.of[q[3] >> 9]);
     store32(out->q + 32 * ib32, _mm256_sign_epi8(magnitudes, signs));
-    out->scale[2 * ib32] = (int16_t)(2 * (w.scales[ib32] & 15) + 1);
-    out->scale[2 * ib32 + 1] = (int16_t)(2 * (w.scales[ib32] >> 4) + 1);
+    set_scale(out, 2 * ib32, (int16_t)(2 * (w.scales[ib32] & 15) + 1));
+    set_scale(out, 2 * ib32 + 1, (int16_t)(2 * (w.scales[ib32] >> 4) + 1));
   }
 }
 
@@ -97,8 +98,8 @@ void decode_iq1_m(const uint8_t* row, int64_t b, DecodedBlock* out) {
             _mm256_add_epi8(_mm256_sign_epi8(eight, four_points(points[0], points[1], points[2], points[3])),
                             four_points(deltas[0], deltas[1], deltas[2], deltas[3])));
     const int shift = 6 * (ib32 % 2);
-    out->scale[2 * ib32] = (int16_t)(2 * ((words[ib32 / 2] >> shift) & 7) + 1);
-    out->scale[2 * ib32 + 1] = (int16_t)(2 * ((words[ib32 / 2] >> (shift + 3)) & 7) + 1);
+    set_scale(out, 2 * ib32, (int16_t)(2 * ((words[ib32 / 2] >> shift) & 7) + 1));
+    set_scale(out, 2 * ib32 + 1, (int16_t)(2 * ((words[ib32 / 2] >> (shift + 3)) & 7) + 1));
   }
 }
 

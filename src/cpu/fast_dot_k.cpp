@@ -19,8 +19,10 @@ void unpack_k4_scales(const uint8_t* packed, DecodedBlock* out) {
   for (int s = 0; s < 4; s++) {
     const int16_t sc_lo = packed[s] & 63;
     const int16_t sc_hi = (int16_t)((packed[s + 8] & 0x0F) | ((packed[s] >> 6) << 4));
-    out->scale[2 * s] = out->scale[2 * s + 1] = sc_lo;
-    out->scale[2 * (s + 4)] = out->scale[2 * (s + 4) + 1] = sc_hi;
+    set_scale(out, 2 * s, sc_lo);
+    set_scale(out, 2 * s + 1, sc_lo);
+    set_scale(out, 2 * (s + 4), sc_hi);
+    set_scale(out, 2 * (s + 4) + 1, sc_hi);
     out->min[s] = packed[s + 4] & 63;
     out->min[s + 4] = (int16_t)((packed[s + 8] >> 4) | ((packed[s + 4] >> 6) << 4));
   }
@@ -68,7 +70,7 @@ void decode_q6_K(const uint8_t* row, int64_t b, DecodedBlock* out) {
   const BlockQ6_K& w = reinterpret_cast<const BlockQ6_K*>(row)[b];
   const float d = half_to_f32(w.d);
   for (int i = 0; i < 8; i++) out->d[i] = d;
-  for (int s = 0; s < 16; s++) out->scale[s] = w.scales[s];
+  for (int s = 0; s < 16; s++) set_scale(out, s, w.scales[s]);
   out->dmin = 0.0f;
   const __m256i low_nibble = _mm256_set1_epi8(0x0F), two_bits = _mm256_set1_epi8(3), offset = _mm256_set1_epi8(32);
   for (int half = 0; half < 2; half++) {

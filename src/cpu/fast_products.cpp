@@ -57,10 +57,15 @@ void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
     decoded.resize((size_t)(nr * n_blocks));
     for (int64_t r = 0; r < nr; r++)
       for (int64_t b = 0; b < n_blocks; b++) p.decode(W.row(r0 + r), b, &decoded[(size_t)(r * n_blocks + b)]);
-    for (int t = 0; t < n_tokens; t++) {
-      const ActivationQ8K* act = p.acts + (size_t)t * n_blocks;
-      float* o = p.job->out + (int64_t)t * n_out + r0;
-      for (int64_t r = 0; r < nr; r++) o[r] = dot_decoded(&decoded[(size_t)(r * n_blocks)], act, n_blocks);
+    for (int t0 = 0; t0 < n_tokens; t0 += kDotTokens) {
+      const int nt = std::min(kDotTokens, n_tokens - t0);
+      const ActivationQ8K* act[kDotTokens];
+      for (int t = 0; t < nt; t++) act[t] = p.acts + (size_t)(t0 + t) * n_blocks;
+      for (int64_t r = 0; r < nr; r++) {
+        float dots[kDotTokens];
+        dot_decoded(&decoded[(size_t)(r * n_blocks)], act, nt, n_blocks, dots);
+        for (int t = 0; t < nt; t++) p.job->out[(int64_t)(t0 + t) * n_out + r0 + r] = dots[t];
+      }
     }
     return;
   }
