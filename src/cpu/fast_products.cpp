@@ -4,7 +4,6 @@
 // A batch of products (the selected experts of a decode step) is one set of tiles, so the pool
 // spreads experts x rows over its threads instead of running the small products one by one.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "cpu/activation_quant.h"
@@ -15,9 +14,9 @@
 namespace rl::cpu {
 namespace {
 
-// Rows per task: 16 rows of 256 values are 2-4 KiB of quantised weights (one expert of the
-// fixtures is 16 tasks, so a decode step's 10 experts give the pool 160); measured on the 2-core
-// dev machine against 8 and 64 rows.
+// Rows per task, as the oracle's tile: 16 decoded rows of 2,048 values are about 70 KiB (L2), and one
+// expert of the fixtures is 16 tasks, so a decode step's 10 experts give the pool 160 (not tuned
+// by measurement).
 constexpr int64_t kRowTile = 16;
 // Below this many multiply-adds a batch runs on the calling thread: waking the pool costs more.
 constexpr int64_t kMinParallelWork = 1 << 15;
