@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ const FixtureModel kModels[] = {
     {"A", "tiny-qwen3next-iq2xxs", 0.859, 0.0872},
     {"B", "tiny-qwen3next-q4km", 0.891, 0.0754},
 };
+
+// So a failing parameterised test prints "A", not the struct's bytes.
+void PrintTo(const FixtureModel& m, std::ostream* os) { *os << m.label; }
 
 class FastTierParity : public ::testing::TestWithParam<FixtureModel> {};
 
