@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <immintrin.h>
 
 #include "quant/quant.h"
 
@@ -28,7 +29,7 @@ struct DecodedBlock {
 
 // Sets the scale of values [16 s, 16 s + 16) of a decoded block.
 inline void set_scale(DecodedBlock* out, int s, int16_t value) {
-  for (int i = 0; i < 8; i++) out->scale[s / 2][8 * (s % 2) + i] = value;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out->scale[s / 2] + 8 * (s % 2)), _mm_set1_epi16(value));
 }
 
 // Decodes values [256 b, 256 b + 256) of a weight row.
