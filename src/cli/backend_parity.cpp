@@ -60,7 +60,9 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
   const std::string name = common.backend.empty() ? default_backend_name() : common.backend;
   auto model = Model::open(common.model_path);
   const int n_vocab = model->config().n_vocab;
-  auto oracle = open_backend("cpu", model, common);
+  CommonOptions oracle_options = common;
+  oracle_options.numerics = "exact";  // the reference is the oracle, whatever tier the backend under test runs
+  auto oracle = open_backend("cpu", model, oracle_options);
   const std::vector<int> lengths = {std::max(2, o.prompt_tokens / 4), o.prompt_tokens};
   const int n_ctx = o.prompt_tokens + o.greedy + 1;
   auto so = oracle->new_session(n_ctx);

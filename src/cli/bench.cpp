@@ -110,6 +110,7 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
     nlohmann::json j;
     j["model"] = o.common.model_path;
     j["backend"] = lm.backend->name();
+    j["numerics"] = numerics_name(lm.numerics);
     j["build"] = std::string("redlite ") + REDLITE_VERSION;
     j["reps"] = o.reps;
     j["kv_type"] = "f32";
@@ -188,6 +189,8 @@ int run_bench(const BenchOptions& o) {
   nlohmann::json j;
   j["model"] = o.common.model_path;
   j["backend"] = lm.backend->name();
+  j["numerics"] = numerics_name(lm.numerics);
+  j["threads"] = o.common.threads;
   j["build"] = std::string("redlite ") + REDLITE_VERSION;
   j["reps"] = o.reps;
   j["decode_tokens"] = o.decode_tokens;
@@ -234,9 +237,9 @@ int run_bench(const BenchOptions& o) {
   if (o.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%s on %s: decode %.1f tok/s (min %.1f, max %.1f), prefill %.0f tok/s (min %.0f, max %.0f), "
-                "median of %d\n",
-                o.common.model_path.c_str(), lm.backend->name().c_str(), dec.median, dec.min, dec.max,
+    std::printf("%s on %s (%s numerics): decode %.1f tok/s (min %.1f, max %.1f), prefill %.0f tok/s (min %.0f, "
+                "max %.0f), median of %d\n",
+                o.common.model_path.c_str(), lm.backend->name().c_str(), numerics_name(lm.numerics), dec.median, dec.min, dec.max,
                 pre.median, pre.min, pre.max, o.reps);
     if (j.contains("bytes_per_token"))
       std::printf("  %.1f MB/token, %.0f GB/s (%.1f%% of 4.8 TB/s), hit rate %.3f, %.2f MB copied/token, "

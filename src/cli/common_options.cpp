@@ -18,6 +18,10 @@ void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required)
   if (model_required) m->required();
   app.add_option("--backend", opts.backend, "cpu or cuda (default: cuda when this build has it, else cpu)");
   app.add_option("--threads", opts.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--numerics", opts.numerics,
+                 "fast (cpu default: 8-bit activations, integer dot products, fp32 sums; docs/cpu-fast.md) or exact "
+                 "(the fp32 oracle; cuda: the only tier so far)")
+      ->check(CLI::IsMember({"fast", "exact"}));
   app.add_option("--ctx", opts.ctx, "context length in tokens (default: min(4096, the model's))")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--cache-mib", opts.cache_mib,
@@ -66,9 +70,20 @@ std::string default_backend_name() {
 #endif
 }
 
+Numerics resolve_numerics(const std::string& backend, const CommonOptions& opts) {
+  if (opts.numerics.empty()) return backend == "cpu" ? Numerics::kFast : Numerics::kExact;
+  const std::optional<Numerics> n = parse_numerics(opts.numerics);
+  if (!n) fail("--numerics {}: expected fast or exact", opts.numerics);
+  if (backend == "cuda" && *n == Numerics::kFast)
+    fail("--numerics fast: the cuda backend computes only the exact tier so far (use --numerics exact, or "
+         "--backend cpu for the fast tier)");
+  return *n;
+}
+
 std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<const Model> model,
                                       const CommonOptions& opts) {
-  if (name == "cpu") return cpu::make_cpu_backend(std::move(model), opts.threads);
+  const Numerics numerics = resolve_numerics(name, opts);
+  if (name == "cpu") return cpu::make_cpu_backend(std::move(model), opts.threads, numerics);
 #ifdef REDLITE_HAVE_CUDA
   if (name == "cuda") return cuda::make_cuda_backend(std::move(model), cuda_options(opts));
 #endif
@@ -82,7 +97,9 @@ LoadedModel open_model(const CommonOptions& opts) {
   const int n_ctx_train = lm.model->config().n_ctx_train;
   if (opts.ctx > 0 && n_ctx_train > 0 && opts.ctx > n_ctx_train)
     fail("--ctx {}: past the model's context_length of {} tokens ({})", opts.ctx, n_ctx_train, opts.model_path);
-  lm.backend = open_backend(opts.backend.empty() ? default_backend_name() : opts.backend, lm.model, opts);
+  const std::string backend = opts.backend.empty() ? default_backend_name() : opts.backend;
+  lm.numerics = resolve_numerics(backend, opts);
+  lm.backend = open_backend(backend, lm.model, opts);
   lm.n_ctx = opts.ctx > 0 ? opts.ctx : std::min(4096, n_ctx_train);
   return lm;
 }

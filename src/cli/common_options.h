@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_options.h"
 #include "model/model.h"
+#include "model/numerics.h"
 #include "model/session.h"
 
 namespace rl::cli {
@@ -20,11 +21,12 @@ struct CommonOptions {
   int threads = 0;         // CPU threads; 0: every hardware thread
   int ctx = 0;             // context length of a session; 0: min(4096, the model's context_length)
   int64_t cache_mib = 0;   // GPU expert-cache budget; 0: the backend's default
+  std::string numerics;    // "fast" or "exact"; empty: the backend's default (cpu: fast, cuda: exact)
   cuda::CudaOptions cuda;  // --no-preload, --speculation, --profile, --x32-always (cache_mib: above)
 };
 
-// Adds -m/--model (required when model_required), --backend, --threads, --ctx, --cache-mib and
-// the CUDA options (add_cuda_options).
+// Adds -m/--model (required when model_required), --backend, --threads, --ctx, --numerics,
+// --cache-mib and the CUDA options (add_cuda_options).
 void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required = true);
 // Adds the CUDA backend's flags (--no-preload, --speculation, --profile, --x32-always), known in
 // every build; a build without CUDA has no backend they apply to.
@@ -35,9 +37,14 @@ cuda::CudaOptions cuda_options(const CommonOptions& opts);
 // The backend a plain command uses when --backend is not given.
 std::string default_backend_name();
 
+// The numeric tier a backend runs in for these options; throws rl::Error for a tier the backend
+// does not have (the CUDA backend computes only the exact tier so far).
+Numerics resolve_numerics(const std::string& backend, const CommonOptions& opts);
+
 struct LoadedModel {
   std::shared_ptr<const Model> model;
   std::unique_ptr<Backend> backend;
+  Numerics numerics = Numerics::kExact;  // the tier the backend computes in
   int n_ctx = 0;  // resolved context length for new sessions
   std::unique_ptr<Session> new_session() const { return backend->new_session(n_ctx); }
 };

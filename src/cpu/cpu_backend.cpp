@@ -6,12 +6,14 @@
 namespace rl::cpu {
 namespace {
 
-// Everything sessions share: the model, its small vectors in fp32, and the thread pool.
+// Everything sessions share: the model, its small vectors in fp32, the thread pool and the
+// tier's products.
 struct Shared {
-  Shared(std::shared_ptr<const Model> model, int n_threads)
-      : weights(std::move(model)), pool(n_threads) {}
+  Shared(std::shared_ptr<const Model> model, int n_threads, Numerics numerics)
+      : weights(std::move(model)), pool(n_threads), products(make_products(numerics, pool)) {}
   OracleWeights weights;
   ThreadPool pool;
+  std::unique_ptr<Products> products;
 };
 
 class CpuSnapshot final : public SessionSnapshot {
@@ -37,7 +39,7 @@ class CpuSession final : public Session {
       const size_t n = std::min(tokens.size() - begin, (size_t)kMaxBatch);
       const bool final_chunk = begin + n == tokens.size();
       float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();
-      forward(shared_->weights, shared_->pool, state_, tokens.subspan(begin, n), all_logits != nullptr,
+      forward(shared_->weights, *shared_->products, state_, tokens.subspan(begin, n), all_logits != nullptr,
               dst, trace_);
       if (all_logits && final_chunk)
         std::copy(dst + (n - 1) * n_vocab, dst + n * n_vocab, last.begin());
@@ -91,8 +93,8 @@ class CpuSession final : public Session {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(std::shared_ptr<const Model> model, int n_threads)
-      : shared_(std::make_shared<Shared>(std::move(model), n_threads)) {}
+  CpuBackend(std::shared_ptr<const Model> model, int n_threads, Numerics numerics)
+      : shared_(std::make_shared<Shared>(std::move(model), n_threads, numerics)) {}
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Session> new_session(int n_ctx) override {
     if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);
@@ -105,9 +107,9 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const Model> model, int n_threads) {
+std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const Model> model, int n_threads, Numerics numerics) {
   if (!model) fail("make_cpu_backend: no model");
-  return std::make_unique<CpuBackend>(std::move(model), n_threads);
+  return std::make_unique<CpuBackend>(std::move(model), n_threads, numerics);
 }
 
 }  // namespace rl::cpu

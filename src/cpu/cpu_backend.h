@@ -3,12 +3,16 @@
 #include <memory>
 
 #include "model/model.h"
+#include "model/numerics.h"
 #include "model/session.h"
 
 namespace rl::cpu {
 
 // n_threads <= 0: every hardware thread. Sessions share the model's weights and the thread pool
-// (they keep both alive, so a session may outlive its backend object).
-std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const Model> model, int n_threads = 0);
+// (they keep both alive, so a session may outlive its backend object). numerics: the oracle's
+// products (exact, the default of the library: other backends are tested against it) or the fast
+// tier's (cpu/products.h); the command line's default is fast.
+std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const Model> model, int n_threads = 0,
+                                          Numerics numerics = Numerics::kExact);
 
 }  // namespace rl::cpu

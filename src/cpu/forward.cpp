@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "cpu/ops.h"
+#include "cpu/products.h"
 
 namespace rl::cpu {
 
@@ -84,15 +85,15 @@ void rope_neox(float* head, int rope_dim, int pos, float base) {
 //   [q | gate] = attn_q h  (per head: head_dim query, head_dim gate); k = attn_k h; v = attn_v h
 //   q, k: per-head RMSNorm, then RoPE; softmax(q k^T / sqrt(head_dim)) v over positions <= own
 //   out = attn_output (attention * sigmoid(gate))
-void attention_layer(ThreadPool& pool, const Config& c, const AttentionWeights& w,
+void attention_layer(const Products& mm, const Config& c, const AttentionWeights& w,
                      const LayerVectors& vec, LayerState& st, int pos0, const float* h, int T,
                      float* out) {
   const int hd = c.head_dim, n_head = c.n_head, kv_dim = c.kv_dim(), q_dim = c.q_dim();
   const int group = n_head / c.n_head_kv;  // query heads per KV head
   Buf qg((size_t)T * 2 * q_dim), k((size_t)T * kv_dim), v((size_t)T * kv_dim);
-  matmul(pool, w.q, h, T, qg.data());  // [T][n_head][2][hd]
-  matmul(pool, w.k, h, T, k.data());   // [T][n_kv][hd]
-  matmul(pool, w.v, h, T, v.data());   // [T][n_kv][hd]
+  mm.matmul(w.q, h, T, qg.data());  // [T][n_head][2][hd]
+  mm.matmul(w.k, h, T, k.data());   // [T][n_kv][hd]
+  mm.matmul(w.v, h, T, v.data());   // [T][n_kv][hd]
 
   Buf q((size_t)T * q_dim), gate((size_t)T * q_dim);  // [T][n_head][hd]
   for (int t = 0; t < T; t++) {
@@ -119,7 +120,7 @@ void attention_layer(ThreadPool& pool, const Config& c, const AttentionWeights& 
 
   Buf attn((size_t)T * q_dim);  // [T][n_head][hd]
   const double scale = 1.0 / std::sqrt((double)hd);
-  pool.run(T, [&](int64_t t) {
+  mm.pool().run(T, [&](int64_t t) {
     const int n_keys = pos0 + (int)t + 1;  // causal: positions 0..pos
     std::vector<double> p(n_keys);
     std::vector<double> acc(hd);
@@ -143,27 +144,27 @@ void attention_layer(ThreadPool& pool, const Config& c, const AttentionWeights& 
       for (int i = 0; i < hd; i++) o[i] = (float)(acc[i] / sum) * sigmoid(g[i]);
     }
   });
-  matmul(pool, w.output, attn.data(), T, out);
+  mm.matmul(w.output, attn.data(), T, out);
 }
 
 // The input projections of a DeltaNet layer, in the current layout whatever the file's:
 //   qkv: [T][conv_dim] = [q of all key heads | k of all key heads | v of all value heads]
 //   z:   [T][value_dim]
-void deltanet_projections(ThreadPool& pool, const Config& c, const DeltaNetWeights& w,
+void deltanet_projections(const Products& mm, const Config& c, const DeltaNetWeights& w,
                           const float* h, int T, Buf& qkv, Buf& z) {
   const int conv_dim = c.ssm_conv_dim(), value_dim = c.ssm_value_dim(), key_dim = c.ssm_key_dim();
   qkv.resize((size_t)T * conv_dim);
   z.resize((size_t)T * value_dim);
   if (!w.legacy_fused) {
-    matmul(pool, w.qkv, h, T, qkv.data());
-    matmul(pool, w.gate, h, T, z.data());
+    mm.matmul(w.qkv, h, T, qkv.data());
+    mm.matmul(w.gate, h, T, z.data());
     return;
   }
   // Legacy ssm_in: per key head g, [q_g (dk), k_g (dk), v_g (r*dv), z_g (r*dv)].
   const int dk = c.ssm_head_dim, rdv = c.ssm_v_per_k() * c.ssm_head_dim;
   const int group_width = 2 * dk + 2 * rdv;
   Buf mixed((size_t)T * c.ssm_n_k_heads * group_width);
-  matmul(pool, w.in, h, T, mixed.data());
+  mm.matmul(w.in, h, T, mixed.data());
   for (int t = 0; t < T; t++) {
     for (int g = 0; g < c.ssm_n_k_heads; g++) {
       const float* src = mixed.data() + ((size_t)t * c.ssm_n_k_heads + g) * group_width;
@@ -197,16 +198,16 @@ void causal_conv_silu(const Config& c, const std::vector<float>& taps, std::vect
 }
 
 // Gated DeltaNet.                                                h, out: [T][n_embd]
-void deltanet_layer(ThreadPool& pool, const Config& c, const DeltaNetWeights& w,
+void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& w,
                     const LayerVectors& vec, LayerState& st, const float* h, int T, float* out) {
   const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, r = c.ssm_v_per_k();
   const int dk = c.ssm_head_dim, dv = c.ssm_head_dim;
   const int key_dim = c.ssm_key_dim(), value_dim = c.ssm_value_dim(), conv_dim = c.ssm_conv_dim();
 
   Buf qkv, z;
-  deltanet_projections(pool, c, w, h, T, qkv, z);
+  deltanet_projections(mm, c, w, h, T, qkv, z);
   Buf ba((size_t)T * 2 * nv);  // [T][nk][b (r), a (r)]
-  matmul(pool, w.ba, h, T, ba.data());
+  mm.matmul_fp32_input(w.ba, h, T, ba.data());
 
   // beta = sigmoid(b); g = softplus(a + dt_bias) * ssm_a (log-decay, negative)   [T][nv]
   Buf beta((size_t)T * nv), decay_log((size_t)T * nv);
@@ -236,7 +237,7 @@ void deltanet_layer(ThreadPool& pool, const Config& c, const DeltaNetWeights& w,
   //   S = S * exp(g_t);  S += outer((v_t - S k_t) * beta_t, k_t);  o_t = S q_t     S: [dv][dk]
   // then o_t = RMSNorm(o_t) * ssm_norm * SiLU(z_t).
   Buf o((size_t)T * value_dim);  // [T][nv][dv]
-  pool.run(nv, [&](int64_t j) {
+  mm.pool().run(nv, [&](int64_t j) {
     float* S = st.ssm.data() + (size_t)j * dv * dk;
     const int g = (int)j / r;
     std::vector<double> d(dv);
@@ -257,7 +258,7 @@ void deltanet_layer(ThreadPool& pool, const Config& c, const DeltaNetWeights& w,
       for (int i = 0; i < dv; i++) oj[i] *= silu(zj[i]);
     }
   });
-  matmul(pool, w.out, o.data(), T, out);
+  mm.matmul(w.out, o.data(), T, out);
 }
 
 // Router: softmax over all experts, top-k (ties: lower expert index), probabilities renormalised.
@@ -288,23 +289,23 @@ void route(const Config& c, const float* logits, int T, int32_t* ids, float* wei
 }
 
 // SwiGLU feed-forward: y = down (SiLU(gate x) * (up x))         x: [T][n_in], y: [T][down rows]
-void swiglu(ThreadPool& pool, const TensorView& gate, const TensorView& up, const TensorView& down,
+void swiglu(const Products& mm, const TensorView& gate, const TensorView& up, const TensorView& down,
             const float* x, int T, float* y) {
   const int64_t ff = gate.n_rows();
   Buf g((size_t)T * ff), u((size_t)T * ff);
-  matmul(pool, gate, x, T, g.data());
-  matmul(pool, up, x, T, u.data());
+  mm.matmul(gate, x, T, g.data());
+  mm.matmul(up, x, T, u.data());
   for (size_t i = 0; i < g.size(); i++) g[i] = silu(g[i]) * u[i];
-  matmul(pool, down, g.data(), T, y);
+  mm.matmul(down, g.data(), T, y);
 }
 
 // Mixture of experts with a shared expert.                      h2, out: [T][n_embd]
 //   out = sum_k w_k Expert_{id_k}(h2) + sigmoid(ffn_gate_inp_shexp . h2) * SharedExpert(h2)
-void moe_layer(ThreadPool& pool, const Config& c, const MoeWeights& w, int layer, const float* h2,
+void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int layer, const float* h2,
                int T, float* out, TraceSink* trace) {
   const int E = c.n_expert, K = c.n_expert_used, n_embd = c.n_embd;
   Buf logits((size_t)T * E);
-  matmul(pool, w.router, h2, T, logits.data());
+  mm.matmul(w.router, h2, T, logits.data());
   std::vector<int32_t> ids((size_t)T * K);
   Buf weights((size_t)T * K);
   route(c, logits.data(), T, ids.data(), weights.data());
@@ -313,31 +314,37 @@ void moe_layer(ThreadPool& pool, const Config& c, const MoeWeights& w, int layer
     trace->ids(fmt::format("ffn_moe_topk-{}", layer), T, K, ids.data());
   }
 
-  // Each selected expert runs once on all the tokens that chose it, so its weights are
-  // dequantised once per batch. expert_out: [T][K][n_embd].
-  Buf expert_out((size_t)T * K * n_embd);
+  // Each selected expert runs once on all the tokens that chose it, so its weights are read once
+  // per batch; the experts' products of a stage are one batch (the fast tier spreads experts x
+  // rows over the threads). Rows of xs, gu and ys are slots grouped by expert.
+  const int64_t ff = w.gate_exps.ne[1];
   std::vector<std::vector<int>> slots(E);  // expert -> slots t*K + k that selected it
   for (int i = 0; i < T * K; i++) slots[ids[i]].push_back(i);
-  Buf xs, ys;
-  for (int e = 0; e < E; e++) {
+  Buf xs((size_t)T * K * n_embd), gate((size_t)T * K * ff), up((size_t)T * K * ff), ys((size_t)T * K * n_embd);
+  std::vector<ProductJob> gate_up, down;
+  for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++) {
     if (slots[e].empty()) continue;
     const int n = (int)slots[e].size();
-    xs.resize((size_t)n * n_embd);
-    ys.resize((size_t)n * n_embd);
     for (int i = 0; i < n; i++) {
       const float* src = h2 + (size_t)(slots[e][i] / K) * n_embd;
-      std::copy(src, src + n_embd, xs.data() + (size_t)i * n_embd);
+      std::copy(src, src + n_embd, xs.data() + (size_t)(row + i) * n_embd);
     }
-    swiglu(pool, w.gate_exps.matrix(e), w.up_exps.matrix(e), w.down_exps.matrix(e), xs.data(), n,
-           ys.data());
-    for (int i = 0; i < n; i++)
-      std::copy(ys.data() + (size_t)i * n_embd, ys.data() + (size_t)(i + 1) * n_embd,
-                expert_out.data() + (size_t)slots[e][i] * n_embd);
+    gate_up.push_back({w.gate_exps.matrix(e), xs.data() + (size_t)row * n_embd, n, gate.data() + (size_t)row * ff});
+    gate_up.push_back({w.up_exps.matrix(e), xs.data() + (size_t)row * n_embd, n, up.data() + (size_t)row * ff});
+    down.push_back({w.down_exps.matrix(e), gate.data() + (size_t)row * ff, n, ys.data() + (size_t)row * n_embd});
   }
+  mm.matmul_batch(gate_up);
+  for (size_t i = 0; i < gate.size(); i++) gate[i] = silu(gate[i]) * up[i];  // SwiGLU
+  mm.matmul_batch(down);
+  Buf expert_out((size_t)T * K * n_embd);  // [T][K][n_embd]
+  for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++)
+    for (size_t i = 0; i < slots[e].size(); i++)
+      std::copy(ys.data() + (size_t)(row + i) * n_embd, ys.data() + (size_t)(row + i + 1) * n_embd,
+                expert_out.data() + (size_t)slots[e][i] * n_embd);
 
   Buf shared((size_t)T * n_embd), shared_gate(T);
-  swiglu(pool, w.gate_shexp, w.up_shexp, w.down_shexp, h2, T, shared.data());
-  matmul(pool, w.shared_gate_inp, h2, T, shared_gate.data());
+  swiglu(mm, w.gate_shexp, w.up_shexp, w.down_shexp, h2, T, shared.data());
+  mm.matmul(w.shared_gate_inp, h2, T, shared_gate.data());
 
   for (int t = 0; t < T; t++) {
     const float sg = sigmoid(shared_gate[t]);
@@ -356,7 +363,7 @@ void add_into(float* x, const float* y, size_t n) {
 
 }  // namespace
 
-void forward(const OracleWeights& w, ThreadPool& pool, State& state, std::span<const int32_t> tokens,
+void forward(const OracleWeights& w, const Products& mm, State& state, std::span<const int32_t> tokens,
              bool all_logits, float* logits, TraceSink* trace) {
   const Model& m = *w.model;
   const Config& c = m.config();
@@ -373,15 +380,15 @@ void forward(const OracleWeights& w, ThreadPool& pool, State& state, std::span<c
     // x += Mixer(RMSNorm(x) * attn_norm)
     rmsnorm_rows(x.data(), vec.attn_norm, c.rms_eps, T, n_embd, h.data());
     if (lw.recurrent)
-      deltanet_layer(pool, c, lw.ssm, vec, state.layers[L], h.data(), T, mix.data());
+      deltanet_layer(mm, c, lw.ssm, vec, state.layers[L], h.data(), T, mix.data());
     else
-      attention_layer(pool, c, lw.attn, vec, state.layers[L], pos0, h.data(), T, mix.data());
+      attention_layer(mm, c, lw.attn, vec, state.layers[L], pos0, h.data(), T, mix.data());
     add_into(x.data(), mix.data(), act);
     if (trace) trace->tensor(fmt::format("attn_residual-{}", L), T, n_embd, x.data());
 
     // x += MoE(RMSNorm(x) * post_attention_norm)
     rmsnorm_rows(x.data(), vec.post_attention_norm, c.rms_eps, T, n_embd, h.data());
-    moe_layer(pool, c, lw.moe, L, h.data(), T, mix.data(), trace);
+    moe_layer(mm, c, lw.moe, L, h.data(), T, mix.data(), trace);
     add_into(x.data(), mix.data(), act);
     if (trace) trace->tensor(fmt::format("l_out-{}", L), T, n_embd, x.data());
   }
@@ -390,9 +397,9 @@ void forward(const OracleWeights& w, ThreadPool& pool, State& state, std::span<c
   rmsnorm_rows(x.data(), w.output_norm, c.rms_eps, T, n_embd, h.data());
   if (trace) trace->tensor("result_norm", T, n_embd, h.data());
   if (all_logits)
-    matmul(pool, m.output, h.data(), T, logits);
+    mm.matmul(m.output, h.data(), T, logits);
   else
-    matmul(pool, m.output, h.data() + (size_t)(T - 1) * n_embd, 1, logits);
+    mm.matmul(m.output, h.data() + (size_t)(T - 1) * n_embd, 1, logits);
   state.position = pos0 + T;
 }
 

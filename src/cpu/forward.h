@@ -1,11 +1,13 @@
 // The CPU oracle's forward pass: the qwen3next math in fp32 (double where sums are formed), one
 // function per stage. The fixtures README ("Computation") and DESIGN.md §1 are the reference.
+// The fast tier runs the same stages with its own matrix products (cpu/products.h).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "cpu/products.h"
 #include "cpu/thread_pool.h"
 #include "model/model.h"
 #include "model/session.h"
@@ -49,10 +51,11 @@ State initial_state(const Config& c);
 // gives identical results because every stage is computed per token or in token order).
 constexpr int kMaxBatch = 512;
 
-// Runs `tokens` (at most kMaxBatch) at positions state.position.. and advances the state.
+// Runs `tokens` (at most kMaxBatch) at positions state.position.. and advances the state; the
+// matrix products are mm's (the oracle's for the exact tier, the fast tier's otherwise).
 // logits: [n_tokens][n_vocab] when all_logits, else [n_vocab] of the last token.
 // The caller has checked token ids and the context limit.
-void forward(const OracleWeights& w, ThreadPool& pool, State& state,
+void forward(const OracleWeights& w, const Products& mm, State& state,
              std::span<const int32_t> tokens, bool all_logits, float* logits, TraceSink* trace);
 
 }  // namespace rl::cpu

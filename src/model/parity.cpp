@@ -217,6 +217,43 @@ PromptParity measure_prompt(Session& s, const RefPrompt& ref, int n_vocab, int c
   return score_prompt(run_prompt(s, ref.token_ids, (int)ref.greedy.size(), chunk), ref, n_vocab);
 }
 
+TierAccuracy tier_accuracy(std::span<const PromptParity> prompts) {
+  TierAccuracy a;
+  for (const PromptParity& p : prompts) {
+    a.n_prompts++;
+    a.n_positions += p.n_tokens;
+    a.top1_agree += p.top1_agree;
+    a.mean_last_rel_rms += p.last_rel_rms;
+  }
+  if (a.n_prompts) a.mean_last_rel_rms /= a.n_prompts;
+  return a;
+}
+
+TierAccuracy native_accuracy(const Reference& f32, const Reference& native, std::span<const std::string> prompts) {
+  if (native.n_vocab != f32.n_vocab)
+    fail("{}: n_vocab {} differs from {}'s {}", native.path, native.n_vocab, f32.path, f32.n_vocab);
+  std::vector<PromptParity> scored;
+  for (const std::string& name : prompts) {
+    const RefPrompt* want = f32.find_prompt(name);
+    const RefPrompt* got = native.find_prompt(name);
+    if (!want || !got) fail("prompt '{}' is missing from {}", name, want ? native.path : f32.path);
+    if (got->token_ids != want->token_ids) fail("prompt '{}': the tokens of {} and {} differ", name, native.path, f32.path);
+    PromptRun run;
+    run.top1 = got->top1;
+    run.last_logits = read_f32_file(got->last_logits_path, (size_t)native.n_vocab);
+    run.greedy = got->greedy;
+    scored.push_back(score_prompt(run, *want, f32.n_vocab));
+  }
+  return tier_accuracy(scored);
+}
+
+std::string native_reference_path(const std::string& f32_path) {
+  const std::string tag = ".ref-f32.json";
+  if (f32_path.size() < tag.size() || f32_path.compare(f32_path.size() - tag.size(), tag.size(), tag) != 0)
+    fail("{}: not an F32 reference file name (<model>.ref-f32.json); give the native one with --native-ref", f32_path);
+  return f32_path.substr(0, f32_path.size() - tag.size()) + ".ref.json";
+}
+
 void RecordingTrace::tensor(std::string_view name, int n_tokens, int width, const float* data) {
   RefTraceTensor& t = tensors[std::string(name)];
   t.name = name;

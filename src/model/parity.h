@@ -89,6 +89,29 @@ struct PromptParity {
 constexpr double kParityMaxRelRms = 1e-4;
 bool parity_passes(const PromptParity& p);
 
+// The fast tier's accuracy bar (docs/cpu-fast.md): over a set of prompts, top-1 agreement with the
+// F32 reference over every prompt position and the last position's relative RMS error averaged
+// over the prompts. The bar is what llama.cpp's own native path (quantised activations, the
+// `.ref.json` files) scores against its F32 path on the same prompts.
+struct TierAccuracy {
+  int n_prompts = 0;
+  int n_positions = 0;
+  int top1_agree = 0;
+  double mean_last_rel_rms = 0;
+  double top1_agreement() const { return n_positions ? (double)top1_agree / n_positions : 1.0; }
+  // At least the bar's agreement and at most its error.
+  bool meets(const TierAccuracy& bar) const {
+    return top1_agreement() >= bar.top1_agreement() && mean_last_rel_rms <= bar.mean_last_rel_rms;
+  }
+};
+// A session's figures from its results against the F32 reference.
+TierAccuracy tier_accuracy(std::span<const PromptParity> prompts);
+// llama.cpp's native reference scored against the F32 reference on the named prompts (both files
+// of one model; throws rl::Error when a prompt is missing or its tokens differ).
+TierAccuracy native_accuracy(const Reference& f32, const Reference& native, std::span<const std::string> prompts);
+// The native reference beside an F32 one: "<model>.ref-f32.json" -> "<model>.ref.json".
+std::string native_reference_path(const std::string& f32_path);
+
 // What a session computed for one prompt, from a reset state.
 struct PromptRun {
   std::vector<int32_t> top1;         // [n_tokens] argmax at every prompt position

@@ -1,5 +1,6 @@
 // The oracle's commands end to end through the redlite binary: logits, generate, parity, and the
-// errors a user can cause (exit code and a message naming the argument).
+// errors a user can cause (exit code and a message naming the argument). The oracle is the exact
+// tier (--numerics exact); the CPU backend's default, the fast tier, has tests/cpu/fast_cli_test.cpp.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -50,13 +51,13 @@ class OracleCli : public ::testing::Test {
 TEST_F(OracleCli, LogitsMatchReferenceFile) {
   const RefPrompt* p = ref_.find_prompt("short_en");
   const std::string out = (std::filesystem::temp_directory_path() / ("redlite-logits-" + std::to_string(getpid()) + ".f32")).string();
-  const CliRun r = run_redlite("logits -m " + model_ + " --backend cpu --threads 2 --tokens " + ids(p->token_ids) + " --out " + out);
+  const CliRun r = run_redlite("logits -m " + model_ + " --backend cpu --numerics exact --threads 2 --tokens " + ids(p->token_ids) + " --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::vector<float> got = read_f32_file(out, (size_t)ref_.n_vocab);
   const std::vector<float> want = read_f32_file(p->last_logits_path, (size_t)ref_.n_vocab);
   EXPECT_LE(relative_rms(got, want), kParityMaxRelRms);
 
-  const CliRun all = run_redlite("logits -m " + model_ + " --tokens " + ids(p->token_ids) + " --all-positions --out " + out);
+  const CliRun all = run_redlite("logits -m " + model_ + " --numerics exact --tokens " + ids(p->token_ids) + " --all-positions --out " + out);
   ASSERT_EQ(all.exit_code, 0) << all.out;
   const std::vector<float> every = read_f32_file(out, p->token_ids.size() * (size_t)ref_.n_vocab);
   for (size_t i = 0; i < p->token_ids.size(); i++)
@@ -66,7 +67,7 @@ TEST_F(OracleCli, LogitsMatchReferenceFile) {
 
 TEST_F(OracleCli, GreedyGenerateJsonMatchesReference) {
   const RefPrompt* p = ref_.find_prompt("chat");
-  const CliRun r = run_redlite("generate -m " + model_ + " --tokens " + ids(p->token_ids) + " -n 32 --greedy --json", true);
+  const CliRun r = run_redlite("generate -m " + model_ + " --numerics exact --tokens " + ids(p->token_ids) + " -n 32 --greedy --json", true);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto line = r.out.substr(0, r.out.find('\n'));
   const nlohmann::json j = nlohmann::json::parse(line);
@@ -75,7 +76,7 @@ TEST_F(OracleCli, GreedyGenerateJsonMatchesReference) {
 }
 
 TEST_F(OracleCli, ParityPassesOnF32ReferenceAndReportsNative) {
-  const CliRun r = run_redlite("parity -m " + model_ + " --ref " + ref_path_ + " --prompts short_en,single_token --trace");
+  const CliRun r = run_redlite("parity -m " + model_ + " --numerics exact --ref " + ref_path_ + " --prompts short_en,single_token --trace");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("short_en"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("PASS"), std::string::npos) << r.out;

@@ -58,7 +58,7 @@ TEST(CliText, GenerateFromTextMatchesLlamaCppGreedy) {
   RL_REQUIRE_FIXTURE(model);
   nlohmann::json ref = reference_prompt("short_en");
   ASSERT_FALSE(ref.is_null());
-  Output o = run_redlite("generate -m " + model + " --backend cpu --threads 2 --greedy -n 32 --json -p '" +
+  Output o = run_redlite("generate -m " + model + " --backend cpu --numerics exact --threads 2 --greedy -n 32 --json -p '" +
                          ref["text"].get<std::string>() + "'");
   ASSERT_EQ(o.rc, 0) << o.err;
   nlohmann::json j = nlohmann::json::parse(o.out);
@@ -71,7 +71,7 @@ TEST(CliText, RunStreamsTheGreedyTextAndReportsSpeeds) {
   RL_REQUIRE_FIXTURE(model);
   nlohmann::json ref = reference_prompt("short_en");
   ASSERT_FALSE(ref.is_null());
-  Output o = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy --ignore-eos --repeat-penalty 1 -n 32 -p '" +
+  Output o = run_redlite("run -m " + model + " --backend cpu --numerics exact --threads 2 --greedy --ignore-eos --repeat-penalty 1 -n 32 -p '" +
                          ref["text"].get<std::string>() + "'");
   ASSERT_EQ(o.rc, 0) << o.err;
   auto file = GgufFile::open(model);

@@ -1,0 +1,62 @@
+// The fast tier's dot products: weight rows (in their ggml block format, read in place from the
+// mapping) against a token's activations, accumulated in fp32. The tuned types (those of the
+// project's files: Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ1_M) take 8-bit activations
+// (cpu/activation_quant.h) and form integer dot products with AVX2; F32 and F16 rows dot fp32
+// activations; every other type is dequantised and dotted in fp32 (fast_products.cpp).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <immintrin.h>
+
+#include "quant/quant.h"
+
+namespace rl::cpu {
+
+// Weights of the tuned types are first decoded, 256 values at a time, to one common integer
+// form (a 32-byte vector of int8 per 32 values and small integer scales), which is then dotted
+// with the 8-bit activations by one AVX2 kernel. A prefill decodes a tile of rows once for every
+// token; the form makes each type's whole cost its decoder.
+//   w[i] = d[i / 32] * scale(i / 16) * q[i] - dmin * min[i / 32]
+// The scales are stored as the kernel multiplies by them: per 32 values one vector of 16 int16,
+// eight copies of the first 16 values' scale, then eight of the second's (set_scale).
+struct DecodedBlock {
+  int8_t q[256];
+  int16_t scale[8][16];
+  float d[8];
+  int16_t min[8];
+  float dmin;  // 0: no min term (every type but Q4_K and Q5_K)
+};
+
+// Sets the scale of values [16 s, 16 s + 16) of a decoded block.
+inline void set_scale(DecodedBlock* out, int s, int16_t value) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out->scale[s / 2] + 8 * (s % 2)), _mm_set1_epi16(value));
+}
+
+// Decodes values [256 b, 256 b + 256) of a weight row.
+using DecodeBlockFn = void (*)(const uint8_t* row, int64_t b, DecodedBlock* out);
+
+// nullptr: the type has no decoder; its rows are dequantised to fp32 (the reference dequantiser)
+// and dotted with fp32 activations. F32 rows are read in place, F16 converted on the fly.
+DecodeBlockFn fast_decoder(GgmlType type);
+
+// The decoded blocks of one row [n / 256] against the activations [n / 256] of n_tokens tokens
+// (1 to 4: a prefill reuses each loaded weight vector for four tokens): out[t], fp32.
+struct ActivationQ8K;
+void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out);
+constexpr int kDotTokens = 4;
+
+// sum a[i] * b[i] in fp32 (8 lanes, 4 accumulators).
+float fast_dot_f32(const float* a, const float* b, int64_t n);
+// An F16 row against fp32 values.
+float fast_dot_f16(const uint16_t* row, const float* x, int64_t n);
+
+// The decoders of the tuned types (fast_dot_k.cpp, fast_dot_iq.cpp, fast_dot_basic.cpp).
+void decode_q8_0(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_q4_K(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_q5_K(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_q6_K(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_iq2_xxs(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_iq2_xs(const uint8_t* row, int64_t b, DecodedBlock* out);
+void decode_iq1_m(const uint8_t* row, int64_t b, DecodedBlock* out);
+
+}  // namespace rl::cpu

@@ -1,0 +1,160 @@
+// The fast tier's products. Each product's activations are quantised once per token; the work is
+// then split into tiles of weight rows, and a tile decodes its rows once (cpu/fast_dot.h) and
+// dots them with every token (the decoded tile stays in L1/L2 while the tokens of a prefill pass).
+// A batch of products (the selected experts of a decode step) is one set of tiles, so the pool
+// spreads experts x rows over its threads instead of running the small products one by one.
+#include <algorithm>
+#include <vector>
+
+#include "cpu/activation_quant.h"
+#include "cpu/fast_dot.h"
+#include "cpu/ops.h"
+#include "cpu/products.h"
+
+namespace rl::cpu {
+namespace {
+
+// Rows per task, as the oracle's tile: 16 decoded rows of 2,048 values are about 70 KiB (L2), and one
+// expert of the fixtures is 16 tasks, so a decode step's 10 experts give the pool 160 (not tuned
+// by measurement).
+constexpr int64_t kRowTile = 16;
+// Below this many multiply-adds a batch runs on the calling thread: waking the pool costs more.
+constexpr int64_t kMinParallelWork = 1 << 15;
+
+// How one product's rows are dotted.
+enum class RowPath {
+  kDecoded,      // tuned type: rows decoded to the integer form, 8-bit activations
+  kF32,          // F32 rows in place, fp32 activations
+  kF16,          // F16 rows converted on the fly, fp32 activations
+  kDequantised,  // any other type (or fp32 inputs asked for): the reference dequantiser, fp32
+};
+
+struct PreparedJob {
+  const ProductJob* job;
+  RowPath path;
+  DecodeBlockFn decode = nullptr;
+  std::vector<ActivationQ8K> own_acts;  // [n_tokens][n_in / 256] when kDecoded
+  const ActivationQ8K* acts = nullptr;  // own_acts, or an earlier job's of the same input
+  int64_t first_tile, n_tiles;
+};
+
+RowPath row_path(const TensorView& W, bool quantize_inputs) {
+  if (W.type == GgmlType::F32) return RowPath::kF32;
+  if (W.type == GgmlType::F16) return RowPath::kF16;
+  if (quantize_inputs && fast_decoder(W.type) && W.row_length() % 256 == 0) return RowPath::kDecoded;
+  return RowPath::kDequantised;
+}
+
+// Rows [r0, r0 + nr) of one product, for every token.
+void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
+  const TensorView& W = p.job->W;
+  const int64_t n_in = W.row_length(), n_out = W.n_rows();
+  const int n_tokens = p.job->n_tokens;
+  if (p.path == RowPath::kDecoded) {
+    thread_local std::vector<DecodedBlock> decoded;  // [nr][n_blocks]
+    const int64_t n_blocks = n_in / 256;
+    decoded.resize((size_t)(nr * n_blocks));
+    for (int64_t r = 0; r < nr; r++)
+      for (int64_t b = 0; b < n_blocks; b++) p.decode(W.row(r0 + r), b, &decoded[(size_t)(r * n_blocks + b)]);
+    for (int t0 = 0; t0 < n_tokens; t0 += kDotTokens) {
+      const int nt = std::min(kDotTokens, n_tokens - t0);
+      const ActivationQ8K* act[kDotTokens];
+      for (int t = 0; t < nt; t++) act[t] = p.acts + (size_t)(t0 + t) * n_blocks;
+      for (int64_t r = 0; r < nr; r++) {
+        float dots[kDotTokens];
+        dot_decoded(&decoded[(size_t)(r * n_blocks)], act, nt, n_blocks, dots);
+        for (int t = 0; t < nt; t++) p.job->out[(int64_t)(t0 + t) * n_out + r0 + r] = dots[t];
+      }
+    }
+    return;
+  }
+  // fp32 activations; other types' rows dequantised once per tile (quant/quant.h reference).
+  thread_local std::vector<float> rows;
+  if (p.path == RowPath::kDequantised) {
+    rows.resize((size_t)(nr * n_in));
+    const DequantizeRowFn dequantize = quant_type(W.type).dequantize_row;
+    for (int64_t r = 0; r < nr; r++) dequantize(W.row(r0 + r), rows.data() + r * n_in, n_in);
+  }
+  for (int t = 0; t < n_tokens; t++) {
+    const float* xt = p.job->x + (int64_t)t * n_in;
+    float* o = p.job->out + (int64_t)t * n_out + r0;
+    for (int64_t r = 0; r < nr; r++) {
+      const uint8_t* row = W.row(r0 + r);
+      switch (p.path) {
+        case RowPath::kF32: o[r] = fast_dot_f32(reinterpret_cast<const float*>(row), xt, n_in); break;
+        case RowPath::kF16: o[r] = fast_dot_f16(reinterpret_cast<const uint16_t*>(row), xt, n_in); break;
+        default: o[r] = fast_dot_f32(rows.data() + r * n_in, xt, n_in); break;
+      }
+    }
+  }
+}
+
+// quantize_inputs false: fp32 activations for every weight type (dequantised rows where the
+// type's tuned kernel takes 8-bit ones).
+void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs, bool quantize_inputs) {
+  std::vector<PreparedJob> prepared(jobs.size());
+  int64_t n_tiles = 0, work = 0;
+  for (size_t j = 0; j < jobs.size(); j++) {
+    PreparedJob& p = prepared[j];
+    const ProductJob& job = jobs[j];
+    const int64_t n_in = job.W.row_length();
+    p.job = &job;
+    p.path = row_path(job.W, quantize_inputs);
+    if (p.path == RowPath::kDecoded) {
+      p.decode = fast_decoder(job.W.type);
+      // A gate and an up product share their input: quantise it once.
+      const PreparedJob* prev = j > 0 ? &prepared[j - 1] : nullptr;
+      if (prev && prev->acts && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens &&
+          prev->job->W.row_length() == n_in) {
+        p.acts = prev->acts;
+      } else {
+        const int64_t n_blocks = n_in / 256;
+        p.own_acts.resize((size_t)(n_blocks * job.n_tokens));
+        for (int t = 0; t < job.n_tokens; t++)
+          quantize_activation_q8k(job.x + (int64_t)t * n_in, n_in, p.own_acts.data() + (size_t)t * n_blocks);
+        p.acts = p.own_acts.data();
+      }
+    }
+    p.first_tile = n_tiles;
+    p.n_tiles = (job.W.n_rows() + kRowTile - 1) / kRowTile;
+    n_tiles += p.n_tiles;
+    work += n_in * job.W.n_rows() * job.n_tokens;
+  }
+  auto tile = [&](int64_t i) {
+    // The job owning tile i: the last whose first tile is <= i.
+    const auto it = std::upper_bound(prepared.begin(), prepared.end(), i,
+                                     [](int64_t v, const PreparedJob& p) { return v < p.first_tile; });
+    const PreparedJob& p = *(it - 1);
+    const int64_t r0 = (i - p.first_tile) * kRowTile;
+    run_tile(p, r0, std::min(kRowTile, p.job->W.n_rows() - r0));
+  };
+  if (work < kMinParallelWork) {
+    for (int64_t i = 0; i < n_tiles; i++) tile(i);
+  } else {
+    pool.run(n_tiles, tile);
+  }
+}
+
+class FastProducts final : public Products {
+ public:
+  using Products::Products;
+  void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const override {
+    fast_matmul(pool(), W, x, n_tokens, out);
+  }
+  void matmul_fp32_input(const TensorView& W, const float* x, int n_tokens, float* out) const override {
+    const ProductJob job{W, x, n_tokens, out};
+    run_batch(pool(), std::span(&job, 1), false);
+  }
+  void matmul_batch(std::span<const ProductJob> jobs) const override { run_batch(pool(), jobs, true); }
+};
+
+}  // namespace
+
+std::unique_ptr<Products> make_fast_products(ThreadPool& pool) { return std::make_unique<FastProducts>(pool); }
+
+void fast_matmul(ThreadPool& pool, const TensorView& W, const float* x, int n_tokens, float* out) {
+  const ProductJob job{W, x, n_tokens, out};
+  run_batch(pool, std::span(&job, 1), true);
+}
+
+}  // namespace rl::cpu
