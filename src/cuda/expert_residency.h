@@ -14,6 +14,7 @@
 #include "cuda/device_weights.h"
 #include "cuda/profiler.h"
 #include "cuda/streams.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 
 namespace rl::cuda {
