@@ -73,10 +73,10 @@ TEST(CudaRealLayouts, SplitModelGivesTheUnsplitLogits) {
     auto a = backend_a->new_session(128);
     auto b = backend_b->new_session(128);
     const auto toks = tokens(23, whole->config().n_vocab);
-    std::vector<float> la, lb;
-    a->prefill(toks, &la);
-    b->prefill(toks, &lb);
-    EXPECT_EQ(la, lb) << "cache_mib " << opt.cache_mib;
+    std::vector<float> all_a, all_b;  // every position's logits
+    std::vector<float> la = a->prefill(toks, &all_a), lb = b->prefill(toks, &all_b);
+    EXPECT_EQ(all_a, all_b) << "cache_mib " << opt.cache_mib;
+    ASSERT_EQ(la, lb) << "cache_mib " << opt.cache_mib;
     for (int step = 0; step < 6; step++) {
       const int32_t next = argmax_token(la);
       la = a->decode(next);
