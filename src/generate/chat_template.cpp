@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "generate/json_depth.h"
 
 namespace rl {
 
@@ -196,7 +197,10 @@ std::string py_str(const ojson& v) {
 ojson parse_arguments(const ToolCall& call, size_t message_index) {
   ojson args;
   try {
-    args = call.arguments.empty() ? ojson::object() : ojson::parse(call.arguments);
+    args = call.arguments.empty() ? ojson::object() : parse_json_bounded<ojson>(call.arguments);
+  } catch (const TooDeepJson&) {
+    fail("messages[{}].tool_calls ({}): arguments nest deeper than {} levels", message_index, call.name,
+         kMaxJsonDepth);
   } catch (const std::exception& e) {
     fail("messages[{}].tool_calls ({}): arguments are not valid JSON: {}", message_index, call.name, e.what());
   }
@@ -545,8 +549,10 @@ const ojson* find_tool(const ojson& tools, std::string_view name) {
 
 // {"name": ..., "arguments": {...}}
 std::optional<ToolCall> parse_json_call(std::string_view body) {
-  ojson j = ojson::parse(py_strip(body), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  const std::optional<ojson> parsed = try_parse_json_bounded<ojson>(py_strip(body));
+  if (!parsed) return std::nullopt;
+  const ojson& j = *parsed;
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   ToolCall call;
   call.name = j["name"].get<std::string>();
   const ojson args = j.contains("arguments") ? j["arguments"] : ojson::object();
@@ -586,8 +592,8 @@ std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools
       if (props.contains(key) && props[key].is_object() && props[key].contains("type") && props[key]["type"].is_string())
         type = props[key]["type"].get<std::string>();
     }
-    ojson parsed = ojson::parse(value, nullptr, false);
-    if (!type.empty() && type != "string" && !parsed.is_discarded()) args[key] = parsed;
+    std::optional<ojson> parsed = try_parse_json_bounded<ojson>(value);
+    if (!type.empty() && type != "string" && parsed) args[key] = std::move(*parsed);
     else args[key] = std::string(value);
     rest = rest.substr(close + 12);
   }

@@ -113,6 +113,11 @@ TEST_F(OracleCli, UserErrorsExitNonZeroWithTheArgumentNamed) {
   r = run_redlite("logits -m " + model_ + " --backend tpu --tokens 1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("tpu"), std::string::npos) << r.out;
+
+  // A thread count far past the machine's is refused before any thread starts.
+  r = run_redlite("generate -m " + model_ + " --tokens 1 -n 1 --greedy --backend cpu --threads 10000");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--threads 10000"), std::string::npos) << r.out;
 }
 
 }  // namespace
