@@ -67,14 +67,6 @@ std::vector<int32_t> chat_prompt_tokens(const std::string& user) {
   return owned.tokenizer->encode(t.render(msgs), true);
 }
 
-size_t rss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
-  return 0;
-}
-
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
