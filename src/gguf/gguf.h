@@ -101,6 +101,8 @@ class GgufFile {
   uint64_t data_offset() const { return data_offset_; }
   uint64_t file_size() const { return bytes_.size(); }
   const uint8_t* base() const { return bytes_.data(); }
+  // Throws rl::Error naming the file when it was truncated while mapped (MappedFile::check_intact).
+  void check_intact() const;
 
   const std::vector<GgufKV>& metadata() const { return kv_; }
   const GgufValue* find(std::string_view key) const;

@@ -23,26 +23,6 @@ constexpr auto kStopPoll = std::chrono::milliseconds(100);
 constexpr double kLingerSeconds = 1.0;
 constexpr size_t kLingerBytes = 1 << 20;
 
-// The status for a parse error of the request line or header (0: the client is gone, just close).
-int header_error_status(const beast::error_code& ec) {
-  if (ec == bhttp::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
-      ec == net::error::operation_aborted || ec == net::error::bad_descriptor)
-    return 0;
-  if (ec == beast::error::timeout) return 408;
-  if (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow) return 431;
-  if (ec == bhttp::error::body_limit) return 413;  // a Content-Length past the limit, seen in the header
-  return 400;
-}
-
-bool chunked_is_last_coding(std::string_view te) {
-  // "gzip, chunked" ends in chunked; "chunked, gzip" or "gzip" do not.
-  while (!te.empty() && (te.back() == ' ' || te.back() == '\t')) te.remove_suffix(1);
-  const size_t comma = te.rfind(',');
-  std::string_view last = comma == std::string_view::npos ? te : te.substr(comma + 1);
-  while (!last.empty() && (last.front() == ' ' || last.front() == '\t')) last.remove_prefix(1);
-  return iequals(last, "chunked");
-}
-
 }  // namespace
 
 Connection::Connection(tcp::socket socket, ServerCore& core)
@@ -89,8 +69,7 @@ void Connection::read_header() {
   state_ = State::Header;
   head_ = Request{};
   parser_.emplace();
-  parser_->header_limit((uint32_t)std::min<size_t>(core_.limits.max_header_bytes, UINT32_MAX));
-  parser_->body_limit(core_.limits.max_body_bytes);
+  configure(*parser_, core_.limits);
   stream_.expires_after(seconds(core_.limits.header_timeout_s));
   auto self = shared_from_this();
   bhttp::async_read_header(stream_, buffer_, *parser_, [self](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -99,40 +78,23 @@ void Connection::read_header() {
 void Connection::on_header(beast::error_code ec) {
   if (core_.stopping) return close();
   if (ec) {
-    int status = header_error_status(ec);
-    if (status == 0) return close();
-    // A request line that never ended is told apart from a header flood: the parser had no target yet.
-    if (status == 431 && parser_->get().target().empty()) status = 414;
-    return refuse(status, false, ec.message());
+    const int status = read_error_status(ec, *parser_);
+    return status == 0 ? close() : refuse(status, false, ec.message());
   }
-  const auto& h = parser_->get();
-  http10_ = h.version() < 11;
-  head_ = Request{};
-  head_.method = std::string(h.method_string());
-  head_.target = std::string(h.target());
-  head_.path = head_.target.substr(0, head_.target.find('?'));
-  for (const auto& f : h) head_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+  http10_ = parser_->get().version() < 11;
+  head_ = request_head(*parser_);
   if (check_header(head_)) read_body();
 }
 
 // The checks made before the body is read; false when the request was refused.
 bool Connection::check_header(Request& req) {
-  const auto& h = parser_->get();
-  const bool has_body = parser_->chunked() || (parser_->content_length() && *parser_->content_length() > 0);
-  const Limits& lim = core_.limits;
-  if (req.method.size() + req.target.size() + 10 > lim.max_request_line) return refuse(414, false), false;
-  if (req.headers.size() > lim.max_header_count) return refuse(431, false), false;
-  if (h.version() == 11 && !has_header(req.headers, "Host")) return refuse(400, false), false;
-  // RFC 9112 6.1: a Transfer-Encoding that does not end in chunked leaves the length unknown.
-  if (has_header(req.headers, "Transfer-Encoding") &&
-      (http10_ || !chunked_is_last_coding(header_value(req.headers, "Transfer-Encoding"))))
-    return refuse(400, false), false;
-  if (parser_->content_length() && *parser_->content_length() > lim.max_body_bytes) return refuse(413, false), false;
+  const bool body = has_body(*parser_);
+  if (const int status = framing_refusal(req, *parser_, core_.limits)) return refuse(status, false), false;
   Response res;
-  if (core_.admission && !core_.admission(req, res)) return refuse(std::move(res), !has_body), false;
+  if (core_.admission && !core_.admission(req, res)) return refuse(std::move(res), !body), false;
   bool path_known = false;
-  if (!core_.find_route(req.method, req.path, path_known)) return refuse(path_known ? 405 : 404, !has_body), false;
-  if (iequals(header_value(req.headers, "Expect"), "100-continue") && has_body) {
+  if (!core_.find_route(req.method, req.path, path_known)) return refuse(path_known ? 405 : 404, !body), false;
+  if (iequals(header_value(req.headers, "Expect"), "100-continue") && body) {
     // Sent only now: a client that waits for it uploads nothing the server would refuse.
     static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     beast::error_code ec;
@@ -152,7 +114,7 @@ void Connection::read_body() {
 void Connection::on_body(beast::error_code ec) {
   if (core_.stopping) return close();
   if (ec) {
-    const int status = ec == beast::error::timeout ? 408 : header_error_status(ec);
+    const int status = read_error_status(ec, *parser_);
     return status == 0 ? close() : refuse(status, false, ec.message());
   }
   auto req = std::make_shared<Request>(std::move(head_));

@@ -16,6 +16,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "server/http_parse.h"
 #include "server/http_server.h"
 
 namespace rl::http {
@@ -27,8 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 class Connection;
 
-// ASCII case-insensitive equality (header names and tokens).
-bool iequals(std::string_view a, std::string_view b);
 
 struct Route {
   std::string method;
@@ -97,7 +96,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   beast::tcp_stream stream_;
   int fd_;
   beast::flat_buffer buffer_;
-  std::optional<beast::http::request_parser<beast::http::string_body>> parser_;
+  std::optional<RequestParser> parser_;
   Request head_;  // the request line and header of the request being read
   bool http10_ = false;
   std::atomic<State> state_{State::Idle};

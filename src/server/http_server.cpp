@@ -1,7 +1,6 @@
 #include "server/http_server.h"
 
 #include <algorithm>
-#include <cctype>
 #include <condition_variable>
 #include <deque>
 #include <thread>
@@ -12,22 +11,6 @@
 #include "server/http_connection.h"
 
 namespace rl::http {
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower((unsigned char)x) == std::tolower((unsigned char)y);
-         });
-}
-
-std::string header_value(const Headers& headers, std::string_view name) {
-  for (const auto& [k, v] : headers)
-    if (iequals(k, name)) return v;
-  return {};
-}
-
-bool has_header(const Headers& headers, std::string_view name) {
-  return std::any_of(headers.begin(), headers.end(), [&](const auto& kv) { return iequals(kv.first, name); });
-}
 
 std::string response_head(const Response& res, std::optional<size_t> length, bool keep_alive, bool http10) {
   const auto reason = beast::http::obsolete_reason(beast::http::int_to_status((unsigned)res.status));

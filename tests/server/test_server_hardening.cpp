@@ -1,14 +1,16 @@
 // Attacks below the JSON API, one case per class the adversarial run found (issue 24): framing
 // (RFC 9112), header and body floods, slow and vanishing clients, deep nesting inside strings,
-// auth before the body. Each asserts the clean answer (a 4xx, a closed connection), and that
+// auth before the body, a model file truncated while served. Each asserts the clean answer (a 4xx, a closed connection), and that
 // afterwards /health answers and a greedy answer is what it was before the attack.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "gguf/gguf.h"
 #include "server_test_util.h"
 
 using nlohmann::json;
@@ -262,4 +264,29 @@ TEST(ServerHardening, DisconnectCancelsAWholeAnswer) {
   auto m = s.client().Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("redlite_requests_cancelled_total 1"), std::string::npos) << m->body;
+}
+
+// The served model file truncated under the CPU backend: the next generation ends with a 500
+// naming the file (not SIGBUS), and /health still answers.
+TEST(ServerHardening, TruncatedModelFileEndsTheRequestWithAnErrorNamingIt) {
+  RL_REQUIRE_FIXTURE(server_model());
+  const std::string copy =
+      (std::filesystem::temp_directory_path() / ("redlite-served-" + std::to_string(::getpid()) + ".gguf")).string();
+  std::filesystem::copy_file(server_model(), copy, std::filesystem::copy_options::overwrite_existing);
+  const uint64_t data_offset = GgufFile::open(copy)->data_offset();
+  {
+    TestServer s(hardened_config(), copy);
+    ASSERT_TRUE(s.ready());
+    ASSERT_NE(greedy_text(s), "<no answer>");
+    ASSERT_EQ(::truncate(copy.c_str(), (off_t)data_offset), 0);
+    auto r = s.client(60).Post("/v1/completions", json{{"prompt", "Another prompt"}, {"max_tokens", 2}}.dump(),
+                               "application/json");
+    ASSERT_TRUE(r) << "no answer: the server died?";
+    EXPECT_EQ(r->status, 500) << r->body;
+    EXPECT_NE(r->body.find(copy + ": the file was truncated"), std::string::npos) << r->body;
+    auto h = s.client(10).Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+  }
+  std::filesystem::remove(copy);
 }
