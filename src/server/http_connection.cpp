@@ -39,13 +39,11 @@ void Connection::close() {
   socket().close(ec);
 }
 
-bool Connection::waiting_for_header(Clock::time_point& since) const {
+bool Connection::evictable(int& rank, Clock::time_point& since) const {
   const State s = state_;
-  if (s == State::Closing) {  // already on its way out: the first to go
-    since = Clock::time_point::min();
-    return true;
-  }
-  if (s != State::Idle && s != State::Header) return false;
+  if (s == State::Closing) rank = 0;
+  else if (s == State::Idle || s == State::Header || s == State::Body) rank = 1;
+  else return false;
   since = Clock::time_point(Clock::duration(waiting_since_ns_.load()));
   return true;
 }
@@ -75,12 +73,19 @@ void Connection::read_header() {
   bhttp::async_read_header(stream_, buffer_, *parser_, [self](beast::error_code ec, size_t) { self->on_header(ec); });
 }
 
+// After a read of the header or the body: true when it succeeded; else the connection is closed
+// or the error answered (and then closed).
+bool Connection::read_succeeded(const beast::error_code& ec) {
+  if (core_.stopping) return close(), false;
+  if (!ec) return true;
+  const int status = read_error_status(ec, *parser_);
+  if (status == 0) close();
+  else refuse(status, false, ec.message());
+  return false;
+}
+
 void Connection::on_header(beast::error_code ec) {
-  if (core_.stopping) return close();
-  if (ec) {
-    const int status = read_error_status(ec, *parser_);
-    return status == 0 ? close() : refuse(status, false, ec.message());
-  }
+  if (!read_succeeded(ec)) return;
   http10_ = parser_->get().version() < 11;
   head_ = request_head(*parser_);
   if (check_header(head_)) read_body();
@@ -112,11 +117,7 @@ void Connection::read_body() {
 }
 
 void Connection::on_body(beast::error_code ec) {
-  if (core_.stopping) return close();
-  if (ec) {
-    const int status = read_error_status(ec, *parser_);
-    return status == 0 ? close() : refuse(status, false, ec.message());
-  }
+  if (!read_succeeded(ec)) return;
   auto req = std::make_shared<Request>(std::move(head_));
   req->body = std::move(parser_->get().body());
   const bool keep_alive = parser_->keep_alive();
@@ -192,7 +193,7 @@ void Connection::refuse(int status, bool keep_alive, std::string detail) {
 }
 
 void Connection::refuse(Response res, bool keep_alive) {
-  if (res.body.empty() && core_.error_handler) core_.error_handler(head_, res);
+  if (res.status >= 400 && res.body.empty() && core_.error_handler) core_.error_handler(head_, res);
   parser_.reset();
   if (!keep_alive) buffer_.consume(buffer_.size());  // what follows a refused header is not read
   write_then_continue(response_head(res, res.body.size(), keep_alive, http10_) + res.body, keep_alive);
@@ -238,6 +239,7 @@ void Connection::after_response(bool keep_alive) {
 // for at most kLingerSeconds and kLingerBytes, then close.
 void Connection::linger() {
   state_ = State::Closing;
+  waiting_since_ns_ = now_ns();
   beast::error_code ec;
   socket().shutdown(tcp::socket::shutdown_send, ec);
   if (ec) return close();

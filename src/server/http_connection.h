@@ -63,9 +63,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start();
   // Closes the socket; pending operations end with an error. Call on the I/O thread.
   void close();
-  // True while the connection only waits for (or reads) a request header: what may be dropped
-  // to make room for a new connection; `since` says since when.
-  bool waiting_for_header(Clock::time_point& since) const;
+  // Whether the connection may be dropped to make room for a new one, and in which order: a
+  // closing one first (rank 0), then one that waits for its next request or reads its header or
+  // body (1), within a rank the one that has waited longest for its request (`since`: a fresh
+  // connection is the last to go). One whose request is being handled or answered is never dropped.
+  bool evictable(int& rank, Clock::time_point& since) const;
   bool handling() const { return state_ == State::Handling || state_ == State::Writing; }
   net::any_io_executor get_executor() { return stream_.get_executor(); }
 
@@ -74,6 +76,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void wait_for_request(double timeout_s);
   void read_header();
+  bool read_succeeded(const beast::error_code& ec);
   void on_header(beast::error_code ec);
   bool check_header(Request& req);
   void read_body();

@@ -76,9 +76,13 @@ int framing_refusal(const Request& head, const RequestParser& parser, const Limi
   if (head.method.size() + head.target.size() + 10 > limits.max_request_line) return 414;
   if (head.headers.size() > limits.max_header_count) return 431;
   if (version == 11 && !has_header(head.headers, "Host")) return 400;
-  // RFC 9112 6.1: a Transfer-Encoding that does not end in chunked leaves the length unknown.
+  // RFC 9112 6.1: a Transfer-Encoding that does not end in chunked leaves the length unknown, and
+  // one beside a Content-Length is a smuggling attempt. The parser must also have taken the body
+  // as chunked: a coding list it could not read ("g:ip, chunked") leaves it reading by
+  // Content-Length, or not at all (found by fuzz_http_request).
   if (has_header(head.headers, "Transfer-Encoding") &&
-      (version < 11 || !chunked_is_last_coding(header_value(head.headers, "Transfer-Encoding"))))
+      (version < 11 || !parser.chunked() || has_header(head.headers, "Content-Length") ||
+       !chunked_is_last_coding(header_value(head.headers, "Transfer-Encoding"))))
     return 400;
   if (parser.content_length() && *parser.content_length() > limits.max_body_bytes) return 413;
   return 0;

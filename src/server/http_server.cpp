@@ -17,7 +17,8 @@ std::string response_head(const Response& res, std::optional<size_t> length, boo
   std::string out = fmt::format("HTTP/1.1 {} {}\r\n", res.status, std::string_view(reason.data(), reason.size()));
   for (const auto& [k, v] : res.headers) out += k + ": " + v + "\r\n";
   if (!res.content_type.empty()) out += "Content-Type: " + res.content_type + "\r\n";
-  if (length) out += fmt::format("Content-Length: {}\r\n", *length);
+  const bool bodiless = res.status == 204 || res.status == 304;  // RFC 9110: no Content-Length
+  if (length && !bodiless) out += fmt::format("Content-Length: {}\r\n", *length);
   else if (!http10) out += "Transfer-Encoding: chunked\r\n";
   if (!keep_alive) out += "Connection: close\r\n";
   else if (http10) out += "Connection: keep-alive\r\n";
@@ -82,6 +83,7 @@ struct HttpServer::Impl {
   ServerCore core;
   net::io_context io{1};
   tcp::acceptor acceptor{io};
+  net::steady_timer retry_timer{io};
   std::thread io_thread;
   HandlerPool handlers;
   bool started = false;
@@ -89,18 +91,25 @@ struct HttpServer::Impl {
   void accept() {
     acceptor.async_accept(net::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
       if (core.stopping) return;
-      if (!ec) admit(std::move(socket));
-      accept();  // errors (out of descriptors) are per connection: keep accepting
+      if (!ec) return admit(std::move(socket)), accept();
+      // Out of descriptors (or another failure of this one accept): try again shortly rather
+      // than spin on an error that repeats until a connection closes.
+      retry_timer.expires_after(std::chrono::milliseconds(50));
+      retry_timer.async_wait([this](beast::error_code e) {
+        if (!e && !core.stopping) accept();
+      });
     });
   }
 
-  // Registers a new connection; at the bound, drops the one that has waited longest for its
-  // request header, or refuses the new one with 503 when every connection is busy.
+  // Registers a new connection; at the bound, drops the one Connection::evictable ranks first
+  // (closing, then the one waiting longest for its request to arrive), or refuses the new one
+  // with 503 when every connection has a request in hand.
   void admit(tcp::socket socket) {
     std::shared_ptr<Connection> oldest;
     size_t live = 0;
     {
       std::lock_guard<std::mutex> l(core.connections_m);
+      int oldest_rank = 2;
       Clock::time_point oldest_since = Clock::time_point::max();
       for (auto it = core.connections.begin(); it != core.connections.end();) {
         auto c = it->lock();
@@ -109,8 +118,10 @@ struct HttpServer::Impl {
           continue;
         }
         live++;
+        int rank;
         Clock::time_point since;
-        if (c->waiting_for_header(since) && since < oldest_since) {
+        if (c->evictable(rank, since) && (rank < oldest_rank || (rank == oldest_rank && since < oldest_since))) {
+          oldest_rank = rank;
           oldest_since = since;
           oldest = c;
         }
@@ -192,6 +203,7 @@ void HttpServer::stop() {
   net::post(s.io, [&s] {
     beast::error_code ec;
     s.acceptor.close(ec);
+    s.retry_timer.cancel();
     for (auto& c : s.live_connections())
       if (!c->handling()) net::post(c->get_executor(), [c] { c->close(); });
   });

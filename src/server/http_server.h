@@ -7,7 +7,8 @@
 //   before reading, chunked bodies counted as they arrive), a deadline for the whole header
 //   section, one for the body, an idle timeout between requests, a timeout for each write, and a
 //   bound on open connections. At the bound, the connection that has waited longest for its
-//   request header is dropped to make room, so trickling clients cannot lock others out.
+//   request (header and body) to arrive is dropped to make room, so trickling clients cannot lock
+//   others out.
 // - Framing (RFC 9112): Content-Length with Transfer-Encoding, differing or invalid
 //   Content-Length values, and a Transfer-Encoding that does not end in chunked are answered
 //   400 and the connection closed; pipelined requests are answered one at a time, in order;

@@ -76,11 +76,25 @@ const std::string kPost = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-T
 
 }  // namespace
 
-TEST(ServerHardening, FramingErrorsAre400AndCloseTheConnection) {
-  RL_REQUIRE_FIXTURE(server_model());
-  TestServer s(hardened_config());
-  ASSERT_TRUE(s.ready());
-  const std::string greedy = greedy_text(s);
+class ServerHardening : public ::testing::Test {
+ protected:
+  void SetUp() override { RL_REQUIRE_FIXTURE(server_model()); }
+  // Starts the server and takes its greedy answer, which still_serving() compares against.
+  TestServer& start(ServerConfig cfg = hardened_config(), const std::string& model = server_model()) {
+    server_ = std::make_unique<TestServer>(cfg, model);
+    EXPECT_TRUE(server_->ready());
+    greedy_ = greedy_text(*server_);
+    EXPECT_NE(greedy_, "<no answer>");
+    return *server_;
+  }
+  void still_serving(const std::string& after) const { expect_still_serving(*server_, greedy_, after); }
+
+  std::unique_ptr<TestServer> server_;
+  std::string greedy_;
+};
+
+TEST_F(ServerHardening, FramingErrorsAre400AndCloseTheConnection) {
+  TestServer& s = start();
   const std::string body = R"({"prompt":"hi","max_tokens":1})";
   const std::string cl = "Content-Length: " + std::to_string(body.size()) + "\r\n";
   const Refused cases[] = {
@@ -93,6 +107,9 @@ TEST(ServerHardening, FramingErrorsAre400AndCloseTheConnection) {
       {"space before the colon", kPost + "Content-Length : " + std::to_string(body.size()) + "\r\n\r\n" + body, "400"},
       {"Transfer-Encoding not ending in chunked", kPost + "Transfer-Encoding: gzip\r\n\r\n" + body, "400"},
       {"chunked then gzip", kPost + "Transfer-Encoding: chunked, gzip\r\n\r\n" + body, "400"},
+      // Found by fuzz_http_request: a coding list the parser cannot read, then a Content-Length.
+      {"unreadable codings ending in chunked, then Content-Length",
+       kPost + "Transfer-Encoding: g:ip, chunked\r\n" + cl + "\r\n" + body, "400"},
       {"bad chunk size", kPost + "Transfer-Encoding: chunked\r\n\r\nzz\r\n" + body + "\r\n0\r\n\r\n", "400"},
       {"HTTP/1.1 without Host", "GET /health HTTP/1.1\r\n\r\n", "400"},
       {"HTTP/2.0 as text", "GET /health HTTP/2.0\r\nHost: x\r\n\r\n", "400"},
@@ -100,14 +117,11 @@ TEST(ServerHardening, FramingErrorsAre400AndCloseTheConnection) {
       {"garbage request line", "HELLO WORLD\r\n\r\n", "400"},
   };
   for (const Refused& k : cases) expect_refused_and_closed(s.port(), k);
-  expect_still_serving(s, greedy, "framing errors");
+  still_serving("framing errors");
 }
 
-TEST(ServerHardening, HeaderFloodsAreRefusedWithinTheLimit) {
-  RL_REQUIRE_FIXTURE(server_model());
-  TestServer s(hardened_config());
-  ASSERT_TRUE(s.ready());
-  const std::string greedy = greedy_text(s);
+TEST_F(ServerHardening, HeaderFloodsAreRefusedWithinTheLimit) {
+  TestServer& s = start();
   std::string many_fields;
   for (int i = 0; i < 5000; i++) many_fields += "X-F" + std::to_string(i) + ": 1\r\n";
   std::string a_few_too_many;
@@ -120,14 +134,11 @@ TEST(ServerHardening, HeaderFloodsAreRefusedWithinTheLimit) {
       {"150 header fields (small ones)", "GET /health HTTP/1.1\r\nHost: x\r\n" + a_few_too_many + "\r\n", "431"},
   };
   for (const Refused& k : cases) expect_refused_and_closed(s.port(), k);
-  expect_still_serving(s, greedy, "header floods");
+  still_serving("header floods");
 }
 
-TEST(ServerHardening, BodiesPastTheLimitAre413ChunkedOrNot) {
-  RL_REQUIRE_FIXTURE(server_model());
-  TestServer s(hardened_config());
-  ASSERT_TRUE(s.ready());
-  const std::string greedy = greedy_text(s);
+TEST_F(ServerHardening, BodiesPastTheLimitAre413ChunkedOrNot) {
+  TestServer& s = start();
   // Content-Length past the limit: refused from the header, before any body byte.
   expect_refused_and_closed(s.port(), {"Content-Length past the limit", kPost + "Content-Length: 10000000\r\n\r\n", "413"});
   // Chunked: counted as it arrives; the server stops reading at the limit.
@@ -153,14 +164,12 @@ TEST(ServerHardening, BodiesPastTheLimitAre413ChunkedOrNot) {
     c.send(body);
     EXPECT_EQ(status_line(c.read(30000, "}")), "HTTP/1.1 200 OK");
   }
-  expect_still_serving(s, greedy, "oversized bodies");
+  still_serving("oversized bodies");
 }
 
 // Pipelined requests are answered, all of them, in the order sent.
-TEST(ServerHardening, PipelinedRequestsAreAnsweredInOrder) {
-  RL_REQUIRE_FIXTURE(server_model());
-  TestServer s(hardened_config());
-  ASSERT_TRUE(s.ready());
+TEST_F(ServerHardening, PipelinedRequestsAreAnsweredInOrder) {
+  TestServer& s = start();
   const std::string body = R"({"content":"hello"})";
   RawConnection c(s.port());
   c.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -182,8 +191,7 @@ TEST(ServerHardening, PipelinedRequestsAreAnsweredInOrder) {
 
 // With an API key set, a client without it is refused from its header: it need not (and does
 // not get to) upload the body.
-TEST(ServerHardening, AuthIsCheckedBeforeTheBody) {
-  RL_REQUIRE_FIXTURE(server_model());
+TEST_F(ServerHardening, AuthIsCheckedBeforeTheBody) {
   ServerConfig cfg = hardened_config();
   cfg.api_key = "sekret";
   TestServer s(cfg);
@@ -199,11 +207,8 @@ TEST(ServerHardening, AuthIsCheckedBeforeTheBody) {
 
 // A connection that sends nothing, and one that trickles its header, are dropped at the header
 // deadline (read_timeout_s = 1), however often bytes arrive.
-TEST(ServerHardening, SlowAndSilentClientsAreDropped) {
-  RL_REQUIRE_FIXTURE(server_model());
-  TestServer s(hardened_config());
-  ASSERT_TRUE(s.ready());
-  const std::string greedy = greedy_text(s);
+TEST_F(ServerHardening, SlowAndSilentClientsAreDropped) {
+  TestServer& s = start();
   const auto t0 = std::chrono::steady_clock::now();
   RawConnection silent(s.port());
   silent.read(4000);
@@ -219,19 +224,16 @@ TEST(ServerHardening, SlowAndSilentClientsAreDropped) {
   }
   EXPECT_TRUE(dropped) << "a header trickled over 10 s was still being read";
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
-  expect_still_serving(s, greedy, "slow clients");
+  still_serving("slow clients");
 }
 
 // Tool-call arguments are a JSON string: under the qwen3-coder format the renderer parses and
 // walks them. Nested far past the limit they are a 400, not a stack overflow.
-TEST(ServerHardening, DeeplyNestedToolArgumentsAre400UnderTheCoderFormat) {
-  RL_REQUIRE_FIXTURE(server_model());
+TEST_F(ServerHardening, DeeplyNestedToolArgumentsAre400UnderTheCoderFormat) {
   ServerConfig cfg = hardened_config();
   cfg.max_body_bytes = 1 << 20;
   cfg.chat_template = "qwen3-coder";
-  TestServer s(cfg);
-  ASSERT_TRUE(s.ready());
-  const std::string greedy = greedy_text(s);
+  TestServer& s = start(cfg);
   const std::string args = "{\"a\": " + std::string(30000, '[') + std::string(30000, ']') + "}";
   json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}},
                                          {{"role", "assistant"},
@@ -243,15 +245,12 @@ TEST(ServerHardening, DeeplyNestedToolArgumentsAre400UnderTheCoderFormat) {
   ASSERT_TRUE(r) << "no answer: the server died?";
   EXPECT_EQ(r->status, 400) << r->body;
   EXPECT_NE(r->body.find("nests deeper than 64"), std::string::npos) << r->body;
-  expect_still_serving(s, greedy, "deep tool arguments");
+  still_serving("deep tool arguments");
 }
 
 // A client waiting for a whole (non-streamed) answer that disconnects cancels its generation.
-TEST(ServerHardening, DisconnectCancelsAWholeAnswer) {
-  RL_REQUIRE_FIXTURE(server_model());
-  TestServer s(hardened_config());
-  ASSERT_TRUE(s.ready());
-  const std::string greedy = greedy_text(s);
+TEST_F(ServerHardening, DisconnectCancelsAWholeAnswer) {
+  TestServer& s = start();
   {
     const std::string body = json{{"prompt", "Once upon a time"}, {"max_tokens", 3000}}.dump();
     RawConnection c(s.port());
@@ -259,7 +258,7 @@ TEST(ServerHardening, DisconnectCancelsAWholeAnswer) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }  // closed before the answer
   const auto t0 = std::chrono::steady_clock::now();
-  expect_still_serving(s, greedy, "a vanished client");
+  still_serving("a vanished client");
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   auto m = s.client().Get("/metrics");
   ASSERT_TRUE(m);
@@ -268,25 +267,20 @@ TEST(ServerHardening, DisconnectCancelsAWholeAnswer) {
 
 // The served model file truncated under the CPU backend: the next generation ends with a 500
 // naming the file (not SIGBUS), and /health still answers.
-TEST(ServerHardening, TruncatedModelFileEndsTheRequestWithAnErrorNamingIt) {
-  RL_REQUIRE_FIXTURE(server_model());
+TEST_F(ServerHardening, TruncatedModelFileEndsTheRequestWithAnErrorNamingIt) {
   const std::string copy =
       (std::filesystem::temp_directory_path() / ("redlite-served-" + std::to_string(::getpid()) + ".gguf")).string();
   std::filesystem::copy_file(server_model(), copy, std::filesystem::copy_options::overwrite_existing);
   const uint64_t data_offset = GgufFile::open(copy)->data_offset();
-  {
-    TestServer s(hardened_config(), copy);
-    ASSERT_TRUE(s.ready());
-    ASSERT_NE(greedy_text(s), "<no answer>");
-    ASSERT_EQ(::truncate(copy.c_str(), (off_t)data_offset), 0);
-    auto r = s.client(60).Post("/v1/completions", json{{"prompt", "Another prompt"}, {"max_tokens", 2}}.dump(),
-                               "application/json");
-    ASSERT_TRUE(r) << "no answer: the server died?";
-    EXPECT_EQ(r->status, 500) << r->body;
-    EXPECT_NE(r->body.find(copy + ": the file was truncated"), std::string::npos) << r->body;
-    auto h = s.client(10).Get("/health");
-    ASSERT_TRUE(h);
-    EXPECT_EQ(h->status, 200);
-  }
-  std::filesystem::remove(copy);
+  TestServer& s = start(hardened_config(), copy);
+  ASSERT_EQ(::truncate(copy.c_str(), (off_t)data_offset), 0);
+  std::filesystem::remove(copy);  // the mapping keeps the (truncated) file alive
+  auto r = s.client(60).Post("/v1/completions", json{{"prompt", "Another prompt"}, {"max_tokens", 2}}.dump(),
+                             "application/json");
+  ASSERT_TRUE(r) << "no answer: the server died?";
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_NE(r->body.find(copy + ": the file was truncated"), std::string::npos) << r->body;
+  auto h = s.client(10).Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
 }

@@ -93,9 +93,22 @@ TEST(ServerOrigin, AllowedOriginsGetPreflightAndCorsHeaders) {
                                                       {"Access-Control-Request-Headers", "authorization, content-type"}});
   ASSERT_TRUE(preflight);
   EXPECT_EQ(preflight->status, 204);
+  EXPECT_EQ(preflight->body, "");
+  EXPECT_FALSE(preflight->has_header("Content-Length"));  // RFC 9110: none on a 204
   EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), "http://localhost:5173");
   EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
   EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Content-Type"), std::string::npos);
+  // The 204 has no body: a request pipelined after it is answered right after its header.
+  {
+    RawConnection raw(s.port());
+    raw.send("OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:5173\r\n"
+             "Access-Control-Request-Method: POST\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    const std::string answer = raw.read(5000);
+    const size_t end_of_204 = answer.find("\r\n\r\n");
+    ASSERT_EQ(answer.rfind("HTTP/1.1 204 ", 0), 0u) << answer;
+    ASSERT_NE(end_of_204, std::string::npos) << answer;
+    EXPECT_EQ(answer.compare(end_of_204 + 4, 15, "HTTP/1.1 200 OK"), 0) << answer;
+  }
   auto r = c.Post("/v1/completions", {{"Origin", "http://localhost:5173"}}, kCompletion, "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
