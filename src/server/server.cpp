@@ -810,6 +810,7 @@ struct Server::Impl {
     lim.max_body_bytes = cfg.max_body_bytes;
     lim.header_timeout_s = cfg.read_timeout_s;
     lim.body_timeout_s = cfg.body_timeout_s;
+    lim.idle_timeout_s = cfg.idle_timeout_s;
     lim.max_connections = cfg.max_connections;
     lim.handler_threads = cfg.http_threads > 0 ? cfg.http_threads : std::min(kMaxHttpThreads, std::max(16, cfg.max_queue + 8));
     return lim;

@@ -57,6 +57,7 @@ struct ServerConfig {
   // connection that sends nothing is dropped after as long), and to send the body.
   double read_timeout_s = 10;
   double body_timeout_s = 60;
+  double idle_timeout_s = 5;       // a kept-alive connection waits this long for its next request
   int max_connections = 512;       // open connections; at the limit the longest-waiting header is dropped
   std::string allowed_origins;     // comma-separated origins (or "*") whose web pages may call the API
   bool verbose = false;            // one log line per request on stderr

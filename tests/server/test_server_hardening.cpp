@@ -227,6 +227,26 @@ TEST_F(ServerHardening, SlowAndSilentClientsAreDropped) {
   still_serving("slow clients");
 }
 
+// A kept-alive connection is closed when no next request comes within the idle timeout; one
+// that sends its next request in time is served on the same connection.
+TEST_F(ServerHardening, IdleKeptAliveConnectionsAreClosed) {
+  ServerConfig cfg = hardened_config();
+  cfg.idle_timeout_s = 0.5;
+  TestServer& s = start(cfg);
+  RawConnection c(s.port());
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  c.send(health);
+  EXPECT_EQ(status_line(c.read(2000, "}")), "HTTP/1.1 200 OK");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  c.send(health);
+  EXPECT_EQ(status_line(c.read(2000, "}")), "HTTP/1.1 200 OK");
+  const auto t0 = std::chrono::steady_clock::now();
+  c.read(3000);
+  EXPECT_TRUE(c.closed_by_server());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  still_serving("idle connections");
+}
+
 // Tool-call arguments are a JSON string: under the qwen3-coder format the renderer parses and
 // walks them. Nested far past the limit they are a 400, not a stack overflow.
 TEST_F(ServerHardening, DeeplyNestedToolArgumentsAre400UnderTheCoderFormat) {

@@ -52,6 +52,10 @@ TEST(ServerOrigin, CrossSiteRequestsAreRefusedByDefault) {
   TestServer s(ServerConfig{});
   ASSERT_TRUE(s.ready());
   auto c = s.client(30);
+  auto before = c.Post("/v1/completions", kCompletion, "application/json");
+  ASSERT_TRUE(before);
+  ASSERT_EQ(before->status, 200) << before->body;
+  const std::string greedy = json::parse(before->body)["choices"][0]["text"];
   const uint64_t tokens0 = generated_tokens(s);
   auto plain = c.Post("/v1/completions", kCompletion, "text/plain");
   ASSERT_TRUE(plain);
@@ -74,11 +78,15 @@ TEST(ServerOrigin, CrossSiteRequestsAreRefusedByDefault) {
   EXPECT_EQ(preflight->status, 403);
   EXPECT_FALSE(preflight->has_header("Access-Control-Allow-Origin"));
   EXPECT_EQ(generated_tokens(s), tokens0) << "a refused request generated tokens";
-  // A client that is not a browser (no Origin) with a JSON body is served.
+  // A client that is not a browser (no Origin) with a JSON body is served, as before.
   auto ok = c.Post("/v1/completions", kCompletion, "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(json::parse(ok->body)["choices"][0]["text"], greedy);
   EXPECT_FALSE(ok->has_header("Access-Control-Allow-Origin"));
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
 }
 
 TEST(ServerOrigin, AllowedOriginsGetPreflightAndCorsHeaders) {
