@@ -13,8 +13,8 @@
 //   Content-Length values, and a Transfer-Encoding that does not end in chunked are answered
 //   400 and the connection closed; pipelined requests are answered one at a time, in order;
 //   `Expect: 100-continue` gets 100 only when the request passed every check (413 otherwise).
-// - Before the body is read, the request line and header go through the route table (404/405)
-//   and the admission check (authentication, origin), so a refused client never uploads a body.
+// - Before the body is read, the request line and header go through the admission check (origin,
+//   content type, API key) and the route table (404/405), so a refused client uploads no body.
 #pragma once
 #include <cstddef>
 #include <functional>

@@ -385,7 +385,7 @@ struct Server::Impl {
       bool client_ok = true;
       try {
         client_ok = text.empty() || on_output(text, lps);
-      } catch (const std::exception& e) {  // an exception must not escape into httplib's thread
+      } catch (const std::exception& e) {  // must not escape into the HTTP layer
         abandon(job);
         send_event(sink, api::error_body(ApiError(500, e.what(), "server_error")));
         sink.write("data: [DONE]\n\n", 14);
