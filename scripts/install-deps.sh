@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config
       libfmt-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
-      libcpp-httplib-dev libbrotli-dev libssl-dev zlib1g-dev
+      libboost-dev libcpp-httplib-dev libbrotli-dev libssl-dev zlib1g-dev
       googletest libgtest-dev libgmock-dev libbenchmark-dev
       tmux nodejs npm
       python3 python3-jinja2 python3-jsonschema)  # the reference renderer and validator of the tests

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/thread_pool.h"
 #ifdef REDLITE_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
@@ -17,7 +18,18 @@ void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required)
   auto* m = app.add_option("-m,--model", opts.model_path, "GGUF model file (architecture qwen3next)");
   if (model_required) m->required();
   app.add_option("--backend", opts.backend, "cpu or cuda (default: cuda when this build has it, else cpu)");
-  app.add_option("--threads", opts.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  // Refused at parse time (the thread pool refuses too), so `serve` fails at start, not in its loader.
+  const CLI::Validator at_most_max_threads(
+      [](std::string& value) -> std::string {
+        const int n = std::atoi(value.c_str());
+        if (n <= cpu::max_threads()) return {};
+        return fmt::format("{} is more than {} CPU threads (4 per hardware thread of this machine, {} at most)", value,
+                           cpu::max_threads(), cpu::kMaxThreadsCap);
+      },
+      "");
+  app.add_option("--threads", opts.threads, "CPU threads (default: all cores; at most 4 per core, 512 at most)")
+      ->check(CLI::NonNegativeNumber)
+      ->check(at_most_max_threads);
   app.add_option("--numerics", opts.numerics,
                  "fast (cpu default: 8-bit activations, integer dot products, fp32 sums; docs/cpu-fast.md) or exact "
                  "(the fp32 oracle; cuda: the only tier so far)")

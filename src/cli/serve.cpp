@@ -77,7 +77,13 @@ Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE st
       ->check(CLI::Range(0, ServerConfig::kMaxQueue));
   app.add_option("--timeout", a->server.request_timeout_s, "seconds a request may run")
       ->check(CLI::Range(1e-3, ServerConfig::kMaxTimeoutSeconds));
-  app.add_option("--max-body", a->server.max_body_bytes, "largest request body in bytes");
+  app.add_option("--max-body", a->server.max_body_bytes, "largest request body in bytes (chunked or not)");
+  app.add_option("--max-connections", a->server.max_connections,
+                 "open connections at most; at the limit the one waiting longest for its header is dropped")
+      ->check(CLI::Range(1, ServerConfig::kMaxConnections));
+  app.add_option("--allowed-origins", a->server.allowed_origins,
+                 "comma-separated origins (scheme://host[:port]) or '*' whose web pages may call the API "
+                 "(default: none; requests with another Origin get 403)");
   app.add_option("--prompt-cache-mib", a->cache_mib_prompt, "memory for kept session states (state reuse)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--chatml-fallback", a->server.chatml_fallback,

@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "cpu/forward.h"
+#include "gguf/gguf.h"
 
 namespace rl::cpu {
 namespace {
@@ -41,6 +42,9 @@ class CpuSession final : public Session {
       float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();
       forward(shared_->weights, *shared_->products, state_, tokens.subspan(begin, n), all_logits != nullptr,
               dst, trace_);
+      // Weights read from a file truncated meanwhile came back as zeros (mapped_file.h): this pass
+      // and the session's state are garbage, so the call fails naming the file.
+      shared_->weights.model->gguf().check_intact();
       if (all_logits && final_chunk)
         std::copy(dst + (n - 1) * n_vocab, dst + n * n_vocab, last.begin());
     }

@@ -1,9 +1,21 @@
 #include "cpu/thread_pool.h"
 
+#include <algorithm>
+
+#include "common/error.h"
+
 namespace rl::cpu {
+
+int max_threads() {
+  const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+  return std::min(kMaxThreadsCap, 4 * cores);
+}
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = (int)std::max(1u, std::thread::hardware_concurrency());
+  if (n_threads > max_threads())
+    fail("--threads {}: at most {} CPU threads (4 per hardware thread of this machine's {}, {} at most)", n_threads,
+         max_threads(), std::thread::hardware_concurrency(), kMaxThreadsCap);
   for (int i = 1; i < n_threads; i++) workers_.emplace_back([this] { worker_loop(); });
 }
 

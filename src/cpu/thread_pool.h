@@ -11,9 +11,15 @@
 
 namespace rl::cpu {
 
+// The most threads a pool may have: 4 per hardware thread, never more than kMaxThreadsCap. More
+// only adds scheduling cost, and a mistyped count must not start thousands of threads.
+constexpr int kMaxThreadsCap = 512;
+int max_threads();
+
 class ThreadPool {
  public:
-  // n_threads counts the caller; <= 0 means every hardware thread.
+  // n_threads counts the caller; <= 0 means every hardware thread. More than max_threads() is
+  // refused (rl::Error naming both numbers).
   explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

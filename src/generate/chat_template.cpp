@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "generate/json_depth.h"
 #include "generate/python_text.h"
 
 namespace rl {
@@ -71,7 +72,10 @@ bool ends_with(std::string_view s, std::string_view p) {
 ojson parse_arguments(const ToolCall& call, size_t message_index) {
   ojson args;
   try {
-    args = call.arguments.empty() ? ojson::object() : ojson::parse(call.arguments);
+    args = call.arguments.empty() ? ojson::object() : parse_json_bounded<ojson>(call.arguments);
+  } catch (const TooDeepJson&) {
+    fail("messages[{}].tool_calls ({}): arguments nest deeper than {} levels", message_index, call.name,
+         kMaxJsonDepth);
   } catch (const std::exception& e) {
     fail("messages[{}].tool_calls ({}): arguments are not valid JSON: {}", message_index, call.name, e.what());
   }
@@ -452,8 +456,10 @@ const ojson* find_tool(const ojson& tools, std::string_view name) {
 
 // {"name": ..., "arguments": {...}}
 std::optional<ToolCall> parse_json_call(std::string_view body) {
-  ojson j = ojson::parse(py_strip(body), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  const std::optional<ojson> parsed = try_parse_json_bounded<ojson>(py_strip(body));
+  if (!parsed) return std::nullopt;
+  const ojson& j = *parsed;
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   ToolCall call;
   call.name = j["name"].get<std::string>();
   const ojson args = j.contains("arguments") ? j["arguments"] : ojson::object();
@@ -489,8 +495,9 @@ ojson typed_xml_value(std::string_view value, const ojson* schema) {
     if (v == "false" || v == "False") return false;
   }
   if (allows("null") && (v == "null" || v == "None")) return nullptr;
-  ojson parsed = ojson::parse(v, nullptr, false);
-  if (parsed.is_discarded()) return std::string(value);
+  std::optional<ojson> maybe = try_parse_json_bounded<ojson>(v);  // model output: bounded depth
+  if (!maybe) return std::string(value);
+  const ojson& parsed = *maybe;
   const bool fits = (parsed.is_number_integer() && (allows("integer") || allows("number"))) ||
                     (parsed.is_number() && allows("number")) || (parsed.is_object() && allows("object")) ||
                     (parsed.is_array() && allows("array")) || (parsed.is_boolean() && allows("boolean")) ||

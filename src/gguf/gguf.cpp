@@ -379,6 +379,11 @@ std::string GgufTensorInfo::shape_string() const {
 
 GgufFile::~GgufFile() = default;
 
+void GgufFile::check_intact() const {
+  if (map_) map_->check_intact();
+  for (const auto& s : shards_) s->check_intact();
+}
+
 std::unique_ptr<GgufFile> GgufFile::open_one(const std::string& path) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;

@@ -113,6 +113,9 @@ class GgufFile {
     uint64_t size = 0;
   };
   std::vector<Mapping> mappings() const;
+  // Throws rl::Error naming the file when one of the mapped files was truncated while mapped
+  // (MappedFile::check_intact).
+  void check_intact() const;
 
   const std::vector<GgufKV>& metadata() const { return kv_; }
   const GgufValue* find(std::string_view key) const;

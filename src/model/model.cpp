@@ -2,6 +2,8 @@
 // main pass needs, checked for presence, shape and a float view of its type.
 #include "model/model.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -171,6 +173,15 @@ Config read_config(const GgufFile& f) {
          c.ssm_n_v_heads, c.ssm_head_dim);
   if (c.n_expert_used > c.n_expert)
     fail("{}: expert_used_count {} exceeds expert_count {}", f.path(), c.n_expert_used, c.n_expert);
+  // Values that make every logit NaN or infinite: refused here rather than served as garbage.
+  if (!std::isfinite(c.rms_eps) || c.rms_eps <= 0)
+    fail("{}: {}.attention.layer_norm_rms_epsilon = {} must be a finite positive number", f.path(), kArch,
+         c.rms_eps);
+  // Below 1 the rotation frequencies grow past one radian a position and overflow for tiny bases.
+  if (!std::isfinite(c.rope_base) || c.rope_base < 1)
+    fail("{}: {}.rope.freq_base = {} must be a finite number >= 1", f.path(), kArch, c.rope_base);
+  if (!std::isfinite(c.expert_weights_scale) || c.expert_weights_scale < 0)
+    fail("{}: {}.expert_weights_scale = {} must be a finite number >= 0", f.path(), kArch, c.expert_weights_scale);
 
   // Which layers are Gated DeltaNet: the explicit per-layer flags when present, else every layer
   // but each full_attention_interval-th.

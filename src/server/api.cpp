@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "generate/json_depth.h"
 #include "generate/json_schema_grammar.h"
 
 namespace rl::api {
@@ -22,7 +23,6 @@ namespace {
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopLength = 256;
 constexpr int kMaxTopLogprobs = 20;
-constexpr int kMaxJsonDepth = 64;
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
   throw ApiError(400, message, "invalid_request_error", param);
@@ -227,8 +227,14 @@ std::vector<ToolCall> message_tool_calls(const json& m, size_t index) {
       call.arguments = "{}";
     } else if (args->is_string()) {
       call.arguments = args->get<std::string>();
-      json parsed = json::parse(call.arguments, nullptr, false);
-      if (parsed.is_discarded() || !parsed.is_object())
+      std::optional<json> parsed;
+      try {
+        parsed = parse_json_bounded<json>(call.arguments);
+      } catch (const TooDeepJson&) {
+        bad(param, fmt::format("'{}': 'arguments' of '{}' nests deeper than {} levels", param, call.name, kMaxJsonDepth));
+      } catch (const json::exception&) {
+      }
+      if (!parsed || !parsed->is_object())
         bad(param, fmt::format("'{}': 'arguments' of '{}' must be a JSON object text", param, call.name));
     } else if (args->is_object()) {
       call.arguments = args->dump();

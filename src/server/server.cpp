@@ -1,9 +1,5 @@
 #include "server/server.h"
 
-#include <httplib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,6 +18,8 @@
 #include "generate/tool_call_grammar.h"
 #include "model/session.h"
 #include "server/api.h"
+#include "server/http_server.h"
+#include "server/origin_policy.h"
 #include "server/reasoning_split.h"
 #include "server/tool_call_split.h"
 #include "tokenizer/tokenizer.h"
@@ -41,6 +39,7 @@ constexpr int kMaxTopLogprobs = 20;
 constexpr double kMaxTimeoutSeconds = ServerConfig::kMaxTimeoutSeconds;
 constexpr int kMaxQueue = ServerConfig::kMaxQueue;
 constexpr int kMaxHttpThreads = 512;  // HTTP threads at most when sized from max_queue
+constexpr int kMaxConnections = ServerConfig::kMaxConnections;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -92,32 +91,14 @@ struct Job {
   std::optional<ApiError> error;
 };
 
-// Debian's cpp-httplib (0.11, a compiled library) listens with a backlog of 5: a burst of clients
-// overflows the accept queue and their connections are reset. Listening again on the bound socket
-// raises the backlog (Linux updates it in place); the socket is found by its local port since the
-// library does not expose it.
-void raise_listen_backlog(int port) {
-  for (int fd = 0; fd < 4096; fd++) {
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
-    sockaddr_storage addr{};
-    socklen_t alen = sizeof addr;
-    if (::getsockname(fd, (sockaddr*)&addr, &alen) != 0) continue;
-    int p = addr.ss_family == AF_INET    ? ntohs(((sockaddr_in*)&addr)->sin_port)
-            : addr.ss_family == AF_INET6 ? ntohs(((sockaddr_in6*)&addr)->sin6_port)
-                                         : -1;
-    if (p == port) ::listen(fd, SOMAXCONN);
-  }
-}
-
 }  // namespace
 
 struct Server::Impl {
   ServerConfig cfg;
   ModelLoader loader;
-  httplib::Server http;
-  std::thread http_thread, load_thread, worker_thread;
+  std::unique_ptr<http::HttpServer> http;
+  OriginPolicy origins;
+  std::thread load_thread, worker_thread;
 
   // Model state (set once by the loader).
   std::atomic<bool> is_ready{false};
@@ -293,7 +274,7 @@ struct Server::Impl {
                      "loading");
   }
 
-  void check_auth(const httplib::Request& req) {
+  void check_auth(const http::Request& req) {
     if (cfg.api_key.empty()) return;
     const std::string h = req.get_header_value("Authorization");
     const std::string expected = "Bearer " + cfg.api_key;
@@ -357,10 +338,16 @@ struct Server::Impl {
     }
   }
 
-  // Blocks until the job ends; 504 when it runs past its deadline.
-  GenerationResult wait_result(const std::shared_ptr<Job>& job) {
+  // Blocks until the job ends; 504 when it runs past its deadline. A client that closes its
+  // connection meanwhile cancels the job (its answer has nowhere to go).
+  GenerationResult wait_result(const std::shared_ptr<Job>& job, const http::Request& req) {
     std::unique_lock<std::mutex> l(job->m);
     while (!job->done) {
+      if (req.client_gone()) {
+        l.unlock();
+        abandon(job);
+        throw ApiError(499, "the client closed the connection", "cancelled");
+      }
       if (!wait_for_output(*job, l)) {
         l.unlock();
         abandon(job);
@@ -376,7 +363,7 @@ struct Server::Impl {
     return *job->result;
   }
 
-  static bool send_event(httplib::DataSink& sink, const json& j) {
+  static bool send_event(http::DataSink& sink, const json& j) {
     const std::string s = "data: " + api::dump(j) + "\n\n";
     return sink.write(s.data(), s.size());
   }
@@ -384,7 +371,7 @@ struct Server::Impl {
   // Streams a job as server-sent events: on_output(text, logprobs) for each batch of new text
   // (false: the client is gone, the job is cancelled and false returned), then on_finish(result)
   // when it ends well, or an error event for a failure or a timeout; always closes with [DONE].
-  bool stream_job(const std::shared_ptr<Job>& job, httplib::DataSink& sink,
+  bool stream_job(const std::shared_ptr<Job>& job, http::DataSink& sink,
                   const std::function<bool(const std::string&, const std::vector<TokenLogprob>&)>& on_output,
                   const std::function<void(const GenerationResult&)>& on_finish) {
     std::unique_lock<std::mutex> l(job->m);
@@ -401,7 +388,7 @@ struct Server::Impl {
       bool client_ok = true;
       try {
         client_ok = text.empty() || on_output(text, lps);
-      } catch (const std::exception& e) {  // an exception must not escape into httplib's thread
+      } catch (const std::exception& e) {  // must not escape into the HTTP layer
         abandon(job);
         send_event(sink, api::error_body(ApiError(500, e.what(), "server_error")));
         sink.write("data: [DONE]\n\n", 14);
@@ -508,7 +495,7 @@ struct Server::Impl {
 
   // ---- endpoints ----------------------------------------------------------------------------
 
-  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+  void chat_completions(const http::Request& req, http::Response& res) {
     check_auth(req);
     const nlohmann::ordered_json body = api::parse_body(req.body);
     api::ChatRequest cr = api::parse_chat_request(body, default_sampling);
@@ -556,7 +543,7 @@ struct Server::Impl {
 
     enqueue(job);
     if (!cr.common.stream) {
-      GenerationResult r = wait_result(job);
+      GenerationResult r = wait_result(job, req);
       ReasoningSplitter split(split_reasoning);
       auto [reasoning, content] = split.push(r.text);
       auto [held_reasoning, held_content] = split.finish();
@@ -595,7 +582,7 @@ struct Server::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job, chunk, include_usage, has_tools, split_reasoning, tools, tool_calls_json, finish_name, id,
-         created](size_t, httplib::DataSink& sink) {
+         created](size_t, http::DataSink& sink) {
           ReasoningSplitter split(split_reasoning);
           // With tools, content streams up to the first <tool_call>; the rest is parsed at the end.
           ToolCallSplitter calls(has_tools);
@@ -643,7 +630,7 @@ struct Server::Impl {
         });
   }
 
-  void completions(const httplib::Request& req, httplib::Response& res) {
+  void completions(const http::Request& req, http::Response& res) {
     check_auth(req);
     const nlohmann::ordered_json body = api::parse_body(req.body);
     api::CompletionRequest cr = api::parse_completion_request(body, default_sampling);
@@ -663,7 +650,7 @@ struct Server::Impl {
 
     enqueue(job);
     if (!cr.common.stream) {
-      GenerationResult r = wait_result(job);
+      GenerationResult r = wait_result(job, req);
       json lp = job->top_logprobs >= 0 ? completion_logprobs_json(job->logprobs, 0) : json(nullptr);
       json out = {{"id", id},
                   {"object", "text_completion"},
@@ -679,7 +666,7 @@ struct Server::Impl {
     const bool include_usage = cr.common.include_usage;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, job, id, created, make_choice, finish_name, include_usage](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, job, id, created, make_choice, finish_name, include_usage](size_t, http::DataSink& sink) {
           auto frame = [&](json choices, json usage) {
             json c = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model.id},
                       {"choices", std::move(choices)}};
@@ -700,7 +687,7 @@ struct Server::Impl {
         });
   }
 
-  void tokenize(const httplib::Request& req, httplib::Response& res) {
+  void tokenize(const http::Request& req, http::Response& res) {
     check_auth(req);
     json body = api::parse_body(req.body);
     require_ready();
@@ -726,7 +713,7 @@ struct Server::Impl {
     res.set_content(api::dump(json{{"tokens", tokens}}), "application/json");
   }
 
-  void detokenize(const httplib::Request& req, httplib::Response& res) {
+  void detokenize(const http::Request& req, http::Response& res) {
     check_auth(req);
     json body = api::parse_body(req.body);
     require_ready();
@@ -746,7 +733,7 @@ struct Server::Impl {
     res.set_content(api::dump(json{{"content", model.tokenizer->decode(ids)}}), "application/json");
   }
 
-  void models(const httplib::Request& req, httplib::Response& res) {
+  void models(const http::Request& req, http::Response& res) {
     check_auth(req);
     json data = json::array();
     if (is_ready)
@@ -755,7 +742,7 @@ struct Server::Impl {
     res.set_content(api::dump(json{{"object", "list"}, {"data", data}}), "application/json");
   }
 
-  void health(httplib::Response& res) {
+  void health(http::Response& res) {
     if (load_failed) {
       res.status = 500;
       res.set_content(api::dump(json{{"status", "error"}, {"error", load_error}}), "application/json");
@@ -767,7 +754,7 @@ struct Server::Impl {
     }
   }
 
-  void metrics(httplib::Response& res) {
+  void metrics(http::Response& res) {
     std::string out;
     size_t depth;
     bool busy;
@@ -817,10 +804,41 @@ struct Server::Impl {
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
+  // Runs on the request line and header, before the body is read: the origin and content type
+  // (origin_policy.h), then the API key, so a refused client uploads nothing.
+  bool admit(const http::Request& req, http::Response& res) {
+    try {
+      if (auto refusal = origins.check(req, res)) {
+        if (refusal->status == 204) return false;  // a preflight, answered in res
+        throw ApiError(refusal->status, refusal->message,
+                       refusal->status == 403 ? "permission_error" : "invalid_request_error");
+      }
+      if (req.path != "/health" && req.path != "/v1/health") check_auth(req);
+      return true;
+    } catch (const ApiError& e) {
+      res.status = e.status;
+      res.set_content(api::dump(api::error_body(e)), "application/json");
+      count("other", e.status);
+      if (cfg.verbose) fmt::print(stderr, "{} {} -> {} (before the body)\n", req.method, req.path, res.status);
+      return false;
+    }
+  }
+
+  http::Limits http_limits() const {
+    http::Limits lim;
+    lim.max_body_bytes = cfg.max_body_bytes;
+    lim.header_timeout_s = cfg.read_timeout_s;
+    lim.body_timeout_s = cfg.body_timeout_s;
+    lim.idle_timeout_s = cfg.idle_timeout_s;
+    lim.max_connections = cfg.max_connections;
+    lim.handler_threads = cfg.http_threads > 0 ? cfg.http_threads : std::min(kMaxHttpThreads, std::max(16, cfg.max_queue + 8));
+    return lim;
+  }
+
   // Wraps an endpoint: ApiError -> OpenAI error object; anything else -> 500; counts the result.
   template <class F>
-  httplib::Server::Handler wrap(const char* endpoint, F f) {
-    return [this, endpoint, f](const httplib::Request& req, httplib::Response& res) {
+  http::Handler wrap(const char* endpoint, F f) {
+    return [this, endpoint, f](const http::Request& req, http::Response& res) {
       try {
         f(req, res);
       } catch (const ApiError& e) {
@@ -831,47 +849,46 @@ struct Server::Impl {
         res.status = 500;
         res.set_content(api::dump(api::error_body(ApiError(500, e.what(), "server_error"))), "application/json");
       }
+      origins.add_cors_headers(req, res);
       count(endpoint, res.status);
       if (cfg.verbose) fmt::print(stderr, "{} {} -> {}\n", req.method, req.path, res.status);
     };
   }
 
   void routes() {
-    http.Get("/health", wrap("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); }));
-    http.Get("/v1/health", wrap("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); }));
-    http.Get("/metrics", wrap("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    http->route("GET", "/health", wrap("/health", [this](const http::Request&, http::Response& res) { health(res); }));
+    http->route("GET", "/v1/health", wrap("/health", [this](const http::Request&, http::Response& res) { health(res); }));
+    http->route("GET", "/metrics", wrap("/metrics", [this](const http::Request& req, http::Response& res) {
                check_auth(req);
                metrics(res);
              }));
-    http.Get("/v1/models", wrap("/v1/models", [this](const auto& q, auto& s) { models(q, s); }));
-    http.Post("/v1/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
-    http.Post("/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
-    http.Post("/v1/completions", wrap("/v1/completions", [this](const auto& q, auto& s) { completions(q, s); }));
-    http.Post("/completions", wrap("/v1/completions", [this](const auto& q, auto& s) { completions(q, s); }));
-    http.Post("/tokenize", wrap("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); }));
-    http.Post("/detokenize", wrap("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); }));
+    http->route("GET", "/v1/models", wrap("/v1/models", [this](const auto& q, auto& s) { models(q, s); }));
+    http->route("POST", "/v1/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
+    http->route("POST", "/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
+    http->route("POST", "/v1/completions", wrap("/v1/completions", [this](const auto& q, auto& s) { completions(q, s); }));
+    http->route("POST", "/completions", wrap("/v1/completions", [this](const auto& q, auto& s) { completions(q, s); }));
+    http->route("POST", "/tokenize", wrap("/tokenize", [this](const auto& q, auto& s) { tokenize(q, s); }));
+    http->route("POST", "/detokenize", wrap("/detokenize", [this](const auto& q, auto& s) { detokenize(q, s); }));
 
-    // Unknown paths and methods, and httplib's own rejections (413 for a body past the limit,
-    // 400 for a malformed request line), still answer with an OpenAI-style error object.
-    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
+    http->set_admission([this](const http::Request& req, http::Response& res) { return admit(req, res); });
+    // The transport's own refusals still answer with an OpenAI-style error object.
+    http->set_error_handler([this](const http::Request& req, http::Response& res) {
       std::string msg;
       switch (res.status) {
         case 404: msg = fmt::format("no endpoint {} {}", req.method, req.path); break;
-        case 413:
-          msg = req.get_header_value("Content-Type").find("application/x-www-form-urlencoded") == 0
-                    ? "a form-encoded body is limited to 8 KiB; send JSON with Content-Type: application/json"
-                    : fmt::format("the request body is larger than the limit of {} bytes", cfg.max_body_bytes);
-          break;
         case 405: msg = fmt::format("method {} is not allowed on {}", req.method, req.path); break;
-        default: msg = fmt::format("the request could not be processed (HTTP {})", res.status); break;
+        case 408: msg = "the request did not arrive in time"; break;
+        case 413: msg = fmt::format("the request body is larger than the limit of {} bytes", cfg.max_body_bytes); break;
+        case 414: msg = fmt::format("the request line is longer than the limit of {} bytes", http_limits().max_request_line); break;
+        case 431:
+          msg = fmt::format("the request header is larger than the limit of {} bytes or {} fields",
+                            http_limits().max_header_bytes, http_limits().max_header_count);
+          break;
+        default: msg = "the request is malformed"; break;
       }
+      if (!res.error_detail.empty()) msg += fmt::format(" ({})", res.error_detail);
       res.set_content(api::dump(api::error_body(ApiError(res.status, msg))), "application/json");
       count("other", res.status);
-    });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-      res.status = 500;
-      res.set_content(api::dump(api::error_body(ApiError(500, "internal error", "server_error"))), "application/json");
     });
   }
 };
@@ -894,35 +911,23 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
   if (!(impl_->cfg.request_timeout_s > 0) || impl_->cfg.request_timeout_s > kMaxTimeoutSeconds)
     fail("--timeout: must be between 0 and {} seconds, got {}", kMaxTimeoutSeconds, impl_->cfg.request_timeout_s);
   if (impl_->cfg.max_queue > kMaxQueue) fail("--max-queue: at most {}, got {}", kMaxQueue, impl_->cfg.max_queue);
+  if (impl_->cfg.max_connections < 1 || impl_->cfg.max_connections > kMaxConnections)
+    fail("--max-connections: must be between 1 and {}, got {}", kMaxConnections, impl_->cfg.max_connections);
+  impl_->origins = OriginPolicy::parse(impl_->cfg.allowed_origins);
 }
 
 Server::~Server() {
   stop();
-  if (impl_->http_thread.joinable()) impl_->http_thread.join();
   if (impl_->load_thread.joinable()) impl_->load_thread.join();
   if (impl_->worker_thread.joinable()) impl_->worker_thread.join();
 }
 
 void Server::start() {
   Impl& s = *impl_;
-  const int threads = s.cfg.http_threads > 0 ? s.cfg.http_threads : std::min(kMaxHttpThreads, std::max(16, s.cfg.max_queue + 8));
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s.http.set_payload_max_length(s.cfg.max_body_bytes);
-  // A client that sends its request slowly is dropped after this, not waited for forever.
-  s.http.set_read_timeout(s.cfg.read_timeout_s, 0);
-  s.http.set_write_timeout(30, 0);
-  s.http.set_keep_alive_timeout(5);
+  s.http = std::make_unique<http::HttpServer>(s.http_limits());
   s.routes();
-  int port = s.cfg.port;
-  if (port == 0) {
-    port = s.http.bind_to_any_port(s.cfg.host);
-    if (port < 0) fail("cannot bind to {}:<any port>", s.cfg.host);
-  } else if (!s.http.bind_to_port(s.cfg.host, port)) {
-    fail("cannot bind to {}:{} (in use, or not an address of this machine?)", s.cfg.host, port);
-  }
-  s.cfg.port = port;
-  raise_listen_backlog(port);
-  s.http_thread = std::thread([&s] { s.http.listen_after_bind(); });
+  s.cfg.port = s.http->bind(s.cfg.host, s.cfg.port);
+  s.http->start();
   s.load_thread = std::thread([&s] { s.load(); });
 }
 
@@ -948,7 +953,7 @@ void Server::stop() {
     if (s.current) s.current->cancel = true;
     s.qcv.notify_all();
   }
-  s.http.stop();
+  if (s.http) s.http->stop();
   std::lock_guard<std::mutex> l(s.stop_m);
   s.stopped = true;
   s.stop_cv.notify_all();

@@ -1,10 +1,12 @@
-// `redlite serve`: an OpenAI-compatible HTTP server (cpp-httplib + nlohmann-json).
+// `redlite serve`: an OpenAI-compatible HTTP server (http_server.h, on Boost.Beast, + nlohmann-json).
 //
-// Threads: httplib's pool parses requests and writes responses; one worker thread owns the model
+// Threads: the HTTP layer reads and writes every connection on one I/O thread and hands complete
+// requests to a pool of handler threads (http_server.h has its limits); one worker thread owns the model
 // session and runs queued generations one at a time (batched decode of several sequences is
 // future work, DESIGN.md §7). A request waits in a bounded queue; past --max-queue it is refused
-// with 503 and Retry-After. A streaming client that goes away cancels its generation at the next
-// token; every request has a deadline.
+// with 503 and Retry-After. A client that goes away cancels its generation (a streaming one at the
+// next token, one waiting for a whole answer within 0.1 s); every request has a deadline. Browser
+// pages are refused unless their origin is allowed (origin_policy.h).
 //
 // State reuse: the worker keeps one session and a PromptCache of snapshots taken at prompt
 // boundaries, so a request whose prompt extends an earlier conversation prefills only its new
@@ -42,6 +44,7 @@ struct ServerConfig {
   // Limits that keep a configuration from overflowing the clock or spawning thousands of threads.
   static constexpr int kMaxQueue = 4096;
   static constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
+  static constexpr int kMaxConnections = 65536;
 
   int max_queue = 16;              // requests waiting for the model beyond the one running (<= kMaxQueue)
   double request_timeout_s = 600;  // a generation that runs longer ends with an error (<= kMaxTimeoutSeconds)
@@ -49,10 +52,14 @@ struct ServerConfig {
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
   bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
   std::string chat_template;       // a chat format name (chat_format_names()) used instead of the file's
-  int http_threads = 0;            // 0: max(16, max_queue + 8)
-  // Seconds one read from a client may wait. It bounds each read, not the whole request: a client
-  // that trickles bytes holds an HTTP thread (the default bind is loopback for that reason).
-  int read_timeout_s = 10;
+  int http_threads = 0;            // handler threads; 0: max(16, max_queue + 8)
+  // Seconds a client may take to send a request line and header, counted from its first byte (a
+  // connection that sends nothing is dropped after as long), and to send the body.
+  double read_timeout_s = 10;
+  double body_timeout_s = 60;
+  double idle_timeout_s = 5;       // a kept-alive connection waits this long for its next request
+  int max_connections = 512;       // open connections; at the limit the longest-waiting header is dropped
+  std::string allowed_origins;     // comma-separated origins (or "*") whose web pages may call the API
   bool verbose = false;            // one log line per request on stderr
 };
 

@@ -2,6 +2,7 @@
 // README, --dump matches ggml's own dequantisation (quant-zoo.ref.gguf, read here straight from
 // the file at the offset inspect reports), and bad input exits 1 naming the problem.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -55,7 +56,8 @@ class ScratchDir {
 RunResult run_redlite(const std::string& args) {
   ScratchDir dir;
   const std::string out = dir.file("stdout"), err = dir.file("stderr");
-  const std::string cmd = quote(rl::test::redlite_bin()) + " " + args + " > " + quote(out) + " 2> " + quote(err);
+  // Bounded, so a command that hangs fails the test (exit 124) instead of stalling the suite.
+  const std::string cmd = "timeout 60 " + quote(rl::test::redlite_bin()) + " " + args + " > " + quote(out) + " 2> " + quote(err);
   const int status = std::system(cmd.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -229,6 +231,16 @@ TEST(Inspect, ErrorsExitOneAndNameTheProblem) {
   r = run_redlite("inspect " + quote(bad_count));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("tensor count"), std::string::npos) << r.err;
+
+  // A FIFO (reading it would wait for a writer forever) and a directory are refused at once.
+  const std::string fifo = dir.file("model.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = run_redlite("inspect " + quote(fifo));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find(fifo + ": not a regular file (a FIFO)"), std::string::npos) << r.err;
+  r = run_redlite("inspect " + quote(dir.file("")));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("not a regular file (a directory)"), std::string::npos) << r.err;
 
   // Missing file.
   r = run_redlite("inspect " + quote(dir.file("absent.gguf")));

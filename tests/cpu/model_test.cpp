@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -190,6 +191,30 @@ TEST(ModelErrors, MissingHyperparameterKeyIsNamed) {
   RL_REQUIRE_FIXTURE(test::fixture(kModelB));
   const std::string msg = open_error(rewrite_model_b(with([](Rewrite& r) { r.drop_keys = {"qwen3next.ssm.state_size"}; }), "key"));
   EXPECT_NE(msg.find("qwen3next.ssm.state_size"), std::string::npos) << msg;
+}
+
+// Hyperparameters that would make every logit NaN are refused, naming the key and the value.
+TEST(ModelErrors, NonFiniteOrNonPositiveFloatHyperparametersAreRefused) {
+  RL_REQUIRE_FIXTURE(test::fixture(kModelB));
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::pair<const char*, float> bad[] = {
+      {"qwen3next.attention.layer_norm_rms_epsilon", nan}, {"qwen3next.attention.layer_norm_rms_epsilon", -1e-6f},
+      {"qwen3next.attention.layer_norm_rms_epsilon", 0.0f}, {"qwen3next.attention.layer_norm_rms_epsilon", inf},
+      {"qwen3next.rope.freq_base", 0.0f},  {"qwen3next.rope.freq_base", nan},
+      {"qwen3next.rope.freq_base", -1e4f}, {"qwen3next.rope.freq_base", 1e-30f},
+      {"qwen3next.expert_weights_scale", nan}, {"qwen3next.expert_weights_scale", -2.0f}};
+  int i = 0;
+  for (auto [key, value] : bad) {
+    const std::string msg = open_error(rewrite_model_b(
+        with([&, key = key, value = value](Rewrite& r) {
+          r.drop_keys = {key};
+          r.extra_keys = [key, value](GgufWriter& w) { w.add_f32(key, value); };
+        }),
+        "hparam" + std::to_string(i++)));
+    EXPECT_NE(msg.find(key), std::string::npos) << key << "=" << value << ": " << msg;
+  }
+  // The fixture's own values load.
+  EXPECT_EQ(open_error(rewrite_model_b(Rewrite{}, "hparam-ok")), "");
 }
 
 TEST(ModelBinding, RecurrentLayersKeyOverridesTheInterval) {

@@ -114,6 +114,14 @@ TEST_F(OracleCli, UserErrorsExitNonZeroWithTheArgumentNamed) {
   r = run_redlite("logits -m " + model_ + " --backend tpu --tokens 1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("tpu"), std::string::npos) << r.out;
+
+  // A thread count far past the machine's is refused before any thread starts, by every command.
+  for (const std::string cmd : {"generate -m " + model_ + " --tokens 1 -n 1 --greedy", "serve -m " + model_ + " --port 0"}) {
+    r = run_redlite(cmd + " --backend cpu --threads 10000");
+    EXPECT_NE(r.exit_code, 0) << cmd;
+    EXPECT_NE(r.out.find("--threads"), std::string::npos) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find("10000 is more than"), std::string::npos) << cmd << ": " << r.out;
+  }
 }
 
 

@@ -3,10 +3,14 @@
 // Model B (4,099-token vocabulary) keeps these fast.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/parity.h"
 #include "test_util.h"
@@ -193,6 +197,42 @@ TEST_F(SessionTest, RestoreRejectsSnapshotsOfAnotherModelAndOversizedOnes) {
 
 TEST_F(SessionTest, NonPositiveContextIsRefused) {
   EXPECT_THROW(backend_->new_session(0), Error);
+}
+
+}  // namespace
+}  // namespace rl
+
+namespace rl {
+namespace {
+
+// A model file truncated under a running backend: the next pass that reads a lost page ends with
+// an error naming the file (mapped_file.h) instead of SIGBUS; a session of another, intact model
+// in the same process still works.
+TEST(TruncatedModel, APassOverATruncatedFileFailsNamingTheFile) {
+  const std::string fixture = test::fixture(kModelB + ".gguf");
+  RL_REQUIRE_FIXTURE(fixture);
+  const std::string copy = (std::filesystem::temp_directory_path() /
+                            ("redlite-truncated-" + std::to_string(::getpid()) + ".gguf")).string();
+  std::filesystem::copy_file(fixture, copy, std::filesystem::copy_options::overwrite_existing);
+  auto model = Model::open(copy);
+  auto backend = cpu::make_cpu_backend(model, 2);
+  auto session = backend->new_session(64);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  const std::vector<float> before = session->prefill(prompt);
+  // Keep the header and metadata: the tensor data is gone.
+  ASSERT_EQ(::truncate(copy.c_str(), (off_t)model->gguf().data_offset()), 0);
+  session->reset();
+  try {
+    session->prefill(prompt);
+    ADD_FAILURE() << "a pass over a truncated file succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(copy + ": the file was truncated"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(copy);
+  // The fixture itself is untouched and still gives the same logits.
+  auto intact = Model::open(fixture);
+  auto other = cpu::make_cpu_backend(intact, 2)->new_session(64);
+  EXPECT_EQ(other->prefill(prompt), before);
 }
 
 }  // namespace

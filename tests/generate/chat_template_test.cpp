@@ -267,6 +267,35 @@ TEST(ChatTemplate, Qwen3CoderTools) {
   EXPECT_THROW(t.render(bad, opt), Error);
 }
 
+// Tool-call arguments are a JSON string that the XML form parses and walks recursively: nesting
+// past the one limit (kMaxJsonDepth) is an error, not a stack overflow; model output nested that
+// deep is not taken as a call's typed value.
+TEST(ChatTemplate, DeeplyNestedToolArgumentsAreRefusedNotRecursedInto) {
+  ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Coder);
+  ChatRenderOptions opt;
+  opt.tools = weather_tools();
+  auto nested = [](int depth) { return std::string(depth, '[') + "1" + std::string(depth, ']'); };
+  std::vector<ChatMessage> deep = {msg("user", "x"), call("", "get_weather", "{\"a\": " + nested(100000) + "}")};
+  try {
+    t.render(deep, opt);
+    ADD_FAILURE() << "arguments nested 100000 deep were rendered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nest deeper than 64"), std::string::npos) << e.what();
+  }
+  std::vector<ChatMessage> shallow = {msg("user", "x"), call("", "get_weather", "{\"a\": " + nested(32) + "}")};
+  EXPECT_NE(t.render(shallow, opt).find("<parameter=a>\n" + nested(32) + "\n</parameter>"), std::string::npos);
+  // The model's own output: a typed parameter nested too deep stays text; the call still parses.
+  ParsedReply r = t.parse_reply("<tool_call>\n<function=get_weather>\n<parameter=days>\n" + nested(100000) +
+                                    "\n</parameter>\n</function>\n</tool_call>",
+                                weather_tools());
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(ojson::parse(r.tool_calls[0].arguments)["days"], nested(100000));
+  ChatTemplate q = ChatTemplate::of(ChatFormat::Qwen3Instruct);
+  ParsedReply j = q.parse_reply("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": " + nested(100000) +
+                                "}}\n</tool_call>");
+  EXPECT_TRUE(j.tool_calls.empty());
+}
+
 TEST(ChatTemplate, RejectsUnknownRoles) {
   ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Instruct);
   std::vector<ChatMessage> m = {msg("developer", "x")};

@@ -3,10 +3,13 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,6 +55,8 @@ inline ModelLoader fixture_loader(const std::string& path, int threads = 2) {
 class TestServer {
  public:
   explicit TestServer(ServerConfig cfg, const std::string& model = server_model()) {
+    // A client writing to a connection the server closed gets EPIPE, not a dead test binary.
+    std::signal(SIGPIPE, SIG_IGN);
     cfg.host = "127.0.0.1";
     cfg.port = 0;
     server_ = std::make_unique<Server>(cfg, fixture_loader(model));
@@ -73,6 +78,77 @@ class TestServer {
  private:
   std::unique_ptr<Server> server_;
 };
+
+// The process's resident memory now, in KiB.
+inline size_t rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
+  return 0;
+}
+
+// A raw TCP connection to the server, for requests a well-behaved client does not send.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    connected_ = connect(fd_, (sockaddr*)&addr, sizeof addr) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+  bool connected() const { return connected_; }
+  // False once the server has closed (or reset) the connection.
+  bool send(const std::string& bytes) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += (size_t)n;
+    }
+    return true;
+  }
+  // Reads until the server closes the connection, `until` has arrived, or timeout_ms passes.
+  std::string read(int timeout_ms = 5000, const std::string& until = {}) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::string out;
+    while (!closed_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, (int)left.count()) <= 0) break;
+      char buf[65536];
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) {
+        closed_ = true;
+        break;
+      }
+      out.append(buf, (size_t)n);
+      if (!until.empty() && out.find(until) != std::string::npos) break;
+    }
+    return out;
+  }
+  bool closed_by_server() const { return closed_; }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  bool closed_ = false;
+};
+
+// Writes raw bytes, then reads until the server closes or 5 s pass; returns the answer (may be "").
+inline std::string raw_exchange(int port, const std::string& bytes, bool close_early = false, int linger_ms = 0) {
+  RawConnection c(port);
+  if (!c.connected()) return "connect failed";
+  if (!bytes.empty()) c.send(bytes);
+  if (linger_ms) usleep(linger_ms * 1000);
+  return close_early ? std::string() : c.read();
+}
 
 // What a string looks like after a trip through JSON: invalid UTF-8 (random-weight models emit
 // it) becomes U+FFFD, as the server's serialiser writes it.

@@ -22,14 +22,6 @@ using namespace rl::test;
 
 namespace {
 
-size_t rss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
-  return 0;
-}
-
 class ServerTest : public ServerModelTest {};
 
 }  // namespace

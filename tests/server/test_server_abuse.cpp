@@ -3,11 +3,6 @@
 // OpenAI-style error object (or, below HTTP, a closed connection) and the server still answers.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "server_test_util.h"
 
 using nlohmann::json;
@@ -169,31 +164,6 @@ std::vector<Case> corpus() {
   cases.push_back({"/v1/embeddings", valid_completion().dump(), "unknown endpoint"});
   cases.push_back({"/v2/chat/completions", valid_chat().dump(), "unknown endpoint"});
   return cases;
-}
-
-// Writes raw bytes, then reads until the server closes or answers; returns the answer (may be "").
-std::string raw_exchange(int port, const std::string& bytes, bool close_early = false, int linger_ms = 0) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, (sockaddr*)&addr, sizeof addr) != 0) {
-    close(fd);
-    return "connect failed";
-  }
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (!bytes.empty()) (void)!write(fd, bytes.data(), bytes.size());
-  if (linger_ms) usleep(linger_ms * 1000);
-  std::string out;
-  if (!close_early) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, n);
-  }
-  close(fd);
-  return out;
 }
 
 // A raw reply must be an HTTP response with `status` and an OpenAI-style error object as its body.
