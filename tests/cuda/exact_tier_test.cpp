@@ -35,10 +35,11 @@ using test::budget_mib;
 using test::prompt;
 using test::RouterRecorder;
 
-// Bounds of the exact tier on this model, relative RMS against the oracle. To be set from the
-// H200's measurements with a margin (the fixtures measure 7.6e-8 / 8.0e-8 on the logits).
-constexpr double kMaxLogitsRelRms = 1e-5;
-constexpr double kMaxRouterLogitsRelRms = 1e-5;
+// Bounds of the exact tier on this model, relative RMS against the oracle: about 3x what the H200
+// measured (2026-12-01, commit 64caa2f, every budget alike): logits 5.986e-7 (prefill)
+// and 3.904e-7 (decode), router logits 5.115e-7.
+constexpr double kMaxLogitsRelRms = 2e-6;
+constexpr double kMaxRouterLogitsRelRms = 1.5e-6;
 
 constexpr int kPromptTokens = 96;  // prefill positions (each routes every layer: 960 selections)
 constexpr int kDecodeSteps = 16;

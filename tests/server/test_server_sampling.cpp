@@ -152,7 +152,7 @@ std::vector<float> oracle_logits(const std::vector<int32_t>& tokens, int n_vocab
   std::string ids;
   for (int32_t t : tokens) ids += (ids.empty() ? "" : ",") + std::to_string(t);
   const std::string out = temp_path("sampling", "logits.f32");
-  const ShellRun r = run_shell(redlite_bin() + " logits -m " + server_model() + " --backend cpu --threads 2 --tokens " +
+  const ShellRun r = run_shell(redlite_bin() + " logits -m " + server_model() + " --backend cpu --numerics exact --threads 2 --tokens " +
                                ids + " --all-positions --out " + out + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   std::vector<float> v(tokens.size() * (size_t)n_vocab);
