@@ -92,18 +92,9 @@ parity_80b() {  # parity_80b [SUFFIX]
   parity_both "parity-80b${1:+-$1}" -m "$M80" --backend cuda --repeat 2 --prompt-tokens 24 --budget-fractions 1,0.5,0.1
 }
 
-# --- dependencies: unpack the carried .debs into a prefix ------------------------------------
-PREFIX=/tmp/rl-prefix
-if [ ! -d $PREFIX/usr ]; then
-  for f in "$ROOT"/.deps/debs/*.deb; do dpkg -x "$f" $PREFIX; done
-  sed -i "s#^prefix=/usr#prefix=$PREFIX/usr#" $PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
-fi
-LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
-export CMAKE_PREFIX_PATH=$PREFIX/usr
-export PKG_CONFIG_PATH=$LIBDIR/pkgconfig
-export LD_LIBRARY_PATH=$LIBDIR:${LD_LIBRARY_PATH:-}
-export CPATH=$PREFIX/usr/include:$PREFIX/usr/include/x86_64-linux-gnu
-export PATH=/usr/local/cuda/bin:$PATH
+# --- dependencies: unpack the carried .debs into a prefix (deps.sh sets RL_DEPS_LIBDIR) -------
+source "$ROOT/scripts/device/deps.sh"
+LIBDIR=$RL_DEPS_LIBDIR
 
 # --- build ---------------------------------------------------------------------------------------
 if [ "$STAGE" != fixtures ] || [ ! -x "$BIN" ]; then
