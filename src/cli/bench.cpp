@@ -104,8 +104,7 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
                   depth, pre.median, pre.min, pre.max, dec.median, dec.min, dec.max);
     std::fflush(stdout);
   }
-  size_t kv_per_token = 0;
-  for (int L = 0; L < c.n_layer; L++) kv_per_token += c.is_recurrent[L] ? 0 : 2 * (size_t)c.kv_dim() * sizeof(float);
+  const size_t kv_per_token = c.kv_bytes_per_token();
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.common.model_path;

@@ -22,13 +22,6 @@ class CudaSnapshot final : public SessionSnapshot {
   int position() const override { return pos; }
 };
 
-// Device bytes of a session's KV cache (f32 K and V rows of every attention layer).
-size_t kv_bytes(const Config& c, int n_ctx) {
-  size_t attention_layers = 0;
-  for (int L = 0; L < c.n_layer; L++) attention_layers += !c.is_recurrent[L];
-  return attention_layers * 2 * (size_t)n_ctx * c.kv_dim() * sizeof(float);
-}
-
 // Device bytes a session allocates: the KV cache, the DeltaNet states (and their backups for the
 // GPU-routed token) and the decode attention's split buffers.
 size_t session_bytes(const Config& c, int n_ctx) {
@@ -37,7 +30,7 @@ size_t session_bytes(const Config& c, int n_ctx) {
     if (c.is_recurrent[L])
       recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
                     (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
-  return kv_bytes(c, n_ctx) + 2 * recurrent + AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim);
+  return c.kv_bytes_per_token() * n_ctx + 2 * recurrent + AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim);
 }
 
 class CudaSessionImpl final : public Session {
@@ -54,7 +47,7 @@ class CudaSessionImpl final : public Session {
     RL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (need > free_bytes)
       fail("--ctx {}: a session of {} tokens needs {:.1f} MiB of device memory (KV cache {:.1f} MiB), but only "
-           "{:.1f} MiB are free", n_ctx, n_ctx, need / 1048576.0, kv_bytes(c, n_ctx) / 1048576.0,
+           "{:.1f} MiB are free", n_ctx, n_ctx, need / 1048576.0, c.kv_bytes_per_token() * n_ctx / 1048576.0,
            free_bytes / 1048576.0);
     for (int L = 0; L < c.n_layer; L++) {
       if (c.is_recurrent[L]) {

@@ -81,6 +81,12 @@ struct Config {
   int ssm_v_per_k() const { return ssm_n_v_heads / ssm_n_k_heads; }   // value heads per key head
   int q_dim() const { return n_head * head_dim; }
   int kv_dim() const { return n_head_kv * head_dim; }
+  // Bytes of the f32 K and V rows one token adds over every attention layer.
+  size_t kv_bytes_per_token() const {
+    size_t attention_layers = 0;
+    for (bool r : is_recurrent) attention_layers += !r;
+    return attention_layers * 2 * (size_t)kv_dim() * sizeof(float);
+  }
 };
 
 // Full (gated) attention, layers with is_recurrent[L] == false.
