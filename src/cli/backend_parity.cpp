@@ -67,8 +67,12 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
   const int n_ctx = o.prompt_tokens + o.greedy + 1;
   auto so = oracle->new_session(n_ctx);
 
-  std::printf("parity: %s backend vs the cpu oracle on %s (%d prompts, %d greedy tokens, repeat %d)\n",
-              name.c_str(), common.model_path.c_str(), (int)lengths.size(), o.greedy, o.repeat);
+  // The exact tier is held to the oracle (every bound below); the fast tier's figures against it are
+  // reported (its bar is llama.cpp's native path: `parity --ref`).
+  const bool exact = resolve_numerics(common) == Numerics::kExact;
+  std::printf("parity: %s backend (%s numerics) vs the cpu oracle on %s (%d prompts, %d greedy tokens, repeat %d)%s\n",
+              name.c_str(), exact ? "exact" : "fast", common.model_path.c_str(), (int)lengths.size(), o.greedy,
+              o.repeat, exact ? "" : ", report only");
   std::vector<Run> reference;
   for (size_t p = 0; p < lengths.size(); p++)
     reference.push_back(run(*so, make_prompt(lengths[p], n_vocab, (int)p), o.greedy));
@@ -104,13 +108,16 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
         const Run& ref = reference[p];
         const Run got = run(*sb, make_prompt(lengths[p], n_vocab, (int)p), o.greedy);
         int top1 = 0, positions = 0;
-        double worst = 0;
+        double worst = 0, rms_sum = 0;
         for (int i = 0; i < lengths[p]; i++, positions++) {
           std::span<const float> a(got.prompt_logits.data() + (size_t)i * n_vocab, n_vocab);
           std::span<const float> b(ref.prompt_logits.data() + (size_t)i * n_vocab, n_vocab);
           top1 += argmax_token(a) == argmax_token(b);
-          worst = std::max(worst, relative_rms(a, b));
+          const double rr = relative_rms(a, b);
+          worst = std::max(worst, rr);
+          rms_sum += rr;
         }
+        const int prompt_top1 = top1;
         const int common_greedy = common_prefix(got.greedy, ref.greedy);
         for (int i = 0; i < common_greedy; i++, positions++) {
           top1 += argmax_token(got.greedy_logits[i]) == argmax_token(ref.greedy_logits[i]);
@@ -124,10 +131,14 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
             "pass %d prompt %zu: tokens %4d  top1 %d/%d  max rel rms %.3e  greedy %d/%d  router "
             "mismatches %d  %s\n",
             pass + 1, p, lengths[p], top1, positions, worst, common_greedy, o.greedy, mismatches,
-            pass_ok ? "PASS" : "FAIL");
+            exact ? (pass_ok ? "PASS" : "FAIL") : "");
+        if (!exact)
+          std::printf("  teacher-forced over the prompt: top-1 agreement %d/%d (%.1f%%), mean rel rms %.3e\n",
+                      prompt_top1, lengths[p], 100.0 * prompt_top1 / lengths[p], rms_sum / lengths[p]);
       }
     }
   }
+  if (!exact) return 0;
   std::printf("%s\n", all_pass ? "PASS" : "FAIL");
   return all_pass ? 0 : 1;
 }

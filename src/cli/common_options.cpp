@@ -31,8 +31,8 @@ void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required)
       ->check(CLI::NonNegativeNumber)
       ->check(at_most_max_threads);
   app.add_option("--numerics", opts.numerics,
-                 "fast (cpu default: 8-bit activations, integer dot products, fp32 sums; docs/cpu-fast.md) or exact "
-                 "(the fp32 oracle; cuda: the only tier so far)")
+                 "fast (default: fp32 sums with 8-bit activations on the cpu, docs/cpu-fast.md; fp32 sums and "
+                 "half-precision tensor-core products on cuda, docs/cuda.md) or exact (the fp32 oracle's values)")
       ->check(CLI::IsMember({"fast", "exact"}));
   app.add_option("--ctx", opts.ctx, "context length in tokens (default: min(4096, the model's))")
       ->check(CLI::NonNegativeNumber);
@@ -71,6 +71,7 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
 cuda::CudaOptions cuda_options(const CommonOptions& opts) {
   cuda::CudaOptions o = opts.cuda;
   o.cache_mib = opts.cache_mib;
+  o.numerics = resolve_numerics(opts);
   return o;
 }
 
@@ -82,19 +83,16 @@ std::string default_backend_name() {
 #endif
 }
 
-Numerics resolve_numerics(const std::string& backend, const CommonOptions& opts) {
-  if (opts.numerics.empty()) return backend == "cpu" ? Numerics::kFast : Numerics::kExact;
+Numerics resolve_numerics(const CommonOptions& opts) {
+  if (opts.numerics.empty()) return Numerics::kFast;
   const std::optional<Numerics> n = parse_numerics(opts.numerics);
   if (!n) fail("--numerics {}: expected fast or exact", opts.numerics);
-  if (backend == "cuda" && *n == Numerics::kFast)
-    fail("--numerics fast: the cuda backend computes only the exact tier so far (use --numerics exact, or "
-         "--backend cpu for the fast tier)");
   return *n;
 }
 
 std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<const Model> model,
                                       const CommonOptions& opts) {
-  const Numerics numerics = resolve_numerics(name, opts);
+  const Numerics numerics = resolve_numerics(opts);
   if (name == "cpu") return cpu::make_cpu_backend(std::move(model), opts.threads, numerics);
 #ifdef REDLITE_HAVE_CUDA
   if (name == "cuda") return cuda::make_cuda_backend(std::move(model), cuda_options(opts));
@@ -110,7 +108,7 @@ LoadedModel open_model(const CommonOptions& opts) {
   if (opts.ctx > 0 && n_ctx_train > 0 && opts.ctx > n_ctx_train)
     fail("--ctx {}: past the model's context_length of {} tokens ({})", opts.ctx, n_ctx_train, opts.model_path);
   const std::string backend = opts.backend.empty() ? default_backend_name() : opts.backend;
-  lm.numerics = resolve_numerics(backend, opts);
+  lm.numerics = resolve_numerics(opts);
   lm.backend = open_backend(backend, lm.model, opts);
   lm.n_ctx = opts.ctx > 0 ? opts.ctx : std::min(4096, n_ctx_train);
   return lm;

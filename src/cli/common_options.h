@@ -21,7 +21,7 @@ struct CommonOptions {
   int threads = 0;         // CPU threads; 0: every hardware thread
   int ctx = 0;             // context length of a session; 0: min(4096, the model's context_length)
   int64_t cache_mib = 0;   // GPU expert-cache budget; 0: the backend's default
-  std::string numerics;    // "fast" or "exact"; empty: the backend's default (cpu: fast, cuda: exact)
+  std::string numerics;    // "fast" or "exact"; empty: fast
   cuda::CudaOptions cuda;  // --no-preload, --speculation, --profile, --x32-always (cache_mib: above)
 };
 
@@ -39,7 +39,7 @@ std::string default_backend_name();
 
 // The numeric tier a backend runs in for these options; throws rl::Error for a tier the backend
 // does not have (the CUDA backend computes only the exact tier so far).
-Numerics resolve_numerics(const std::string& backend, const CommonOptions& opts);
+Numerics resolve_numerics(const CommonOptions& opts);
 
 struct LoadedModel {
   std::shared_ptr<const Model> model;

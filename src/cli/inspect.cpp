@@ -33,6 +33,7 @@ struct InspectArgs {
   std::string backend = "cuda";
   int64_t cache_mib = 0;
   int chunk = 512;
+  std::string numerics = "fast";
   cuda::CudaOptions cuda;
 };
 
@@ -123,6 +124,7 @@ int run_plan(const InspectArgs& a) {
          "capability and number of SMs)");
   cuda::CudaOptions o = a.cuda;
   o.cache_mib = a.cache_mib;
+  o.numerics = *parse_numerics(a.numerics);
   o.preload = false;
   auto backend = cuda::make_cuda_backend(Model::open(a.model_path), o);
   std::fputs(backend->plan_report(a.chunk).c_str(), stdout);
@@ -175,6 +177,9 @@ const Registrar registrar(
           ->needs(plan);
       sub.add_option("--chunk", args->chunk, "Tokens of the prefill chunk whose plan --plan prints (1 to 512)")
           ->check(CLI::Range(1, 512))
+          ->needs(plan);
+      sub.add_option("--numerics", args->numerics, "Numeric tier whose plan --plan prints: fast (default) or exact")
+          ->check(CLI::IsMember({"fast", "exact"}))
           ->needs(plan);
       add_cuda_options(sub, args->cuda);
       return [args] { return run_inspect(*args); };

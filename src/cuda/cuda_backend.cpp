@@ -32,7 +32,7 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
       opts(options),
       stats(open_device()),
       weights(upload_weights(*model)),
-      forms(NumericForms::choose(model->config(), weights, opts.x32_always)),
+      forms(NumericForms::choose(model->config(), weights, opts)),
       ws(model->config(), forms),
       residency(*model, weights, streams, opts.cache_mib, ws.bytes()),
       products(model->config(), ws, streams.compute, &stats.x32_products) {

@@ -5,9 +5,14 @@
 #pragma once
 #include <cstdint>
 
+#include "model/numerics.h"
+
 namespace rl::cuda {
 
 struct CudaOptions {
+  // The numeric tier (--numerics, docs/cuda.md "Numeric forms"): exact reproduces the oracle;
+  // fast takes the fp32-sum kernels where the tier has them.
+  Numerics numerics = Numerics::kExact;
   // Expert-cache budget in MiB (--cache-mib); 0: every expert when that fits in free device
   // memory, else what fits after the working set.
   int64_t cache_mib = 0;

@@ -44,24 +44,31 @@ struct GateUpJob {
 };
 constexpr int kMaxMatvecJobs = 24;  // per launch; longer lists take several launches
 
+// How a decode product forms its sums: kExact in double, each output the fp32 rounding of the
+// exact sum (the oracle's values); kFast in fp32 (the fast tier: per-product NMSE within 5e-4 of
+// the exact sum, tests/cuda/matvec_test.cpp).
+enum class Sums : uint8_t { kExact, kFast };
+
 // All jobs share the weight type t and the width cols (a multiple of 32).
-void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream);
-void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream);
+void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, Sums sums = Sums::kExact);
+void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream,
+                    Sums sums = Sums::kExact);
 // y[r] = W[r,:] · x,  W [rows][cols] of type t with rows `row_bytes` apart, x [cols], y [rows].
 void matvec(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x,
-            float* y, cudaStream_t stream);
+            float* y, cudaStream_t stream, Sums sums = Sums::kExact);
 // The same for n experts whose weights sit in cache slots: W_e = slot_ptrs[e] + w_offset
 // (slot_ptrs: a device array of n pointers). x_e = x + e * x_stride (x_stride 0: one shared input),
 // y_e = y + e * rows.
 void matvec_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
                     int rows, int cols, const float* x, size_t x_stride, float* y, int n,
-                    cudaStream_t stream);
+                    cudaStream_t stream, Sums sums = Sums::kExact);
 // Decode experts' SwiGLU input: act_e = SiLU(W_gate(e) · x) * (W_up(e) · x) for n experts whose
 // slots are slot_ptrs[e] (gate at offset 0, up at up_offset); act [n][rows]. One launch when gate
 // and up have one type; otherwise two products (the up results in scratch [n][rows]) and swiglu.
 void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs,
                             size_t up_offset, size_t row_bytes_gate, size_t row_bytes_up, int rows,
-                            int cols, const float* x, float* act, float* scratch, int n, cudaStream_t stream);
+                            int cols, const float* x, float* act, float* scratch, int n, cudaStream_t stream,
+                            Sums sums = Sums::kExact);
 
 // ---- matmul.cu: prefill products (T tokens) -----------------------------------------------------
 // Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows]. token_tile (16, 32 or 64) and k_splits
@@ -240,13 +247,15 @@ void moe_combine(float* x, const float* y, const int32_t* assign, const float* w
 // Each selected expert's slot address comes from residency_row [n_expert] (0: not resident); a
 // missing one gets `fallback` (any readable slot, so the kernels that follow stay in bounds) and
 // is counted in *miss_count, which the host reads to discard the token. ids/weights/slot_ptrs [k].
+// Sums::kFast: the same rule in fp32 (one warp a token; a selection differs only between
+// probabilities within fp32 rounding of each other).
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                int32_t* miss_count, cudaStream_t stream);
+                int32_t* miss_count, cudaStream_t stream, Sums sums = Sums::kExact);
 // The same rule for T tokens (logits [T][n_expert]; ids, weights [T][k]), without slots: the
 // synchronous path's routing, whose ids the host reads to reserve the experts.
 void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,
-                  cudaStream_t stream);
+                  cudaStream_t stream, Sums sums = Sums::kExact);
 // Prefill routing without the host, for a cache that holds every expert: groups the n = T·k
 // selections `ids` by expert as moe_layer's host path does — gather[a] the token of gathered row a,
 // assign[i] the row of selection i, each expert's rows contiguous, experts ascending (the order of

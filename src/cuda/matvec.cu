@@ -24,9 +24,16 @@
 // that the products u_j x_j 2^-562 are far above the subnormal range and keep all their bits;
 // their sum is scaled back by 2^562, an exact power of two. These warps take 4 rows (2 SwiGLU
 // pairs), so each converted x serves four products.
+//
+// The fast tier (Sums::kFast) runs the same kernels, jobs and warp shapes with fp32 sums and no
+// conversion to double: a 32-value unit of Q4_K/Q5_K forms Σ q·x and Σ x over each 16-value
+// sub-block and adds d·sc·Σqx − dmin·m·Σx; the integer form adds s·(Σ u·x − b·Σx) per chunk; the
+// other types multiply chunk8's values. Per weight that is a byte permute, an add (the byte as a
+// float) and an FMA instead of a conversion and a double FMA.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -180,6 +187,120 @@ __device__ __forceinline__ void lane_dot(const uint8_t* const (&wr)[R], const fl
   }
 }
 
+
+// ---- fast tier: the same walks with fp32 sums --------------------------------------------------
+
+// A 4-bit (Q5: 5-bit) value placed in a byte of `vals`, as a float: one byte permute into the
+// mantissa of 2^23, minus 2^23 (exact).
+__device__ __forceinline__ float byte_as_float(uint32_t vals, int b) {
+  return __int_as_float((int)__byte_perm(vals, 0x4B000000u, 0x7440 | b)) - 8388608.0f;
+}
+
+template <GgmlType T, int R>
+__device__ __forceinline__ void kquant_unit_f32(const uint8_t* const (&wr)[R], const float* __restrict__ x, int u,
+                                                float (&acc)[R]) {
+  constexpr bool kQ5 = T == GgmlType::Q5_K;
+  const int sb = u >> 3, p = (u & 7) >> 1, h = u & 1;
+  float dd[R][2], mm[R][2];
+  uint4 q[R], qh[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const uint8_t* b = wr[r] + (size_t)sb * Dequant<T>::kBytes;
+    int sc0, m0, sc1, m1;
+    k4_scale_min_w(2 * p, b + 4, sc0, m0);
+    k4_scale_min_w(2 * p + 1, b + 4, sc1, m1);
+    const uint32_t dm = load_u32(b);
+    const float d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dm >> 16));
+    dd[r][0] = d * (float)sc0, mm[r][0] = dmin * (float)m0;
+    dd[r][1] = d * (float)sc1, mm[r][1] = dmin * (float)m1;
+    q[r] = *reinterpret_cast<const uint4*>(b + (kQ5 ? 48 : 16) + 32 * p + 16 * h);
+    if (kQ5) qh[r] = *reinterpret_cast<const uint4*>(b + 16 + 16 * h);
+  }
+  const float* xs = x + sb * 256 + 64 * p + 16 * h;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    float xf[16], sx = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(xs + 32 * half + 4 * i));
+      xf[4 * i] = a.x, xf[4 * i + 1] = a.y, xf[4 * i + 2] = a.z, xf[4 * i + 3] = a.w;
+      sx += (a.x + a.y) + (a.z + a.w);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+      const uint32_t hwords[4] = {qh[r].x, qh[r].y, qh[r].z, qh[r].w};
+      float sq = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        uint32_t vals = (half ? words[k] >> 4 : words[k]) & 0x0F0F0F0Fu;
+        if (kQ5) vals |= ((hwords[k] >> (2 * p + half)) & 0x01010101u) << 4;
+#pragma unroll
+        for (int b = 0; b < 4; b++) sq = fmaf(byte_as_float(vals, b), xf[4 * k + b], sq);
+      }
+      acc[r] = fmaf(dd[r][half], sq, fmaf(-mm[r][half], sx, acc[r]));
+    }
+  }
+}
+
+// The integer form in fp32: s · (Σ u·x − b·Σx) per chunk, loads one step ahead as iq_lane_dot.
+template <GgmlType T, int R>
+__device__ __forceinline__ void iq_lane_dot_f32(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0,
+                                                int step, int n_chunks, const uint64_t* grid, const uint64_t* masks,
+                                                float (&acc)[R]) {
+  using Q = Dequant<T>;
+  if (c0 >= n_chunks) return;
+  typename Q::Raw raw[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) raw[r] = Q::load(wr[r], c0);
+  float4 xa = __ldg(reinterpret_cast<const float4*>(x + 8 * c0));
+  float4 xb = __ldg(reinterpret_cast<const float4*>(x + 8 * c0 + 4));
+  for (int c = c0; c < n_chunks; c += step) {
+    const int cn = c + step < n_chunks ? c + step : c;
+    typename Q::Raw next[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) next[r] = Q::load(wr[r], cn);
+    const float4 na = __ldg(reinterpret_cast<const float4*>(x + 8 * cn));
+    const float4 nb = __ldg(reinterpret_cast<const float4*>(x + 8 * cn + 4));
+    const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    const float sum_x = ((xa.x + xa.y) + (xa.z + xa.w)) + ((xb.x + xb.y) + (xb.z + xb.w));
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const IqChunk k = Q::decode(raw[r], c, grid, masks);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; j++) s = fmaf(byte_as_float(k.u.x, j), xf[j], s);
+#pragma unroll
+      for (int j = 0; j < 4; j++) s = fmaf(byte_as_float(k.u.y, j), xf[4 + j], s);
+      acc[r] = fmaf(k.s, fmaf(-k.b, sum_x, s), acc[r]);
+      raw[r] = next[r];
+    }
+    xa = na, xb = nb;
+  }
+}
+
+template <GgmlType T, int R>
+__device__ __forceinline__ void lane_dot_f32(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0,
+                                             int step, int n_chunks, float (&acc)[R]) {
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    for (int u = c0; u < n_chunks / 4; u += step) kquant_unit_f32<T, R>(wr, x, u, acc);
+  } else {
+#pragma unroll 2
+    for (int c = c0; c < n_chunks; c += step) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(x + 8 * c));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(x + 8 * c + 4));
+      const float xf[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        float v[8];
+        Dequant<T>::chunk8(wr[r], c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[r] = fmaf(v[j], xf[j], acc[r]);
+      }
+    }
+  }
+}
+
 // This lane's part of R rows' dot products, in the type's form.
 template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
@@ -189,6 +310,24 @@ __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const fl
   else
     lane_dot<T, R>(wr, x, c0, step, n_chunks, acc);
 }
+template <GgmlType T, int R>
+__device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
+                                         int n_chunks, const SharedTables<T>& tab, float (&acc)[R]) {
+  if constexpr (kIntegerForm<T>)
+    iq_lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
+  else
+    lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, acc);
+}
+
+// The sums' type of a tier: double for the exact tier, float for the fast.
+template <bool kFast>
+using SumOf = std::conditional_t<kFast, float, double>;
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) { return warp_sum_d(v); }
 
 // Where this warp works: rows `row` .. row + R - 1 of its job, warp `ws` of the rows' W.
 template <int W, int R>
@@ -200,14 +339,15 @@ struct RowSlot {
   }
   // Sums the W warp sums of value i (shared memory); true on the one lane that holds the result.
   // Every thread of the block must call it.
-  __device__ bool reduce(double& v, bool active) {
+  template <class V>
+  __device__ bool reduce(V& v, bool active) {
     if (W == 1) return active && lane == 0;
-    __shared__ double red[kWarps];
+    __shared__ V red[kWarps];
     __syncthreads();  // the previous call's reads are done
     if (lane == 0) red[warp] = v;
     __syncthreads();
     if (!active || ws != 0 || lane != 0) return false;
-    double s = red[warp];
+    V s = red[warp];
 #pragma unroll
     for (int i = 1; i < W; i++) s += red[warp + i];
     v = s;
@@ -220,7 +360,7 @@ __device__ __forceinline__ const uint8_t* job_weights(const uint8_t* w, const ui
   return (w ? w : slot_ptrs[slot]) + offset;
 }
 
-template <GgmlType T, int W>
+template <GgmlType T, int W, bool kFast>
 __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, int cols) {
   constexpr int R = kMatvecRows<T>;
   const MatvecJob& jb = jobs.job[blockIdx.y];
@@ -228,7 +368,7 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
   const SharedTables<T> tab;
   pdl_wait();  // inputs and slot pointers come from the previous kernel
   const bool active = s.row < jb.rows;
-  double acc[R] = {};
+  SumOf<kFast> acc[R] = {};
   if (active) {
     const uint8_t* base = job_weights(jb.w, jb.slot_ptrs, jb.slot, jb.w_offset);
     const uint8_t* wr[R];
@@ -236,7 +376,7 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
     for (int r = 0; r < R; r++) wr[r] = base + (size_t)min(s.row + r, jb.rows - 1) * jb.row_bytes;
     row_dots<T, R>(wr, jb.x, 32 * s.ws + s.lane, 32 * W, cols / 8, tab, acc);
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = warp_sum_d(acc[r]);
+    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
   }
 #pragma unroll
   for (int r = 0; r < R; r++)
@@ -247,7 +387,7 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
 // act[r] = SiLU(W_gate[r]·x) * (W_up[r]·x): one warp (group) computes both rows of P pairs, so their
 // loads are in flight together and x is converted once for all, and writes the SwiGLU product
 // rounded as the oracle rounds it (gate and up rounded to fp32 first).
-template <GgmlType T, int W>
+template <GgmlType T, int W, bool kFast>
 __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs jobs, int cols) {
   constexpr int P = kGateUpPairs<T>;
   const GateUpJob& jb = jobs.job[blockIdx.y];
@@ -255,7 +395,7 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs j
   const SharedTables<T> tab;
   pdl_wait();
   const bool active = s.row < jb.rows;
-  double acc[2 * P] = {};
+  SumOf<kFast> acc[2 * P] = {};
   if (active) {
     const uint8_t* base = jb.slot_ptrs ? jb.slot_ptrs[jb.slot] : nullptr;
     const uint8_t* gate = jb.gate ? jb.gate : base + jb.gate_offset;
@@ -269,7 +409,7 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs j
     }
     row_dots<T, 2 * P>(wr, jb.x, 32 * s.ws + s.lane, 32 * W, cols / 8, tab, acc);
 #pragma unroll
-    for (int i = 0; i < 2 * P; i++) acc[i] = warp_sum_d(acc[i]);
+    for (int i = 0; i < 2 * P; i++) acc[i] = warp_sum(acc[i]);
   }
 #pragma unroll
   for (int p = 0; p < P; p++) {
@@ -324,10 +464,10 @@ void launch_product(void (*kernel)(Args, int), dim3 grid, const Args& jobs, int 
   RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, jobs, cols));
 }
 // The kernel of a job kind for type T and W warps per row, and the rows (pairs) a warp takes.
-template <GgmlType T, int W>
-auto kernel_of(const MatvecJob*) { return matvec_kernel<T, W>; }
-template <GgmlType T, int W>
-auto kernel_of(const GateUpJob*) { return gate_up_kernel<T, W>; }
+template <GgmlType T, int W, bool kFast>
+auto kernel_of(const MatvecJob*) { return matvec_kernel<T, W, kFast>; }
+template <GgmlType T, int W, bool kFast>
+auto kernel_of(const GateUpJob*) { return gate_up_kernel<T, W, kFast>; }
 template <GgmlType T>
 constexpr int rows_per_warp(const MatvecJob*) { return kMatvecRows<T>; }
 template <GgmlType T>
@@ -335,7 +475,7 @@ constexpr int rows_per_warp(const GateUpJob*) { return kGateUpPairs<T>; }
 
 // Launches a job list (at most kMaxMatvecJobs jobs a launch), W chosen from the total rows.
 template <class Job>
-void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream) {
+void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream, Sums sums) {
   check_cols(cols);
   for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
     const int m = std::min(n - j0, kMaxMatvecJobs);
@@ -356,7 +496,10 @@ void launch_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stre
       const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
       JobList<Job> list{};
       std::copy(jobs + j0, jobs + j0 + m, list.job);
-      launch_product(W == 1 ? kernel_of<T, 1>(kind) : W == 2 ? kernel_of<T, 2>(kind) : kernel_of<T, 4>(kind), grid,
+      auto pick = [&]<bool kFast>() {
+        return W == 1 ? kernel_of<T, 1, kFast>(kind) : W == 2 ? kernel_of<T, 2, kFast>(kind) : kernel_of<T, 4, kFast>(kind);
+      };
+      launch_product(sums == Sums::kFast ? pick.template operator()<true>() : pick.template operator()<false>(), grid,
                      list, cols, stream);
     });
     if (!ok) throw_error(std::string("matvec: weight type ") + type_name(t) + " is not supported by the CUDA backend");
@@ -377,28 +520,28 @@ struct TypeProbe {
 
 bool weight_type_supported(GgmlType t) { return dispatch_type(t, TypeProbe{}); }
 
-void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream) {
-  launch_jobs(t, cols, jobs, n, stream);
+void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, Sums sums) {
+  launch_jobs(t, cols, jobs, n, stream, sums);
 }
 
-void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream) {
-  launch_jobs(t, cols, jobs, n, stream);
+void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream, Sums sums) {
+  launch_jobs(t, cols, jobs, n, stream, sums);
 }
 
 void matvec(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x,
-            float* y, cudaStream_t stream) {
+            float* y, cudaStream_t stream, Sums sums) {
   MatvecJob j{};
   j.w = static_cast<const uint8_t*>(w);
   j.row_bytes = row_bytes;
   j.rows = rows;
   j.x = x;
   j.y = y;
-  matvec_jobs(t, cols, &j, 1, stream);
+  matvec_jobs(t, cols, &j, 1, stream, sums);
 }
 
 void matvec_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
                     int rows, int cols, const float* x, size_t x_stride, float* y, int n,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, Sums sums) {
   check_cols(cols);
   std::vector<MatvecJob> jobs(n);
   for (int e = 0; e < n; e++) {
@@ -411,15 +554,15 @@ void matvec_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset
     j.x = x + (size_t)e * x_stride;
     j.y = y + (size_t)e * rows;
   }
-  matvec_jobs(t, cols, jobs.data(), n, stream);
+  matvec_jobs(t, cols, jobs.data(), n, stream, sums);
 }
 
 void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
                             size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const float* x,
-                            float* act, float* u, int n, cudaStream_t stream) {
+                            float* act, float* u, int n, cudaStream_t stream, Sums sums) {
   if (t_gate != t_up) {  // one kernel per type, then SwiGLU
-    matvec_experts(t_gate, slot_ptrs, 0, row_bytes_gate, rows, cols, x, 0, act, n, stream);
-    matvec_experts(t_up, slot_ptrs, up_offset, row_bytes_up, rows, cols, x, 0, u, n, stream);
+    matvec_experts(t_gate, slot_ptrs, 0, row_bytes_gate, rows, cols, x, 0, act, n, stream, sums);
+    matvec_experts(t_up, slot_ptrs, up_offset, row_bytes_up, rows, cols, x, 0, u, n, stream, sums);
     swiglu(act, u, act, (size_t)n * rows, stream);
     return;
   }
@@ -435,7 +578,7 @@ void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const
     j.x = x;
     j.act = act + (size_t)e * rows;
   }
-  matvec_gate_up(t_gate, cols, jobs.data(), n, stream);
+  matvec_gate_up(t_gate, cols, jobs.data(), n, stream, sums);
 }
 
 }  // namespace rl::cuda

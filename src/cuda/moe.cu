@@ -304,33 +304,116 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids
   }
 }
 
+
+// The fast tier's routing (Sums::kFast): one warp per token, the same rule in fp32 — softmax with
+// __expf and a warp-tree sum, the same keys (probability bits, then the index complement) and K
+// rounds of arg-max, weights renormalised in fp32 — with no block barrier and no double
+// arithmetic. A selection can differ from the exact tier's only where two probabilities lie within
+// fp32 rounding of each other. Keys in shared memory (kMaxRouteExperts of them).
+constexpr int kRouteWarpsF32 = 4;  // tokens per block (one warp each)
+__global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
+    const float* logits, int T, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
+    int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
+  pdl_trigger();
+  __shared__ float probs[kRouteWarpsF32][kMaxRouteExperts];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int t = blockIdx.x * kRouteWarpsF32 + warp;
+  if (t >= T) return;
+  logits += (size_t)t * E;
+  float* pr = probs[warp];
+  float m = -INFINITY;
+  for (int e = lane; e < E; e += 32) m = fmaxf(m, logits[e]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  float part = 0.f;
+  for (int e = lane; e < E; e += 32) {
+    const float ex = __expf(logits[e] - m);
+    pr[e] = ex;
+    part += ex;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  const float inv = 1.0f / part;
+  // Lane l owns experts l, l+32, ...: it keeps its best key in a register and rescans its own
+  // share after giving one up; a round's arg-max is two warp max reductions.
+  unsigned long long best = 0;
+  for (int e = lane; e < E; e += 32) {
+    const float p = pr[e] * inv;
+    pr[e] = p;
+    const unsigned long long key = ((unsigned long long)__float_as_uint(p) << 32) | (0xFFFFFFFFu - (unsigned)e);
+    best = key > best ? key : best;
+  }
+  float my_p = 0.f, selected = 0.f;
+  int my_e = 0;
+  for (int k = 0; k < K; k++) {
+    const unsigned hi = (unsigned)(best >> 32);
+    const unsigned top_hi = __reduce_max_sync(0xffffffffu, hi);
+    const unsigned top_lo = __reduce_max_sync(0xffffffffu, hi == top_hi ? (unsigned)best : 0u);
+    const int e_top = (int)(0xFFFFFFFFu - top_lo);
+    const float p_top = __uint_as_float(top_hi);
+    selected += p_top;
+    if (k % 32 == lane) my_p = p_top, my_e = e_top;
+    if ((e_top & 31) == lane) {
+      pr[e_top] = -1.0f;  // below every probability: never chosen again
+      best = 0;
+      for (int e = lane; e < E; e += 32) {
+        const float p = pr[e];
+        if (p < 0.f) continue;
+        const unsigned long long key = ((unsigned long long)__float_as_uint(p) << 32) | (0xFFFFFFFFu - (unsigned)e);
+        best = key > best ? key : best;
+      }
+    }
+  }
+  // K <= 32 (kMaxRouteK): lane k writes selection k.
+  bool miss = false;
+  if (lane < K) {
+    float wk = my_p / selected;
+    if (scale != 0.0f) wk *= scale;
+    ids[(size_t)t * K + lane] = my_e;
+    weights[(size_t)t * K + lane] = wk;
+    if (residency) {
+      const uint64_t addr = residency[my_e];
+      slot_ptrs[(size_t)t * K + lane] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
+      miss = addr == 0;
+    }
+  }
+  const int misses = __popc(__ballot_sync(0xffffffffu, miss));
+  if (lane == 0 && residency) miss_count[t] = misses;
+}
 }  // namespace
 
 namespace {
 void launch_route(const float* logits, int T, int n_expert, int k, float scale, const uint64_t* residency_row,
                   const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                  int32_t* miss_count, cudaStream_t stream) {
+                  int32_t* miss_count, cudaStream_t stream, Sums sums) {
   if (k < 1 || k > kMaxRouteK || k > n_expert)
     throw_error("route_topk: " + std::to_string(k) + " experts per token out of 1.." +
                 std::to_string(kMaxRouteK) + " (n_expert " + std::to_string(n_expert) + ")");
   if (n_expert > kMaxRouteExperts)
     throw_error("route_topk: " + std::to_string(n_expert) + " experts (at most " + std::to_string(kMaxRouteExperts) + ")");
   if (T == 0) return;
-  route_kernel<<<T, kRouteThreads, 0, stream>>>(logits, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs,
-                                     miss_count);
+  if (sums == Sums::kFast) {
+    if (k > 32) throw_error("route_topk: " + std::to_string(k) + " experts per token (the fast tier's routing takes 32)");
+    route_kernel_f32<<<(T + kRouteWarpsF32 - 1) / kRouteWarpsF32, 32 * kRouteWarpsF32, 0, stream>>>(
+        logits, T, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs, miss_count);
+  } else {
+    route_kernel<<<T, kRouteThreads, 0, stream>>>(logits, n_expert, k, scale, residency_row, fallback, ids, weights,
+                                                  slot_ptrs, miss_count);
+  }
   RL_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
 
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                int32_t* miss_count, cudaStream_t stream) {
-  launch_route(logits, 1, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs, miss_count, stream);
+                int32_t* miss_count, cudaStream_t stream, Sums sums) {
+  launch_route(logits, 1, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs, miss_count, stream,
+               sums);
 }
 
 void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,
-                  cudaStream_t stream) {
-  launch_route(logits, T, n_expert, k, scale, nullptr, nullptr, ids, weights, nullptr, nullptr, stream);
+                  cudaStream_t stream, Sums sums) {
+  launch_route(logits, T, n_expert, k, scale, nullptr, nullptr, ids, weights, nullptr, nullptr, stream, sums);
 }
 
 void softmax_rows(const float* logits, float* probs, int T, int n, cudaStream_t stream) {

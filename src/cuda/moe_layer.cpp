@@ -50,7 +50,7 @@ void gather_inputs(Engine& e, const LayerPlan& plan, const float* h2, int T, con
 void expert_products(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, const ExpertGroups& g) {
   const MoeDev& moe = e.weights.layers[L].moe;
   if (T == 1)
-    e.products.expert_matvecs(moe, g.slot_ptrs, h2, g.n, g.row0);
+    e.products.expert_matvecs(moe, plan.experts, plan.expert_down, g.slot_ptrs, h2, g.n, g.row0);
   else
     e.products.expert_products(moe, plan.experts, plan.expert_down, g.slot_ptrs, g.offsets, g.n, g.max_rows, g.row0,
                                g.n_rows);
@@ -292,9 +292,11 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
     int32_t* io = ws.routed_io.get<int32_t>();
     route_topk(router, E, K, c.expert_weights_scale, e.residency.residency_row(L), e.residency.slots(),
                io + (size_t)L * K, ws.routed_weights.f() + (size_t)L * K,
-               ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, io + (size_t)c.n_layer * K + L, stream);
+               ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, io + (size_t)c.n_layer * K + L, stream,
+               plan.fast ? Sums::kFast : Sums::kExact);
   } else {
-    route_tokens(router, T, E, K, c.expert_weights_scale, ws.route_ids.get<int32_t>(), ws.route_weights.f(), stream);
+    route_tokens(router, T, E, K, c.expert_weights_scale, ws.route_ids.get<int32_t>(), ws.route_weights.f(), stream,
+                 plan.fast ? Sums::kFast : Sums::kExact);
     if (routing == Routing::kHostRouted || trace) {
       RL_CUDA_CHECK(cudaMemcpyAsync(ws.route_ids_host.get<int32_t>(), ws.route_ids.get(),
                                     (size_t)T * K * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));

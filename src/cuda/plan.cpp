@@ -9,10 +9,11 @@
 
 namespace rl::cuda {
 
-NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, bool x32_always) {
+NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const CudaOptions& opts) {
   NumericForms f;
   f.x24 = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
-  f.x32_always = x32_always;
+  f.fast = opts.numerics == Numerics::kFast;
+  f.x32_always = opts.x32_always;
   for (const LayerDev& d : w.layers) {
     for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
       f.routed_x24 = f.routed_x24 || (v->present() && f.use_x24(v->type));
@@ -35,6 +36,8 @@ NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, bool 
 
 bool NumericForms::use_x24(GgmlType t) const { return x24 && x24_supported(t); }
 
+Kernel NumericForms::matvec() const { return fast ? Kernel::kMatvecF32 : Kernel::kMatvec; }
+
 bool NumericForms::use_x32(const DMat& w, int T) const {
   return x32 && x32_supported(w.type) && w.cols % 256 == 0 && w.cols <= x32_cols &&
          reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
@@ -48,6 +51,7 @@ bool NumericForms::moe_input_x24(const MoeDev& m) const {
 const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::kMatvec: return "matvec";
+    case Kernel::kMatvecF32: return "matvec-f32";
     case Kernel::kMatmulF64: return "f64";
     case Kernel::kMatmulX24: return "x24";
     case Kernel::kMatmulX32: return "x32";
@@ -65,7 +69,7 @@ const char* routing_name(Routing r) {
 }
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
-  if (rows == 1) return Kernel::kMatvec;
+  if (rows == 1) return forms.matvec();
   return forms.use_x32(w, rows) ? Kernel::kMatmulX32 : Kernel::kMatmulF64;
 }
 
@@ -74,7 +78,7 @@ namespace {
 // A dense SwiGLU pair (Products::project_gate_up): one launch when both matrices have one type and
 // shape (X24 for an X24 type over n_embd columns, in prefill), else two products.
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
-  if (T == 1 && gate.type == up.type && gate.cols == up.cols) return {Kernel::kMatvec, Kernel::kMatvec, true};
+  if (T == 1 && gate.type == up.type && gate.cols == up.cols) return {forms.matvec(), forms.matvec(), true};
   if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows) {
     const Kernel k = forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24 : Kernel::kMatmulF64;
     return {k, k, true};
@@ -106,6 +110,7 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
   for (const LayerDev& d : w.layers) {
     LayerPlan l;
     l.recurrent = d.recurrent;
+    l.fast = forms.fast;
     const DMat* in[3] = {&d.ssm.qkv, &d.ssm.z, &d.ssm.ba};
     const DMat* out = &d.ssm.out;
     if (!d.recurrent) {
@@ -121,8 +126,8 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
     l.shared_down = dense_kernel(forms, m.down_sh, T);
     l.moe_input_x24 = T > 1 && forms.moe_input_x24(m);
     if (T == 1) {
-      l.experts = {Kernel::kMatvec, Kernel::kMatvec, true};
-      l.expert_down = Kernel::kMatvec;
+      l.experts = {forms.matvec(), forms.matvec(), true};
+      l.expert_down = forms.matvec();
     } else {
       const TensorView gv = m.gate_exps.matrix(0), uv = m.up_exps.matrix(0);
       l.experts = {expert_kernel(forms, gv.type), expert_kernel(forms, uv.type),

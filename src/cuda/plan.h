@@ -13,6 +13,17 @@
 
 namespace rl::cuda {
 
+enum class Kernel : uint8_t {
+  kMatvec,     // one row: matvec family, fp32 activations, double sums
+  kMatvecF32,  // one row, fast tier: the matvec family with fp32 sums (Sums::kFast)
+  kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
+  kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
+  kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
+};
+const char* kernel_name(Kernel k);
+// kMatvec or kMatvecF32, and the sums it forms.
+inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kMatvecF32; }
+
 // Which numeric forms this device and these weights allow. Decode (one token) runs every product
 // as a matvec; prefill runs the fp64 tensor-core products except:
 //   X24: IQ2_XXS / IQ2_XS / IQ1_M weights (routed experts, a shared expert's SwiGLU pair) on the
@@ -23,13 +34,16 @@ namespace rl::cuda {
 struct NumericForms {
   bool x24 = false;         // X24 allowed: compute capability 8.0, n_embd and n_ff_exp whole 256-column blocks
   bool x32 = false;         // X32 allowed: x24 and compute capability 9.0
+  bool fast = false;        // the fast tier (CudaOptions::numerics): fp32-sum kernels where it has them
   bool x32_always = false;  // X32 also for products whose grid does not fill the GPU
   int x32_cols = 0;         // the widest input an X32 product takes (its buffer's width; 0: none)
   bool routed_x24 = false;  // some routed expert matrix runs on X24 (expert_in_x24, expert_act_x24)
   bool h2_x24 = false;      // some layer converts its MoE input to X24 (moe_input_x24)
 
   // On the current device for these weights.
-  static NumericForms choose(const Config& c, const DeviceWeights& w, bool x32_always);
+  static NumericForms choose(const Config& c, const DeviceWeights& w, const CudaOptions& opts);
+  // The decode product of the tier: kMatvec or kMatvecF32.
+  Kernel matvec() const;
   bool use_x24(GgmlType t) const;
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte
   // aligned rows, and a grid of a block per SM unless x32_always.
@@ -38,13 +52,6 @@ struct NumericForms {
   bool moe_input_x24(const MoeDev& m) const;
 };
 
-enum class Kernel : uint8_t {
-  kMatvec,     // one row: matvec family, fp32 activations, double sums
-  kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
-  kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
-  kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
-};
-const char* kernel_name(Kernel k);
 
 // A SwiGLU pair (gate, up) on one input: one fused launch (gate's kernel), or two products and
 // a swiglu.
@@ -62,6 +69,8 @@ const char* routing_name(Routing r);
 
 struct LayerPlan {
   bool recurrent = false;
+  // The fast tier: the routing (and, once they run in it, the mixers' own kernels) in fp32.
+  bool fast = false;
   // The mixer's products in the order they run: DeltaNet ssm_qkv, ssm_z (gate), ssm_ba, ssm_out;
   // attention attn_q, attn_k, attn_v, attn_output.
   Kernel mixer_in[3] = {};

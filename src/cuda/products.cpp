@@ -7,9 +7,13 @@
 
 namespace rl::cuda {
 
+namespace {
+Sums sums_of(Kernel k) { return k == Kernel::kMatvecF32 ? Sums::kFast : Sums::kExact; }
+}  // namespace
+
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
-  if (k == Kernel::kMatvec) {
-    matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_);
+  if (is_matvec(k)) {
+    matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_, sums_of(k));
   } else if (k == Kernel::kMatmulX32) {
     if (!held || held->x != x || held->cols != w.cols) {
       quantize_x32(x, T, w.cols, ws_.dense_input_x32.q.get<uint8_t>(), ws_.dense_input_x32.scale.get<double>(),
@@ -33,14 +37,15 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
     return;
   }
   std::vector<MatvecJob> jobs;
-  const DMat* first = nullptr;
+  const Projection* first = nullptr;
   auto flush = [&] {
-    if (!jobs.empty()) matvec_jobs(first->type, first->cols, jobs.data(), (int)jobs.size(), stream_);
+    if (!jobs.empty()) matvec_jobs(first->w->type, first->w->cols, jobs.data(), (int)jobs.size(), stream_,
+                                   sums_of(first->kernel));
     jobs.clear();
   };
   for (const Projection& p : list) {
-    if (first && (p.w->type != first->type || p.w->cols != first->cols)) flush();
-    if (jobs.empty()) first = p.w;
+    if (first && (p.w->type != first->w->type || p.w->cols != first->w->cols || p.kernel != first->kernel)) flush();
+    if (jobs.empty()) first = &p;
     MatvecJob j;
     j.w = p.w->data;
     j.row_bytes = p.w->row_bytes;
@@ -54,7 +59,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
 
 void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T,
                                float* act, float* up_out, bool x_in_x24) {
-  if (plan.fused && plan.gate == Kernel::kMatvec) {
+  if (plan.fused && is_matvec(plan.gate)) {
     GateUpJob j;
     j.gate = gate.data;
     j.up = up.data;
@@ -63,7 +68,7 @@ void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan&
     j.rows = gate.rows;
     j.x = x;
     j.act = act;
-    matvec_gate_up(gate.type, gate.cols, &j, 1, stream_);
+    matvec_gate_up(gate.type, gate.cols, &j, 1, stream_, sums_of(plan.gate));
     return;
   }
   if (plan.fused && plan.gate == Kernel::kMatmulX24) {
@@ -121,13 +126,15 @@ void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel d
   product(dv, down, moe.down_offset, n_embd, ff, act, aq, as, ws_.expert_out.f());
 }
 
-void Products::expert_matvecs(const MoeDev& moe, const uint8_t* const* ptr_d, const float* x, int n, size_t row0) {
+void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
+                              const float* x, int n, size_t row0) {
   const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
   const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
   matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, x,
-                         ws_.expert_act.f() + row0 * ff, ws_.expert_up.f() + row0 * ff, n, stream_);
+                         ws_.expert_act.f() + row0 * ff, ws_.expert_up.f() + row0 * ff, n, stream_,
+                         sums_of(pair.gate));
   matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, ws_.expert_act.f() + row0 * ff, ff,
-                 ws_.expert_out.f() + row0 * n_embd, n, stream_);
+                 ws_.expert_out.f() + row0 * n_embd, n, stream_, sums_of(down));
 }
 
 void Products::gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n) {

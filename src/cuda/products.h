@@ -49,7 +49,8 @@ class Products {
                        const int* off_d, int n, int max_cnt, size_t row0, size_t rows);
   // The decode products of n experts (slot addresses ptr_d) on one token's input x: expert g's
   // rows are expert_act / expert_out row row0 + g.
-  void expert_matvecs(const MoeDev& moe, const uint8_t* const* ptr_d, const float* x, int n, size_t row0);
+  void expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
+                      const float* x, int n, size_t row0);
   // The gathered rows of the routed experts' input (row a = token gather_d[a] of h2): of h2's X24
   // form for X24 gate/up products (bit copies: the same as converting the gathered rows), of h2
   // itself for the others.

@@ -87,6 +87,55 @@ TEST_F(CudaGpuRouting, TopKMatchesTheRuleWithTiesAndResidency) {
   }
 }
 
+// The fast tier's routing (fp32, one warp a token) against the same rule: the same experts in the
+// same order where no two probabilities nearly tie (exact ties, from equal logits, still go to the
+// lower index), weights within fp32 rounding; T tokens through route_tokens, one through
+// route_topk with its slots.
+TEST_F(CudaGpuRouting, FastTopKSelectsAsTheRule) {
+  struct Case { int E, K, T; float scale; uint32_t seed; bool ties; };
+  for (const Case& cs : {Case{512, 10, 9, 0.0f, 21, false}, Case{512, 10, 1, 2.5f, 22, true},
+                         Case{16, 4, 3, 0.0f, 23, true}, Case{300, 7, 5, 1.0f, 24, false}}) {
+    SCOPED_TRACE("E=" + std::to_string(cs.E) + " K=" + std::to_string(cs.K) + " T=" + std::to_string(cs.T));
+    auto logits = random_floats((size_t)cs.T * cs.E, cs.seed, 0.5f);
+    if (cs.ties)
+      for (int t = 0; t < cs.T; t++) {
+        float* l = logits.data() + (size_t)t * cs.E;
+        const float top = *std::max_element(l, l + cs.E);
+        for (int e = 0; e < cs.E; e += 3) l[e] = top;
+      }
+    std::vector<uint64_t> residency(cs.E);
+    for (int e = 0; e < cs.E; e++) residency[e] = e % 2 ? 0 : 0x1000u * (uint64_t)(e + 1);
+    auto dl = to_device(logits), dr = to_device(residency);
+    cuda::DeviceBuffer dids((size_t)cs.T * cs.K * 4), dw((size_t)cs.T * cs.K * 4), dptr(cs.K * 8), dmiss(4);
+    cuda::route_tokens(dl.f(), cs.T, cs.E, cs.K, cs.scale, dids.get<int32_t>(), dw.f(), nullptr, cuda::Sums::kFast);
+    auto ids = to_host<int32_t>(dids, (size_t)cs.T * cs.K);
+    auto w = to_host<float>(dw, (size_t)cs.T * cs.K);
+    for (int t = 0; t < cs.T; t++) {
+      std::vector<float> lt(logits.begin() + (size_t)t * cs.E, logits.begin() + (size_t)(t + 1) * cs.E);
+      std::vector<int> want_ids;
+      std::vector<float> want_w;
+      reference_route(lt, cs.K, cs.scale, want_ids, want_w);
+      for (int k = 0; k < cs.K; k++) {
+        EXPECT_EQ(ids[(size_t)t * cs.K + k], want_ids[k]) << "t=" << t << " k=" << k;
+        EXPECT_NEAR(w[(size_t)t * cs.K + k], want_w[k], 1e-5 * std::fabs(want_w[k])) << "t=" << t << " k=" << k;
+      }
+    }
+    const uint64_t fallback = 0xABC000;
+    cuda::route_topk(dl.f(), cs.E, cs.K, cs.scale, dr.get<uint64_t>(), reinterpret_cast<const uint8_t*>(fallback),
+                     dids.get<int32_t>(), dw.f(), dptr.get<const uint8_t*>(), dmiss.get<int32_t>(), nullptr,
+                     cuda::Sums::kFast);
+    ids = to_host<int32_t>(dids, cs.K);
+    const auto ptr = to_host<uint64_t>(dptr, cs.K);
+    const auto miss = to_host<int32_t>(dmiss, 1);
+    int want_miss = 0;
+    for (int k = 0; k < cs.K; k++) {
+      EXPECT_EQ(ptr[k], residency[ids[k]] ? residency[ids[k]] : fallback) << "k=" << k;
+      want_miss += residency[ids[k]] == 0;
+    }
+    EXPECT_EQ(miss[0], want_miss);
+  }
+}
+
 TEST_F(CudaGpuRouting, FusedAddRmsNormEqualsTheTwoKernels) {
   for (int width : {64, 2048}) {
     const int rows = 5;

@@ -78,6 +78,84 @@ TEST_F(CudaKernels, MatvecMatchesCpuForEveryTypeAndShape) {
   }
 }
 
+// Normalised mean squared error Σ(y − ref)² / Σ ref² of outputs against their references.
+struct Nmse {
+  double err = 0, ref = 0;
+  void add(double y, double r) { err += (y - r) * (y - r), ref += r * r; }
+  double value() const { return ref > 0 ? err / ref : err; }
+};
+// The fast tier's bound per product: llama.cpp's backend tests hold quantised products to it. An
+// fp32 sum of n products errs by ~sqrt(n) · 2^-24 of their magnitude, so these products land near
+// 1e-12; a wrong scale, min or codebook term gives O(1).
+constexpr double kFastNmse = 5e-4;
+
+// The fast tier's decode products (fp32 sums): every type and shape, one matrix and a job list of
+// two (the router and its neighbour are one launch), and the SwiGLU pair from two expert slots.
+TEST_F(CudaKernels, FastMatvecWithinTheTierBoundForEveryTypeAndShape) {
+  for (GgmlType t : kTypes) {
+    for (const Shape& s : shapes_of(t)) {
+      SCOPED_TRACE(std::string(type_name(t)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols));
+      const size_t rb = row_size(t, s.cols);
+      auto w = random_rows(t, s.rows, s.cols, 2000 + s.rows);
+      auto w2 = random_rows(t, 3, s.cols, 3000 + s.rows);
+      auto x = random_floats(s.cols, 17);
+      auto dw = to_device(w), dw2 = to_device(w2), dx = to_device(x);
+      cuda::DeviceBuffer dy(s.rows * sizeof(float)), dy2(3 * sizeof(float));
+      cuda::matvec(t, dw.get(), rb, s.rows, s.cols, dx.f(), dy.f(), nullptr, cuda::Sums::kFast);
+      auto y = to_host<float>(dy, s.rows);
+      Nmse one;
+      for (int r = 0; r < s.rows; r++) one.add(y[r], reference_dot(t, w.data() + r * rb, x.data(), s.cols).first);
+      EXPECT_LE(one.value(), kFastNmse);
+
+      cuda::MatvecJob jobs[2];
+      jobs[0].w = dw.get<uint8_t>(), jobs[0].row_bytes = rb, jobs[0].rows = s.rows, jobs[0].x = dx.f(),
+      jobs[0].y = dy.f();
+      jobs[1].w = dw2.get<uint8_t>(), jobs[1].row_bytes = rb, jobs[1].rows = 3, jobs[1].x = dx.f(), jobs[1].y = dy2.f();
+      RL_CUDA_CHECK(cudaMemset(dy.get(), 0, s.rows * sizeof(float)));
+      cuda::matvec_jobs(t, s.cols, jobs, 2, nullptr, cuda::Sums::kFast);
+      y = to_host<float>(dy, s.rows);
+      const auto y2 = to_host<float>(dy2, 3);
+      Nmse list;
+      for (int r = 0; r < s.rows; r++) list.add(y[r], reference_dot(t, w.data() + r * rb, x.data(), s.cols).first);
+      for (int r = 0; r < 3; r++) list.add(y2[r], reference_dot(t, w2.data() + r * rb, x.data(), s.cols).first);
+      EXPECT_LE(list.value(), kFastNmse);
+    }
+  }
+}
+
+TEST_F(CudaKernels, FastExpertSwigluWithinTheTierBound) {
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const int rows = 96, cols = 512, n = 3;
+    const size_t rb = row_size(t, cols), mat = rb * rows;
+    std::vector<uint8_t> pool((size_t)n * 2 * mat);
+    std::vector<std::vector<uint8_t>> gs, us;
+    for (int e = 0; e < n; e++) {
+      gs.push_back(random_rows(t, rows, cols, 80 + e)), us.push_back(random_rows(t, rows, cols, 90 + e));
+      std::memcpy(pool.data() + (size_t)e * 2 * mat, gs[e].data(), mat);
+      std::memcpy(pool.data() + (size_t)e * 2 * mat + mat, us[e].data(), mat);
+    }
+    auto dpool = to_device(pool);
+    std::vector<const uint8_t*> ptrs(n);
+    for (int e = 0; e < n; e++) ptrs[e] = dpool.get<uint8_t>() + (size_t)e * 2 * mat;
+    auto dptrs = to_device(ptrs);
+    auto x = random_floats(cols, 44);
+    auto dx = to_device(x);
+    cuda::DeviceBuffer da((size_t)n * rows * 4), du((size_t)n * rows * 4);
+    cuda::matvec_experts_gate_up(t, t, dptrs.get<const uint8_t*>(), mat, rb, rb, rows, cols, dx.f(), da.f(), du.f(), n,
+                                 nullptr, cuda::Sums::kFast);
+    const auto act = to_host<float>(da, (size_t)n * rows);
+    Nmse m;
+    for (int e = 0; e < n; e++)
+      for (int r = 0; r < rows; r++) {
+        const double g = reference_dot(t, gs[e].data() + r * rb, x.data(), cols).first;
+        const double u = reference_dot(t, us[e].data() + r * rb, x.data(), cols).first;
+        m.add(act[(size_t)e * rows + r], g / (1.0 + std::exp(-g)) * u);
+      }
+    EXPECT_LE(m.value(), kFastNmse);
+  }
+}
+
 // Every output is the fp32 rounding of the exact sum (exact products, double sums), for every
 // type, token counts that leave partial tiles, each token tile the kernel has, with and without
 // column splits (0, 0: its own pick; 512 columns in 4 splits are 4 steps each, 2048 in 2 are 32).

@@ -85,22 +85,30 @@ NumericForms both_forms() {
 
 using K = Kernel;
 
-TEST(CudaPlan, DecodeIsAllMatvecs) {
-  const PassPlan p = make_pass_plan(config(), weights(), both_forms(), {}, true, 1);
-  ASSERT_EQ(p.layers.size(), 2u);
-  for (const LayerPlan& l : p.layers) {
-    for (K k : l.mixer_in) EXPECT_EQ(k, K::kMatvec);
-    EXPECT_EQ(l.mixer_out, K::kMatvec);
-    EXPECT_EQ(l.router, K::kMatvec);
-    EXPECT_EQ(l.shared_down, K::kMatvec);
-    EXPECT_TRUE(l.shared.fused);  // one type and width: matvec_gate_up
-    EXPECT_EQ(l.shared.gate, K::kMatvec);
-    EXPECT_EQ(l.expert_down, K::kMatvec);
-    EXPECT_FALSE(l.moe_input_x24);
-    EXPECT_EQ(l.routing, Routing::kGpuRouted);  // every expert resident, --speculation resident
+// Decode runs every product as a matvec of the tier: double sums (exact) or fp32 sums (fast).
+TEST(CudaPlan, DecodeIsAllMatvecsOfTheTier) {
+  for (bool fast : {false, true}) {
+    SCOPED_TRACE(fast ? "fast" : "exact");
+    NumericForms forms = both_forms();
+    forms.fast = fast;
+    const K mv = fast ? K::kMatvecF32 : K::kMatvec;
+    const PassPlan p = make_pass_plan(config(), weights(), forms, {}, true, 1);
+    ASSERT_EQ(p.layers.size(), 2u);
+    for (const LayerPlan& l : p.layers) {
+      for (K k : l.mixer_in) EXPECT_EQ(k, mv);
+      EXPECT_EQ(l.mixer_out, mv);
+      EXPECT_EQ(l.router, mv);
+      EXPECT_EQ(l.shared_down, mv);
+      EXPECT_TRUE(l.shared.fused);  // one type and width: matvec_gate_up
+      EXPECT_EQ(l.shared.gate, mv);
+      EXPECT_EQ(l.experts.gate, mv);
+      EXPECT_EQ(l.expert_down, mv);
+      EXPECT_FALSE(l.moe_input_x24);
+      EXPECT_EQ(l.routing, Routing::kGpuRouted);  // every expert resident, --speculation resident
+    }
+    EXPECT_EQ(p.lm_head_last, mv);
+    EXPECT_EQ(p.lm_head_all, mv);
   }
-  EXPECT_EQ(p.lm_head_last, K::kMatvec);
-  EXPECT_EQ(p.lm_head_all, K::kMatvec);
 }
 
 TEST(CudaPlan, PrefillFormsByType) {
