@@ -48,10 +48,7 @@ step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
   [ $rc -eq 0 ] || status=1
   return $rc
 }
-configure() {  # configure SRC BUILD
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREDLITE_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DCMAKE_LIBRARY_PATH="$RL_DEPS_LIBDIR" > /dev/null
-}
+configure() { rl_configure "$@"; }  # configure SRC BUILD (deps.sh)
 model() {
   mkdir -p "$(dirname $M80)"
   [ -e $M80 ] || STEP_TIMEOUT=400 step synth-80b "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
