@@ -141,7 +141,7 @@ build() {  # build NAME: test_cuda of the scratch tree, logged as build-NAME
 # missing (the filter ran no such test).
 run_test() {
   local logf="$OUT/$1-$2.log"
-  REDLITE_FIXTURES=$FIX timeout ${TEST_TIMEOUT:-240} "$BUILD/test_cuda" --gtest_filter="$2" > "$logf" 2>&1
+  REDLITE_FIXTURES=$FIX timeout ${TEST_TIMEOUT:-180} "$BUILD/test_cuda" --gtest_filter="$2" > "$logf" 2>&1
   local rc=$?
   if ! grep -qF "[ RUN      ] $2" "$logf"; then echo missing
   elif grep -qF "[       OK ] $2 (" "$logf"; then [ $rc = 0 ] && echo passed || echo crashed
