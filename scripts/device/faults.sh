@@ -79,15 +79,15 @@ log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
 # replace_exact FILE COUNT OLD NEW: OLD (exact text, not a pattern) must occur COUNT times in FILE;
 # each becomes NEW. Otherwise FILE is left alone and the exit status is 1.
 replace_exact() {
-  python3 - "$@" <<'EOF'
-import sys
-path, count, old, new = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-text = open(path).read()
-found = text.count(old)
-if found != count:
-    sys.exit(f"{path}: the fault's text occurs {found} times, expected {count}:\n{old}")
-open(path, "w").write(text.replace(old, new))
-EOF
+  local file=$1 count=$2 old=$3 new=$4 text rest found
+  IFS= read -rd '' text < "$file"  # the whole file, newlines kept (read ends at EOF with status 1)
+  rest=${text//"$old"/}
+  found=$(( (${#text} - ${#rest}) / ${#old} ))
+  if [ "$found" != "$count" ]; then
+    printf '%s: the fault text occurs %s times, expected %s:\n%s\n' "$file" "$found" "$count" "$old" >&2
+    return 1
+  fi
+  printf '%s' "${text//"$old"/"$new"}" > "$file"
 }
 
 # apply_fault NAME DIR: the fault's patch applied to DIR (a copy of the tree); its diff in
