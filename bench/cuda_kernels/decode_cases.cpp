@@ -341,6 +341,9 @@ std::vector<CaseDef> decode_cases() {
   v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false));
   v.push_back(experts_case(G::IQ1_M, G::IQ2_XS, false));
   v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true));
+  // IQ2_XXS experts (real IQ2_XXS files, fixture model A) for comparison.
+  v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, false));
+  v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, true));
   v.push_back(gate_up_case(G::IQ2_XXS));
   v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}));
   v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}));
