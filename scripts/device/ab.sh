@@ -25,6 +25,8 @@
 #                  matching $NCU_RE after the prefill of depth $NCU_DETAIL_DEPTH (default 32768)
 #     ncu          GPU time of each kernel matching $NCU_RE (default: attention) over 2 decode tokens
 #                  after each of $NCU_DEPTHS (default 0,32768), tree's binary ($OUT/ncu-*.csv)
+#     kernels      bench_cuda_kernels of the tree (built here if needed) with $KERNELS_FLAGS (e.g.
+#                  "--filter decode/ --reps 200"); its table in $OUT/kernels.txt
 # Results: $OUT/*.log and $OUT/summary.txt. STEP_TIMEOUT (s) bounds each bench (default 240).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,10 +50,7 @@ step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
   [ $rc -eq 0 ] || status=1
   return $rc
 }
-configure() {  # configure SRC BUILD
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREDLITE_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DCMAKE_LIBRARY_PATH="$RL_DEPS_LIBDIR" > /dev/null
-}
+configure() { rl_configure "$@"; }  # configure SRC BUILD (deps.sh)
 model() {
   mkdir -p "$(dirname $M80)"
   [ -e $M80 ] || STEP_TIMEOUT=400 step synth-80b "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
@@ -124,6 +123,11 @@ for s in "$@"; do
         -k "regex:${NCU_RE:-attention}" "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depth-decode-tokens 2 \
         --depths "${NCU_DEPTHS:-0,32768}"
       grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
+      ;;
+    kernels)
+      configure "$ROOT" $BUILD && STEP_TIMEOUT=400 step build-kernels ninja -C $BUILD -j16 bench_cuda_kernels &&
+        STEP_TIMEOUT=400 step kernels "$BUILD/bench_cuda_kernels" ${KERNELS_FLAGS:-}
+      cp "$OUT/kernels.log" "$OUT/kernels.txt" 2>/dev/null && cat "$OUT/kernels.txt"
       ;;
     *) log "unknown step $s"; status=1 ;;
   esac

@@ -12,3 +12,12 @@ export PKG_CONFIG_PATH=$RL_DEPS_LIBDIR/pkgconfig
 export LD_LIBRARY_PATH=$RL_DEPS_LIBDIR:${LD_LIBRARY_PATH:-}
 export CPATH=$RL_DEPS_PREFIX/usr/include:$RL_DEPS_PREFIX/usr/include/x86_64-linux-gnu
 export PATH=/usr/local/cuda/bin:$PATH
+# rl_configure SRC BUILD: the GPU host's Release build of SRC for the H200 (sm_90a) against the
+# unpacked packages, through ccache where the host has it (its cache in /tmp, which is writable).
+export CCACHE_DIR=${CCACHE_DIR:-/tmp/rl-ccache}
+rl_configure() {
+  local launcher=()
+  command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREDLITE_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DCMAKE_LIBRARY_PATH="$RL_DEPS_LIBDIR" "${launcher[@]}" > /dev/null
+}

@@ -119,7 +119,8 @@ constexpr int kStepGroup = 16;       // tokens whose k and q a block stages at a
 // row's s·k); each sum is bit for bit warp_sum_d's, so R = 1 and R = 2 give identical results. The
 // per-token chain is bound by the latency of the exchanges and shared-memory loads: R = 2 took the
 // 512-token chunk's recurrence from 22.6 to 16.9 ms on the H200 (prefill 2481 -> 2565 tok/s;
-// decode, where it runs too, 191.9 -> 193.1 tok/s in the same call). Four rows a warp measured no
+// decode, where it runs too, 191.9 -> 193.1 tok/s in the same call; bench_cuda_kernels --filter
+// recurrence times one layer's call of each, 36 layers a chunk). Four rows a warp measured no
 // faster (two calls) and was removed.
 //
 // NORM (decode, DK = 128): q and k arrive as the conv wrote them and the staging warp

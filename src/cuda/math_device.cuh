@@ -124,7 +124,8 @@ __device__ __forceinline__ void store_products(float* y, int rows, int row0, int
 // a1 = A1[g][q], b = B[q][g], d0 = {D0[g][2q], D0[g][2q+1]}, d1 likewise. On compute capability
 // 9.0 this is one mma.m16n8k4 (A = A0 over A1, D = D0 over D1, the same fragments): on the H200
 // a 512-token chunk went from 254 ms of kernels with the legacy m8n8k4 pair (measured on another
-// machine of the kind) to 205 (docs/perf/cuda.md, fourth session); before 9.0 it is two m8n8k4.
+// machine of the kind) to 205 (docs/perf/cuda.md's fourth session, in git history at 57c9cc0;
+// bench_cuda_kernels --filter prefill/matmul/ times these products now); before 9.0 it is two m8n8k4.
 // Each D element is the same sum of four exact double products plus the accumulator either way.
 __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], double a0, double a1,
                                             double b) {

@@ -362,7 +362,8 @@ void matmul(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, con
   // (small matrices — router, shared expert — and short chunks). Smaller tiles dequantise each
   // weight for fewer tokens; too few blocks leave SMs idle. (On the H200, 2048-row products of a
   // 512-token chunk, 128 blocks, took as long with 64-token tiles as with 32, and 4096-row ones,
-  // 256 blocks, 27 % less with 64.) Fewer blocks than SMs left: the columns are split over
+  // 256 blocks, 27 % less with 64; bench_cuda_kernels --filter 'prefill/matmul/ssm_(z|out)' times
+  // both at each tile.) Fewer blocks than SMs left: the columns are split over
   // clusters of 2 or 4 blocks (compute capability 9.0), at most one split per two steps.
   const long row_blocks = (rows + kWarps * kDenseRowTiles * 8 - 1) / (kWarps * kDenseRowTiles * 8);
   auto blocks = [&](int bt) { return row_blocks * ((T + bt - 1) / bt); };

@@ -6,7 +6,8 @@
 // more — at least 2^-7 of the block's largest — is held exactly (fp32 has 24 significant bits), a
 // smaller one to 2^(e-32). (Three
 // planes, the X24 form, were measured to move the 80B model's router selections against the
-// oracle's once these products took them: docs/perf/cuda.md, eighth session.)
+// oracle's once these products took them: docs/perf/cuda.md's eighth session, in git history at
+// 57c9cc0.)
 //
 // A Q4_K value is w = d·sc·q − dmin·m: q a 4-bit unsigned integer, sc and m 6-bit integers per 32
 // columns (a sub-block), d and dmin fp16 per 256 (a super-block). Against x̂ = n · 2^(e-31) the sum
