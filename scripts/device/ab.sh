@@ -9,12 +9,18 @@
 #     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX)
 #     parity       the tree's `parity --backend cuda` on each carried fixture model vs the oracle,
 #                  prompts up to $PARITY_TOKENS (default 40) tokens, budgets 1, 0.5, 0.1
+#     parity-fast  the tree's fast tier against each carried fixture's F32 reference (<model>.ref-f32.json
+#                  and .ref.json beside it): the bar of llama.cpp's native path
+#     parity-80b-fast  the fast tier against the oracle on the 80B model (report)
+#     tiers        AB_ROUNDS rounds of `bench --reps 1` on the tree, --numerics exact then fast
+#     profile      `bench --profile` on the tree per tier in $PROFILE_TIERS (default: exact fast)
 #     parity-80b   the tree's parity on the 80B model at budgets 1, 0.5, 0.1, with and without
 #                  --x32-always (the parity prompts are too short for the default to use X32)
 #     bench-8g     the tree's bench with --cache-mib 8192 (one rep)
 #     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
 #     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill)
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
+#                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier)
 #     depths       `bench --depths $DEPTHS` on the tree's binary (default 0,4096,16384,32768,65536)
 #     base-depths  the same on the base binary with $BASE_DEPTHS (default: $DEPTHS); the base must
 #                  know --depths
@@ -71,20 +77,48 @@ for s in "$@"; do
     parity)
       for m in "$FIX"/*.gguf; do
         STEP_TIMEOUT=400 step "parity-$(basename "$m" .gguf)" "$BUILD/redlite" parity -m "$m" --backend cuda --repeat 2 \
-          --prompt-tokens "${PARITY_TOKENS:-40}" --budget-fractions 1,0.5,0.1
+          --prompt-tokens "${PARITY_TOKENS:-40}" --budget-fractions 1,0.5,0.1 --numerics exact
+      done
+      ;;
+    parity-fast)
+      for m in "$FIX"/*.gguf; do
+        ref=${m%.gguf}.ref-f32.json
+        [ -e "$ref" ] || { log "parity-fast: no $ref"; continue; }
+        STEP_TIMEOUT=400 step "parity-fast-$(basename "$m" .gguf)" "$BUILD/redlite" parity -m "$m" --backend cuda \
+          --numerics fast --ref "$ref"
+      done
+      ;;
+    parity-80b-fast)
+      model
+      STEP_TIMEOUT=300 step parity-80b-fast "$BUILD/redlite" parity -m $M80 --backend cuda --numerics fast --repeat 1 \
+        --prompt-tokens 64 --budget-fractions 1
+      ;;
+    tiers)
+      model
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for n in exact fast; do
+          step "tier-$n-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --numerics $n --reps 1 --json
+          log "tier $n $r: prefill $(grep '"prefill_tok_s"' "$OUT/tier-$n-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/tier-$n-$r.log" | tr -dc '0-9.')"
+        done
+      done
+      ;;
+    profile)
+      model
+      for n in ${PROFILE_TIERS:-exact fast}; do
+        step "profile-$n" "$BUILD/redlite" bench -m $M80 --backend cuda --numerics $n --reps 1 --profile
       done
       ;;
     parity-80b)
       model
       STEP_TIMEOUT=300 step parity-80b "$BUILD/redlite" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 \
-        --budget-fractions 1,0.5,0.1
+        --budget-fractions 1,0.5,0.1 --numerics exact
       STEP_TIMEOUT=300 step parity-80b-x32 "$BUILD/redlite" parity -m $M80 --backend cuda --repeat 2 --prompt-tokens 24 \
-        --budget-fractions 1,0.5,0.1 --x32-always
+        --budget-fractions 1,0.5,0.1 --x32-always --numerics exact
       ;;
     parity-synth)
       "$BUILD/redlite" synth --preset tiny --recipe "${SYNTH_RECIPE:-all-types}" --out /tmp/rl-synth.gguf > /dev/null &&
         step parity-synth "$BUILD/redlite" parity -m /tmp/rl-synth.gguf --backend cuda --repeat 2 --prompt-tokens 40 \
-          --budget-fractions 1,0.5,0.1
+          --budget-fractions 1,0.5,0.1 --numerics exact
       ;;
     cpu-fast) model; STEP_TIMEOUT=300 step cpu-fast "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads 16 \
       --reps 1 --decode-tokens 32 --prefill-tokens 64 --json ;;
@@ -95,7 +129,7 @@ for s in "$@"; do
         order="tree base"; [ $((r % 2)) = 0 ] && order="base tree"
         for b in $order; do
           bin=$BUILD/redlite; [ $b = base ] && bin=$BASE_BUILD/redlite
-          step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json
+          step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json --numerics ${AB_NUMERICS:-exact}
           log "ab $b $r: prefill $(grep '"prefill_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.')"
         done
       done
