@@ -95,7 +95,7 @@ void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t 
 // x 16-byte aligned (rows of cols floats from cudaMalloc are); w, gate, up and the slot offsets
 // as aligned as the type's block size allows (4, 2 or 1 bytes: every cudaMalloc'd matrix and
 // 256-byte slot is). Groups: row_cnt[g] <= max_cnt (rows past max_cnt are not computed).
-// token_tile (16, or 64 for matmul_bf16 and 48 for matmul_bf16_gate_up) forces the kernel's token
+// token_tile (16, or 64 for matmul_bf16 and 32 for matmul_bf16_gate_up) forces the kernel's token
 // tile (tests); 0 picks by the grid's size.
 void matmul_bf16(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
                  float* y, cudaStream_t stream, int token_tile = 0);

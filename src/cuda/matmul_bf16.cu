@@ -13,19 +13,23 @@
 // Shape: a block computes kTileRows = 128 output rows × BN tokens (a SwiGLU pair: 128 rows of
 // each matrix), stepping through the columns kTileK = 32 at a time. Each step, the block's
 // 256 threads dequantise its weight tile (two or four 8-value chunks each) into a bf16 tile in
-// shared memory and convert the step's activations into another, double-buffered so that one
-// barrier per step suffices; then each of the 8 warps multiplies its 16 rows by the block's
-// tokens, one 16×16 accumulator per 16 tokens. A weight is thus dequantised once per block and
-// reused over all its tokens: for experts, one block holds a whole group (≈10 tokens for a
-// 512-token chunk of the 80B model, ≤ 64), so each expert's tile is dequantised once per group;
-// 16-token fragments that lie wholly past the group's last token are neither staged nor
-// multiplied. The weights' global latency is hidden by occupancy (2–4 blocks an SM) rather than
-// by copies ahead: chunk8 reads only the bytes a chunk needs, which differ per type.
+// shared memory and convert the step's activations into another; then each of the 8 warps
+// multiplies its 16 rows by the block's tokens, one 16×16 accumulator per 16 tokens. A weight is
+// thus dequantised once per block and reused over all its tokens: for experts, one block holds a
+// whole group (≈10 tokens for a 512-token chunk of the 80B model, ≤ 64), so each expert's tile is
+// dequantised once per group; 16-token fragments that lie wholly past the group's last token are
+// neither staged nor multiplied. The tiles are double-buffered and a step's global reads (and its
+// dequantisation, into registers) are issued before the previous step's products, so that their
+// latency overlaps those, with one barrier per step; each row's weight bytes are prefetched into
+// L2 a few steps ahead (chunk8 reads only the bytes a chunk needs, which differ per type, so
+// there is no type-independent bulk copy to issue instead).
 //
 // Dense products use 64-token tiles when those give every SM a block and 16-token tiles
 // otherwise (small matrices and short chunks: more blocks, each weight dequantised for fewer
-// tokens). SwiGLU pairs hold two accumulators per output, so their tiles are 48 tokens (the
-// largest whose double-buffered tiles fit the 48 KiB of static shared memory) or 16.
+// tokens). SwiGLU pairs hold two accumulators per output, so their tiles are 32 tokens or 16 (48
+// would fit the 48 KiB of static shared memory but not the 128 registers two blocks an SM leave:
+// it spilled). An expert group of more tokens than a tile takes several blocks, each dequantising
+// the tile; at ≈10 tokens a group those are few.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -49,8 +53,8 @@ constexpr int kTileK = 32;                  // columns per step: two k16 MMAs, f
 // then fall in 8 distinct groups of 4 banks, and every fragment starts 32-byte aligned (WMMA's rule:
 // a multiple of 16 rows, 0 or 16 columns in).
 constexpr int kPitch = kTileK + 8;
-// Token tiles: dense products 64 (or 16 for small grids), expert groups 64; SwiGLU pairs 48 / 16.
-constexpr int kWideTokens = 64, kPairTokens = 48, kNarrowTokens = 16;
+// Token tiles: dense products 64 (or 16 for small grids), expert groups 64; SwiGLU pairs 32 / 16.
+constexpr int kWideTokens = 64, kPairTokens = 32, kNarrowTokens = 16;
 constexpr int kChunksPerRow = kTileK / 8;   // chunk8 calls per staged row and step
 constexpr int kXPieces = kTileK / 4;        // float4 reads per staged token and step
 // How far ahead (in steps) each staged row's weight bytes are prefetched into L2, so that the
@@ -114,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
     const int i = tid + u * kThreads, srow = i / kChunksPerRow;
     const int r = r0 + srow % kTileRows;
     wchunk[u] = i % kChunksPerRow;
-    wrow[u] = r < rows ? mats[srow / kTileRows] + (size_t)r * row_bytes : nullptr;
+    wrow[u] = r < rows ? (srow < kTileRows ? mats[0] : mats[1]) + (size_t)r * row_bytes : nullptr;
   }
   // L2 prefetch of every staged row's bytes for columns [kc, kc + kSpan), kc a multiple of kSpan:
   // one quant block, or one step of a float type (at most 3 cache lines, one per chunk lane, the
@@ -131,30 +135,44 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
       }
   };
   static_assert(Dequant<T>::kBytes * (kSpan / Dequant<T>::kValues) <= 3 * 128 + 1, "a span lies in the 4 lines the chunk lanes prefetch");
-  auto stage = [&](int buf, int k0) {
-    uint4 packed[kWChunks];
+  // A step's tiles pass through registers: read() issues the global reads and dequantises (the
+  // weights as bf16 pairs, the activations as fp32), write() stores them into a staging buffer.
+  // Tokens past the tile's end (inside the last active fragment) are zeros, so no product reads
+  // unset memory.
+  constexpr int kXItems = (BN * kXPieces + kThreads - 1) / kThreads;  // float4 reads per thread
+  const int n_pieces = active * kFrag * kXPieces;
+  uint4 wreg[kWChunks];
+  float4 xreg[kXItems];
+  auto read = [&](int k0) {
 #pragma unroll
     for (int u = 0; u < kWChunks; u++) {
-      packed[u] = make_uint4(0, 0, 0, 0);
+      wreg[u] = make_uint4(0, 0, 0, 0);
       if (wrow[u]) {
         float v[8];
         Dequant<T>::chunk8(wrow[u], k0 / 8 + wchunk[u], v);
-        packed[u] = make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]), bf16x2(v[6], v[7]));
+        wreg[u] = make_uint4(bf16x2(v[0], v[1]), bf16x2(v[2], v[3]), bf16x2(v[4], v[5]), bf16x2(v[6], v[7]));
       }
     }
 #pragma unroll
+    for (int u = 0; u < kXItems; u++) {
+      const int i = tid + u * kThreads, t = i / kXPieces, part = i % kXPieces;
+      xreg[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < n_pieces && t < tile_n)
+        xreg[u] = __ldg(reinterpret_cast<const float4*>(xt + (size_t)t * cols + k0 + 4 * part));
+    }
+  };
+  auto write = [&](int buf) {
+#pragma unroll
     for (int u = 0; u < kWChunks; u++) {
       const int i = tid + u * kThreads;
-      *reinterpret_cast<uint4*>(&ws[buf][(i / kChunksPerRow) * kPitch + 8 * wchunk[u]]) = packed[u];
+      *reinterpret_cast<uint4*>(&ws[buf][(i / kChunksPerRow) * kPitch + 8 * wchunk[u]]) = wreg[u];
     }
-    // Activations of the active fragments; tokens past the tile's end (inside the last fragment)
-    // are zeros, so no product reads unset memory.
-    const int n_pieces = active * kFrag * kXPieces;
-    for (int i = tid; i < n_pieces; i += kThreads) {
-      const int t = i / kXPieces, part = i % kXPieces;
-      float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (t < tile_n) a = __ldg(reinterpret_cast<const float4*>(xt + (size_t)t * cols + k0 + 4 * part));
-      *reinterpret_cast<uint2*>(&xs[buf][t * kPitch + 4 * part]) = make_uint2(bf16x2(a.x, a.y), bf16x2(a.z, a.w));
+#pragma unroll
+    for (int u = 0; u < kXItems; u++) {
+      const int i = tid + u * kThreads, t = i / kXPieces, part = i % kXPieces;
+      if (i < n_pieces)
+        *reinterpret_cast<uint2*>(&xs[buf][t * kPitch + 4 * part]) =
+            make_uint2(bf16x2(xreg[u].x, xreg[u].y), bf16x2(xreg[u].z, xreg[u].w));
     }
   };
 
@@ -165,14 +183,19 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
     for (int f = 0; f < kNF; f++) wmma::fill_fragment(acc[m][f], 0.0f);
 
   for (int kc = 0; kc < kPrefetchSteps * kTileK && kc < cols; kc += kSpan) prefetch(kc);
-  // One barrier per step: a warp writes buffer b at step s + 2 only after the barrier of step s + 1,
-  // which every warp passes after its step-s products from b.
+  read(0);
+  write(0);
+  // Step s's products read buffer s % 2 after the barrier that opens step s; before them, the reads
+  // of step s + 1 are issued (their latency overlaps the products), and after them that step is
+  // written to the other buffer, which every warp finished reading (step s − 1) before the barrier.
+  // One barrier per step.
   int buf = 0;
   for (int k0 = 0; k0 < cols; k0 += kTileK, buf ^= 1) {
+    __syncthreads();
+    const bool more = k0 + kTileK < cols;
     const int kc = k0 + kPrefetchSteps * kTileK;
     if (kc < cols && kc % kSpan == 0) prefetch(kc);
-    stage(buf, k0);
-    __syncthreads();
+    if (more) read(k0 + kTileK);
     const __nv_bfloat16* wb = reinterpret_cast<const __nv_bfloat16*>(ws[buf]);
     const __nv_bfloat16* xb = reinterpret_cast<const __nv_bfloat16*>(xs[buf]);
 #pragma unroll
@@ -192,6 +215,7 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
         }
       }
     }
+    if (more) write(buf ^ 1);
   }
 
   // Each warp writes its 16 rows × active·16 tokens through a 16×16 fp32 tile of its own (in the

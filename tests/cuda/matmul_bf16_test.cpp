@@ -105,7 +105,7 @@ class Output {
 struct DenseShape {
   int rows, cols, T;
 };
-// T = 1; 77 tokens (a partial 16-, 48- and 64-token tile) over 130 rows (a 2-row last row tile) and
+// T = 1; 77 tokens (a partial 16-, 32- and 64-token tile) over 130 rows (a 2-row last row tile) and
 // an odd number of blocks a row (every other row not 4-byte aligned); a whole 512-token chunk.
 std::vector<DenseShape> dense_shapes(GgmlType t) {
   const int odd_cols = quant_type(t).block_size == 256 ? 768 : 800;
@@ -145,7 +145,7 @@ TEST_F(Bf16Products, GateUpWithinTheFastBarForEveryType) {
           reference_product(dequantize_matrix(t, gate, s.rows, s.cols), s.rows, s.cols, x.data(), s.T),
           reference_product(dequantize_matrix(t, up, s.rows, s.cols), s.rows, s.cols, x.data(), s.T));
       auto dg = to_device(gate), du = to_device(up), dx = to_device(x);
-      for (int tile : {0, 16, 48}) {
+      for (int tile : {0, 16, 32}) {
         SCOPED_TRACE(trace(t, s, tile));
         Output act((size_t)s.T * s.rows);
         cuda::matmul_bf16_gate_up(t, dg.get(), du.get(), rb, s.rows, s.cols, dx.f(), s.T, act.f(), nullptr, tile);
@@ -156,7 +156,7 @@ TEST_F(Bf16Products, GateUpWithinTheFastBarForEveryType) {
 }
 
 // Experts in shuffled cache slots, each slot [4096 bytes][gate matrix][up matrix] (the plain
-// product reads the gate matrix), and groups of 5, 0, 70 (two 64- and 48-token tiles), 1 and 17
+// product reads the gate matrix), and groups of 5, 0, 70 (two 64-token tiles, three 32-token ones), 1 and 17
 // rows of X; 130 rows (a partial row tile), 512 columns.
 struct ExpertCase {
   static constexpr int kGroups = 5, kRows = 130, kCols = 512, kPad = 4096;
@@ -273,7 +273,7 @@ TEST(Bf16ProductArguments, BadArgumentsAreRefusedByName) {
   expect_error([&] { cuda::matmul_bf16(q4k, w + 2, rb, 4, 512, x, 2, y, nullptr); }, "4-byte aligned");
   expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x + 1, 2, y, nullptr); }, "16-byte aligned");
   expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, -1, y, nullptr); }, "-1 tokens");
-  expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 48); }, "token tile 48");
+  expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 32); }, "token tile 32");
   expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, nullptr, 2, y, nullptr, 16); }, "null");
   expect_error([&] { cuda::matmul_bf16_gate_up(q4k, w, w + 2, rb, 4, 512, x, 2, y, nullptr); }, "up weights");
   expect_error([&] { cuda::matmul_bf16_gate_up(q4k, w, w, rb, 4, 512, x, 2, y, nullptr, 64); }, "token tile 64");
