@@ -5,10 +5,11 @@
 // and rounded to bf16, each activation is rounded fp32 → bf16 (both round to nearest even), and
 // the products are summed by bf16 MMA (WMMA m16n16k16) with fp32 accumulation. NaN and infinity
 // pass through both conversions and the sums, so a NaN input gives NaN outputs as in the oracle.
-// Accuracy: a bf16 rounding has relative error below 2^-8 (≈ 2.3e-3 rms for random values), so a
-// product w̃·x̃ is off by ≈ 3.2e-3 rms relative and, for sums of terms of random sign, the
-// normalised squared error Σ(y − ref)²/Σref² is ≈ 1e-5; fp32 accumulation over ≤ 10^4 terms adds
-// ~1e-7 relative. The fast tier's bar is 5e-4 (DESIGN.md §5a), 50× above that.
+// Accuracy: a bf16 rounding has relative error at most 2^-8 (≈ 1.7e-3 rms for values spread over a
+// binade), so a product w̃·x̃ is off by ≈ 2.4e-3 rms relative and, for sums of independent terms
+// of random sign, the normalised squared error Σ(y − ref)²/Σref² is that squared, ≈ 6e-6 (≤ 1e-5);
+// fp32 accumulation over K ≤ 10^4 terms adds ~K·2^-48 ≈ 1e-10. The fast tier's bar is 5e-4
+// (DESIGN.md §5a), ~50× above.
 //
 // Shape: a block computes kTileRows = 128 output rows × BN tokens (a SwiGLU pair: 128 rows of
 // each matrix), stepping through the columns kTileK = 32 at a time. Each step, the block's
@@ -134,7 +135,8 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
         prefetch_l2(wrow[u] + (at < end ? at : end - 1));
       }
   };
-  static_assert(Dequant<T>::kBytes * (kSpan / Dequant<T>::kValues) <= 3 * 128 + 1, "a span lies in the 4 lines the chunk lanes prefetch");
+  static_assert(Dequant<T>::kBytes * (kSpan / Dequant<T>::kValues) <= 3 * 128 + 1,
+                "a span lies in the 4 lines the chunk lanes prefetch");
   // A step's tiles pass through registers: read() issues the global reads and dequantises (the
   // weights as bf16 pairs, the activations as fp32), write() stores them into a staging buffer.
   // Tokens past the tile's end (inside the last active fragment) are zeros, so no product reads
@@ -286,8 +288,10 @@ void check_offset(const Product& p, size_t offset, const char* what) {
 void check_groups(const Product& p, const uint8_t* const* slot_ptrs, const int* row_off, const int* row_cnt, int n,
                   int max_cnt) {
   if (n < 0 || max_cnt < 0)
-    throw_error(std::string(p.who) + ": " + std::to_string(n) + " groups of at most " + std::to_string(max_cnt) + " rows");
-  if (!slot_ptrs || !row_off || !row_cnt) throw_error(std::string(p.who) + ": slot pointers, row offsets and counts are required");
+    throw_error(std::string(p.who) + ": " + std::to_string(n) + " groups of at most " + std::to_string(max_cnt) +
+                " rows");
+  if (!slot_ptrs || !row_off || !row_cnt)
+    throw_error(std::string(p.who) + ": slot pointers, row offsets and counts are required");
 }
 void check_device(const Product& p) {
   if (device_info().cc_major < 8)

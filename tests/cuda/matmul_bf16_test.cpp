@@ -20,11 +20,6 @@
 namespace rl {
 namespace {
 
-using test::random_floats;
-using test::random_rows;
-using test::to_device;
-using test::to_host;
-
 constexpr double kMaxNmse = 5e-4;  // DESIGN.md §5a: the fast tier's per-kernel bar
 
 class Bf16Products : public ::testing::Test {
@@ -86,7 +81,7 @@ class Output {
   }
   float* f() const { return buf_.f(); }
   std::vector<float> fetch() const {
-    auto all = to_host<float>(buf_, n_ + kGuard);
+    auto all = test::to_host<float>(buf_, n_ + kGuard);
     for (size_t i = n_; i < all.size(); i++) {
       uint32_t bits;
       std::memcpy(&bits, &all[i], 4);
@@ -121,10 +116,10 @@ TEST_F(Bf16Products, DenseWithinTheFastBarForEveryType) {
   for (GgmlType t : test::kWeightTypes) {
     for (const DenseShape& s : dense_shapes(t)) {
       const size_t rb = row_size(t, s.cols);
-      const auto w = random_rows(t, s.rows, s.cols, 300 + s.T);
-      const auto x = random_floats((size_t)s.T * s.cols, 301 + s.T);
+      const auto w = test::random_rows(t, s.rows, s.cols, 300 + s.T);
+      const auto x = test::random_floats((size_t)s.T * s.cols, 301 + s.T);
       const auto ref = reference_product(dequantize_matrix(t, w, s.rows, s.cols), s.rows, s.cols, x.data(), s.T);
-      auto dw = to_device(w), dx = to_device(x);
+      auto dw = test::to_device(w), dx = test::to_device(x);
       for (int tile : {0, 16, 64}) {
         SCOPED_TRACE(trace(t, s, tile));
         Output y((size_t)s.T * s.rows);
@@ -139,12 +134,13 @@ TEST_F(Bf16Products, GateUpWithinTheFastBarForEveryType) {
   for (GgmlType t : test::kWeightTypes) {
     for (const DenseShape& s : dense_shapes(t)) {
       const size_t rb = row_size(t, s.cols);
-      const auto gate = random_rows(t, s.rows, s.cols, 310 + s.T), up = random_rows(t, s.rows, s.cols, 311 + s.T);
-      const auto x = random_floats((size_t)s.T * s.cols, 312 + s.T);
+      const auto gate = test::random_rows(t, s.rows, s.cols, 310 + s.T);
+      const auto up = test::random_rows(t, s.rows, s.cols, 311 + s.T);
+      const auto x = test::random_floats((size_t)s.T * s.cols, 312 + s.T);
       const auto ref = reference_swiglu(
           reference_product(dequantize_matrix(t, gate, s.rows, s.cols), s.rows, s.cols, x.data(), s.T),
           reference_product(dequantize_matrix(t, up, s.rows, s.cols), s.rows, s.cols, x.data(), s.T));
-      auto dg = to_device(gate), du = to_device(up), dx = to_device(x);
+      auto dg = test::to_device(gate), du = test::to_device(up), dx = test::to_device(x);
       for (int tile : {0, 16, 32}) {
         SCOPED_TRACE(trace(t, s, tile));
         Output act((size_t)s.T * s.rows);
@@ -175,22 +171,22 @@ struct ExpertCase {
     std::vector<uint8_t> host(kGroups * slot);
     std::vector<const uint8_t*> p(kGroups);
     for (int g = 0; g < kGroups; g++) {
-      gate.push_back(random_rows(t, kRows, kCols, 400 + g));
-      up.push_back(random_rows(t, kRows, kCols, 410 + g));
+      gate.push_back(test::random_rows(t, kRows, kCols, 400 + g));
+      up.push_back(test::random_rows(t, kRows, kCols, 410 + g));
       std::memcpy(host.data() + kSlotOf[g] * slot + kPad, gate[g].data(), mat);
       std::memcpy(host.data() + kSlotOf[g] * slot + kPad + mat, up[g].data(), mat);
       off.push_back(total);
       total += kCount[g];
       max_cnt = std::max(max_cnt, kCount[g]);
     }
-    pool = to_device(host);
+    pool = test::to_device(host);
     for (int g = 0; g < kGroups; g++) p[g] = pool.get<uint8_t>() + kSlotOf[g] * slot;
-    ptrs = to_device(p);
+    ptrs = test::to_device(p);
     std::vector<int> oc = off;
     oc.insert(oc.end(), std::begin(kCount), std::end(kCount));
-    offcnt = to_device(oc);
-    x = random_floats((size_t)total * kCols, 420);
-    dx = to_device(x);
+    offcnt = test::to_device(oc);
+    x = test::random_floats((size_t)total * kCols, 420);
+    dx = test::to_device(x);
   }
   const uint8_t* const* slots() const { return ptrs.get<const uint8_t*>(); }
   const int* row_off() const { return offcnt.get<int>(); }
@@ -232,10 +228,11 @@ TEST_F(Bf16Products, NanActivationReachesOnlyItsToken) {
     SCOPED_TRACE(type_name(t));
     const int cols = (int)quant_type(t).block_size == 256 ? 256 : 64;
     const size_t rb = row_size(t, cols);
-    auto x = random_floats((size_t)T * cols, 500);
+    auto x = test::random_floats((size_t)T * cols, 500);
     x[(size_t)bad * cols + 5] = std::nanf("");
-    auto dg = to_device(random_rows(t, rows, cols, 501)), du = to_device(random_rows(t, rows, cols, 502));
-    auto dx = to_device(x);
+    auto dg = test::to_device(test::random_rows(t, rows, cols, 501));
+    auto du = test::to_device(test::random_rows(t, rows, cols, 502));
+    auto dx = test::to_device(x);
     Output y((size_t)T * rows), act((size_t)T * rows);
     cuda::matmul_bf16(t, dg.get(), rb, rows, cols, dx.f(), T, y.f(), nullptr);
     cuda::matmul_bf16_gate_up(t, dg.get(), du.get(), rb, rows, cols, dx.f(), T, act.f(), nullptr);
