@@ -101,7 +101,8 @@ struct DenseShape {
   int rows, cols, T;
 };
 // T = 1; 77 tokens (a partial 16-, 32- and 64-token tile) over 130 rows (a 2-row last row tile) and
-// an odd number of blocks a row (every other row not 4-byte aligned); a whole 512-token chunk.
+// an odd number of blocks a row (so MXFP4 rows start at odd addresses, Q5_0 and Q3_K rows at
+// addresses that are not 4-byte aligned); a whole 512-token chunk.
 std::vector<DenseShape> dense_shapes(GgmlType t) {
   const int odd_cols = quant_type(t).block_size == 256 ? 768 : 800;
   return {{300, 2048, 1}, {130, odd_cols, 77}, {200, 256, 512}};
@@ -152,8 +153,8 @@ TEST_F(Bf16Products, GateUpWithinTheFastBarForEveryType) {
 }
 
 // Experts in shuffled cache slots, each slot [4096 bytes][gate matrix][up matrix] (the plain
-// product reads the gate matrix), and groups of 5, 0, 70 (two 64-token tiles, three 32-token ones), 1 and 17
-// rows of X; 130 rows (a partial row tile), 512 columns.
+// product reads the gate matrix), and groups of 5, 0, 70 (two 64-token tiles, three 32-token
+// ones), 1 and 17 rows of X; 130 rows (a partial row tile), 512 columns.
 struct ExpertCase {
   static constexpr int kGroups = 5, kRows = 130, kCols = 512, kPad = 4096;
   static constexpr int kCount[kGroups] = {5, 0, 70, 1, 17};
