@@ -93,6 +93,29 @@ void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t 
                             size_t row_bytes, int rows, int cols, const float* x, const int* row_off,
                             const int* row_cnt, int n, int max_cnt, float* act, cudaStream_t stream);
 
+// ---- matmul_bf16.cu: fast-tier prefill products (T tokens) on bf16 tensor cores --------------------
+// As matmul / matmul_experts / matmul_gate_up / matmul_experts_gate_up (same shapes, groups and
+// SwiGLU epilogue), in the fast tier's arithmetic: weights dequantised to fp32 and rounded to bf16,
+// activations rounded to bf16, products summed in fp32 (normalised squared error ≈ 1e-5 against
+// the exact sums; the tier's bar is 5e-4). Every type dispatch_type runs; compute capability 8.0 or
+// newer. cols a multiple of 32 and of the type's block; row_bytes at least a row and whole blocks;
+// x 16-byte aligned (rows of cols floats from cudaMalloc are); w, gate, up and the slot offsets
+// as aligned as the type's block size allows (4, 2 or 1 bytes: every cudaMalloc'd matrix and
+// 256-byte slot is). Groups: row_cnt[g] <= max_cnt (rows past max_cnt are not computed).
+// token_tile (16, or 64 for matmul_bf16 and 32 for matmul_bf16_gate_up) forces the kernel's token
+// tile (tests); 0 picks by the grid's size.
+void matmul_bf16(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
+                 float* y, cudaStream_t stream, int token_tile = 0);
+void matmul_bf16_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
+                         int rows, int cols, const float* x, const int* row_off, const int* row_cnt,
+                         int n, int max_cnt, float* y, cudaStream_t stream);
+void matmul_bf16_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
+                         const float* x, int T, float* act, cudaStream_t stream, int token_tile = 0);
+void matmul_bf16_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset,
+                                 size_t up_offset, size_t row_bytes, int rows, int cols, const float* x,
+                                 const int* row_off, const int* row_cnt, int n, int max_cnt, float* act,
+                                 cudaStream_t stream);
+
 // ---- matmul_x24.cu: prefill products of the IQ types on 8-bit tensor cores ----------------------
 // The X24 form of activations X [rows][cols] (cols a multiple of 256): per row and 256 columns a
 // scale 2^(e-23) (xscale [rows][cols/256], double; NaN where the block holds a NaN or infinity) with

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -20,6 +21,15 @@
   } while (0)
 
 namespace rl::test {
+
+// Every ggml type with a float view (quant/quant.h), all of which the backend runs: the tuned
+// forms and the generic path.
+inline constexpr GgmlType kWeightTypes[] = {
+    GgmlType::F32,    GgmlType::F16,    GgmlType::BF16,    GgmlType::Q4_0,   GgmlType::Q4_1,   GgmlType::Q5_0,
+    GgmlType::Q5_1,   GgmlType::Q8_0,   GgmlType::IQ4_NL,  GgmlType::MXFP4,  GgmlType::Q2_K,   GgmlType::Q3_K,
+    GgmlType::Q4_K,   GgmlType::Q5_K,   GgmlType::Q6_K,    GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+    GgmlType::IQ2_S,  GgmlType::IQ3_XXS, GgmlType::IQ3_S,  GgmlType::IQ1_S,  GgmlType::IQ1_M};
+static_assert(std::size(kWeightTypes) == 23);
 
 template <class T>
 cuda::DeviceBuffer to_device(const std::vector<T>& v) {

@@ -17,13 +17,7 @@ using test::random_rows;
 using test::to_device;
 using test::to_host;
 
-// Every ggml type with a float view (quant/quant.h): the tuned forms and the generic exact path.
-const GgmlType kTypes[] = {
-    GgmlType::F32,    GgmlType::F16,    GgmlType::BF16,    GgmlType::Q4_0,   GgmlType::Q4_1,   GgmlType::Q5_0,
-    GgmlType::Q5_1,   GgmlType::Q8_0,   GgmlType::IQ4_NL,  GgmlType::MXFP4,  GgmlType::Q2_K,   GgmlType::Q3_K,
-    GgmlType::Q4_K,   GgmlType::Q5_K,   GgmlType::Q6_K,    GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
-    GgmlType::IQ2_S,  GgmlType::IQ3_XXS, GgmlType::IQ3_S,  GgmlType::IQ1_S,  GgmlType::IQ1_M};
-static_assert(std::size(kTypes) == 23);
+const auto& kTypes = test::kWeightTypes;
 
 struct Shape {
   int rows, cols;
