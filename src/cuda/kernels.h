@@ -196,6 +196,37 @@ void gated_attention(const float* q, const float* gate, const float* k_cache, co
                      cudaStream_t stream, const int32_t* pos_dev = nullptr,
                      const AttentionSplits* splits = nullptr);
 
+// ---- attention_fast.cu: the fast tier's gated attention (fp16 tensor-core prefill, fp32 decode) -----
+// At most this many key splits a decode step (flash-decoding): at depth n a step takes
+// min(max_splits, ceil(n / 64)) splits of equal length, so the buffers below do not grow with the
+// context and short contexts still spread over many blocks.
+constexpr int kFastDecodeMaxSplits = 128;
+
+// A fast decode step's per-split partial results in device memory the caller owns, fp32:
+// acc [n_head][max_splits][hd] (weighted values), ml [n_head][max_splits][2] (maximum in log2
+// units, sum). max_splits = min(kFastDecodeMaxSplits, ceil(n_ctx / 64)); any position can use them
+// (past n_ctx the splits only get longer). n_head and hd record the shape they were made for.
+struct AttentionSplitsF {
+  float* acc = nullptr;
+  float* ml = nullptr;
+  int max_splits = 0;
+  int n_head = 0;
+  int hd = 0;
+  static size_t bytes(int n_ctx, int n_head, int hd);
+  // The views into `storage` (at least bytes(n_ctx, n_head, hd), 16-byte aligned).
+  static AttentionSplitsF within(void* storage, int n_ctx, int n_head, int hd);
+};
+
+// gated_attention's function (same arguments and layouts) in the fast tier: a chunk (T > 1) by
+// flash attention on tensor cores with fp16 q, k, v and probabilities, fp32 accumulation and
+// softmax (relative RMS error ~1e-3 for scores of spread 2); a decode step (T = 1) in fp32
+// (~1e-6), which needs `splits` made for at least n_head heads of hd dims. hd a multiple of 16
+// from 16 to 256; any n_head / n_kv group; positions up to the cache's length.
+void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache,
+                          float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
+                          cudaStream_t stream, const int32_t* pos_dev = nullptr,
+                          const AttentionSplitsF* splits = nullptr);
+
 // ---- deltanet.cu: Gated DeltaNet ---------------------------------------------------------------------
 // Causal depthwise conv (kernel K) + SiLU over channels [T][C] with state [K-1][C] (the previous
 // inputs, oldest first); the state is advanced by T tokens. w [C][K] (tap K-1 = current token).

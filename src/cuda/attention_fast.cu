@@ -1,0 +1,632 @@
+// Gated causal attention with GQA for the fast numeric tier (DESIGN.md §5a). The function is
+// attention.cu's gated_attention: query token t at position pos = pos0 + t sees cache rows
+// 0 .. pos, out = softmax(q·kᵀ·scale)·v · sigmoid(gate), query head h on KV head h / (n_head / n_kv).
+// The arithmetic is fp32, with fp16 tensor-core operands in the prefill.
+//
+// Prefill (T > 1): flash attention on tensor cores. A block takes kPrefillRows query rows of one KV
+// head, a row being a (token, query head) pair of the heads that share the KV head, so one staging
+// of a key tile serves all of them (the 80B's 8 heads a KV head: 8 tokens × 8 heads a block). It
+// walks the keys in tiles of kPrefillKeys: K and V rounded to fp16 into shared memory,
+// S = Q·Kᵀ by mma.m16n8k16 (fp16 operands, fp32 accumulation), the online softmax in fp32 on S's
+// registers (running maximum and sum per row, exp2 with scale·log2(e) folded in), P rounded to
+// fp16 in the registers that already form mma's A fragment, O += P·V with V's B fragments by
+// ldmatrix.trans. Only tiles that reach past a warp's first row are masked; a warp whose rows all
+// end before a tile skips its arithmetic.
+//
+// Decode (T = 1): flash-decoding in fp32. The keys 0 .. pos go in at most max_splits (≤
+// kMaxDecodeSplits) splits of at least kMinSplitKeys keys: as many as fill the GPU at short depth,
+// longer ones at long depth, so the split buffers do not grow with the context. A block takes one
+// split and G query heads of one KV head (each key read once for them, float4 loads) and keeps a
+// running softmax over tiles of kDecodeTile keys; it writes its heads' partial maximum, sum and
+// weighted values, and a second kernel folds the splits and applies the gate. The position is read
+// from pos_dev when given, so a captured graph replays at any depth.
+//
+// Accuracy (the tests' bounds are argued from this). Decode: fp32 operands and sums; a score's
+// error is ~2^-24·√(hd/2) of the scores' spread and a value sum of n keys ~2^-24·√(n/2) relative,
+// n ≤ 2,048 a thread: ~1e-6 relative RMS. Prefill: q, k, v and p are rounded to fp16 (unit
+// roundoff u = 2^-11, an error of RMS ~u/√3 each). A score's error then has an RMS of
+// ~u·√(2/3)·σ (σ the scores' spread), which is also the output's relative error (the output is a
+// p-weighted mean whose weights move by that much), plus ~u/√3 from each of p and v: ~1e-3
+// relative RMS for scores of spread 2. fp16's range (65,504) covers these inputs: q and k are
+// RMS-normed, v is a projection of a normed state, p ≤ 1.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+#include "cuda/math_device.cuh"
+
+namespace rl::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxHeadDimF = 256;
+
+__device__ __forceinline__ float sigmoid_fast(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);  // lo in the low 16 bits: mma's lower column
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Four consecutive values of a cache (or query) row: the load and its conversions.
+template <class Cache>
+struct Quad;
+template <>
+struct Quad<float> {
+  using Raw = float4;
+  static __device__ __forceinline__ Raw load(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+  static __device__ __forceinline__ Raw zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+  static __device__ __forceinline__ float4 to_float(Raw r) { return r; }
+  static __device__ __forceinline__ uint2 to_half(Raw r) {
+    return make_uint2(pack_half2(r.x, r.y), pack_half2(r.z, r.w));
+  }
+};
+
+__device__ __forceinline__ void fma4(float4& acc, float w, float4 v) {
+  acc.x = fmaf(w, v.x, acc.x);
+  acc.y = fmaf(w, v.y, acc.y);
+  acc.z = fmaf(w, v.z, acc.z);
+  acc.w = fmaf(w, v.w, acc.w);
+}
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+}
+__device__ __forceinline__ float warp_max_f(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum_f(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- prefill ----------------------------------------------------------------------------------
+
+constexpr int kPrefillWarps = 4;                  // warps a block; each owns 16 query rows (one mma M)
+constexpr int kPrefillThreads = 32 * kPrefillWarps;
+constexpr int kPrefillRows = 16 * kPrefillWarps;  // (token, head) rows a block: one K/V staging serves them
+constexpr int kPrefillKeys = 64;                  // keys a tile: S is 64 fp32 registers' worth a row pair
+constexpr int kSmemPad = 8;   // halves after each shared row (16 bytes): fragment loads hit 32 banks
+constexpr int kStageBatch = 4;  // rows of each tile a thread loads at once while staging
+
+// Shared memory of a block for head dims up to TIER: Q [kPrefillRows][kRow], then K and V
+// [kPrefillKeys][kRow], fp16, rows kRow halves apart.
+template <int TIER>
+struct PrefillTile {
+  static constexpr int kRow = TIER + kSmemPad;
+  static constexpr size_t kBytes = (size_t)(kPrefillRows + 2 * kPrefillKeys) * kRow * sizeof(__half);
+};
+
+// D += A·B, one mma.m16n8k16 (fp16 A 16×16 row-major, B 16×8 column-major, fp32 D). Fragments
+// (PTX ISA), g = lane/4, q = lane%4: a = {A[g][2q..], A[g+8][2q..], A[g][2q+8..], A[g+8][2q+8..]},
+// b = {B[2q..][g], B[2q+8..][g]}, d = {D[g][2q], D[g][2q+1], D[g+8][2q], D[g+8][2q+1]}.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8×8 fp16 tiles, transposed: lanes 8i .. 8i + 7 give the row addresses of tile i; lane l
+// receives {tile[2(l%4)][l/4], tile[2(l%4)+1][l/4]} of each, which for rows = keys and columns =
+// dims is mma's B fragment of V.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* row) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// Stages rows into shared fp16 rows of PrefillTile<TIER>::kRow halves, NS tiles at once (K and V
+// together, so twice the loads are in flight): tile k's row r gets the first hd values at
+// row_ptr(k, r) for r < n_valid, zeros for the rest (a padding key then adds 0·0, a padding query
+// scores 0). Columns from hd to TIER are never read. A thread keeps one column of four values and
+// takes every kRowStep-th row, so its addresses step by a constant.
+template <int TIER, int ROWS, int NS, class Src, class RowPtr>
+__device__ __forceinline__ void stage_tiles(__half* const (&dst)[NS], RowPtr row_ptr, int n_valid, int hd, int tid) {
+  constexpr int kQuads = TIER / 4, kRowStep = kPrefillThreads / kQuads, kPer = ROWS / kRowStep;
+  static_assert(kPrefillThreads % kQuads == 0 && kPer % kStageBatch == 0, "whole rows and batches a thread");
+  using Q = Quad<Src>;
+  const int c = tid % kQuads, r_first = tid / kQuads;
+  if (4 * c >= hd) return;
+#pragma unroll
+  for (int b = 0; b < kPer; b += kStageBatch) {
+    typename Q::Raw r[NS][kStageBatch];
+#pragma unroll
+    for (int k = 0; k < NS; k++)
+#pragma unroll
+      for (int u = 0; u < kStageBatch; u++) {
+        const int row = r_first + (b + u) * kRowStep;
+        r[k][u] = row < n_valid ? Q::load(row_ptr(k, row) + 4 * c) : Q::zero();
+      }
+#pragma unroll
+    for (int k = 0; k < NS; k++)
+#pragma unroll
+      for (int u = 0; u < kStageBatch; u++) {
+        const int row = r_first + (b + u) * kRowStep;
+        *reinterpret_cast<uint2*>(dst[k] + row * PrefillTile<TIER>::kRow + 4 * c) = Q::to_half(r[k][u]);
+      }
+  }
+}
+
+// Block (row tile, KV head): rows R = r0 .. r0 + 63 of the KV head's T·G (token, head) pairs,
+// R = t·G + i for query head kvh·G + i of token t. Later tokens (more keys) are scheduled first.
+template <int TIER, class Cache>
+__global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel(
+    const float* __restrict__ q, const float* __restrict__ gate, const Cache* __restrict__ kc,
+    const Cache* __restrict__ vc, float* __restrict__ out, int T, int n_head, int n_kv, int hd, int pos0,
+    const int32_t* __restrict__ pos_dev, float scale_log2) {
+  using Tile = PrefillTile<TIER>;
+  constexpr int kRow = Tile::kRow, kKeyTiles = kPrefillKeys / 8, kDimTiles = TIER / 8;
+  pdl_trigger();  // the output projection follows
+  if (pos_dev) pos0 = pos_dev[0];
+  extern __shared__ __align__(16) unsigned char prefill_smem[];
+  __half* sQ = reinterpret_cast<__half*>(prefill_smem);
+  __half* sK = sQ + kPrefillRows * kRow;
+  __half* sV = sK + kPrefillKeys * kRow;
+
+  const int G = n_head / n_kv, kvh = blockIdx.y, rows_total = T * G;
+  const int r0 = (gridDim.x - 1 - blockIdx.x) * kPrefillRows;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, fg = lane / 4, fq = lane % 4;
+  const size_t kv_row = (size_t)n_kv * hd;
+  const int kv_off = kvh * hd;
+  // The last key a block row sees (a padding row repeats the last real one).
+  auto last_key = [&](int r) { return pos0 + min(r0 + r, rows_total - 1) / G; };
+  const int wr = warp * 16;
+  const int lim[2] = {last_key(wr + fg), last_key(wr + fg + 8)};
+  const int warp_first = last_key(wr), warp_last = last_key(wr + 15);
+  const int n_keys = last_key(kPrefillRows - 1) + 1;
+
+  __half* const q_tile[1] = {sQ};
+  stage_tiles<TIER, kPrefillRows, 1, float>(
+      q_tile,
+      [&](int, int r) {
+        const int R = r0 + r;
+        return q + ((size_t)(R / G) * n_head + kvh * G + R % G) * hd;
+      },
+      min(kPrefillRows, rows_total - r0), hd, tid);
+  __half* const kv_tiles[2] = {sK, sV};
+
+  float o[kDimTiles][4];
+#pragma unroll
+  for (int n = 0; n < kDimTiles; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running maximum (log2 units), partial sum
+
+  for (int j0 = 0; j0 < n_keys; j0 += kPrefillKeys) {
+    __syncthreads();  // the previous tile is read
+    const int valid = min(kPrefillKeys, n_keys - j0);
+    stage_tiles<TIER, kPrefillKeys, 2, Cache>(
+        kv_tiles, [&](int k, int r) { return (k == 0 ? kc : vc) + (size_t)(j0 + r) * kv_row + kv_off; }, valid, hd,
+        tid);
+    __syncthreads();
+    if (j0 > warp_last) continue;  // every row of this warp ends before the tile
+
+    // S = Q·Kᵀ for the warp's 16 rows and the tile's 64 keys.
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll 1
+    for (int kk = 0; kk < TIER / 16; kk++) {
+      if (16 * kk >= hd) break;
+      const __half* qa = sQ + (wr + fg) * kRow + 16 * kk + 2 * fq;
+      const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(qa), *reinterpret_cast<const uint32_t*>(qa + 8 * kRow),
+                             *reinterpret_cast<const uint32_t*>(qa + 8),
+                             *reinterpret_cast<const uint32_t*>(qa + 8 * kRow + 8)};
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; n++) {
+        const __half* kb = sK + (8 * n + fg) * kRow + 16 * kk + 2 * fq;
+        mma_f16(s[n], a, *reinterpret_cast<const uint32_t*>(kb), *reinterpret_cast<const uint32_t*>(kb + 8));
+      }
+    }
+
+    // Online softmax in log2 units; element e of s[n] is row fg + 8(e/2), key j0 + 8n + 2fq + e%2.
+    const bool masked = j0 + kPrefillKeys - 1 > warp_first;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float v = s[n][e] * scale_log2;
+        if (masked && j0 + 8 * n + 2 * fq + (e & 1) > lim[e >> 1]) v = -INFINITY;
+        s[n][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      base[i] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet: every p is 0
+      alpha[i] = exp2f(m[i] - base[i]);
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float p = exp2f(s[n][e] - base[e >> 1]);
+        s[n][e] = p;
+        l[e >> 1] += p;
+      }
+#pragma unroll
+    for (int n = 0; n < kDimTiles; n++) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+
+    // O += P·V: S's tiles 2kk and 2kk + 1 are the A fragment of keys 16kk .. 16kk + 15.
+    const int mi = lane / 8;
+#pragma unroll
+    for (int kk = 0; kk < kPrefillKeys / 16; kk++) {
+      const uint32_t a[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                             pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const __half* vrow = sV + (16 * kk + (mi & 1) * 8 + lane % 8) * kRow + (mi >> 1) * 8;
+#pragma unroll
+      for (int np = 0; np < TIER / 16; np++) {
+        if (16 * np >= hd) break;
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vrow + 16 * np);
+        mma_f16(o[2 * np], a, b[0], b[1]);
+        mma_f16(o[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int R = r0 + wr + fg + 8 * i;
+    if (R >= rows_total) continue;
+    const size_t row = ((size_t)(R / G) * n_head + kvh * G + R % G) * hd;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int n = 0; n < kDimTiles; n++) {
+      if (8 * n >= hd) break;
+      const size_t at = row + 8 * n + 2 * fq;
+      const float2 gt = *reinterpret_cast<const float2*>(gate + at);
+      *reinterpret_cast<float2*>(out + at) = make_float2(o[n][2 * i] * inv * sigmoid_fast(gt.x),
+                                                         o[n][2 * i + 1] * inv * sigmoid_fast(gt.y));
+    }
+  }
+}
+
+template <int TIER, class Cache>
+void launch_prefill(const float* q, const float* gate, const Cache* kc, const Cache* vc, float* out, int T,
+                    int n_head, int n_kv, int hd, int pos0, const int32_t* pos_dev, float scale_log2,
+                    cudaStream_t stream) {
+  constexpr size_t kBytes = PrefillTile<TIER>::kBytes;
+  // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
+  static const bool opted_in = [] {
+    RL_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_fast_kernel<TIER, Cache>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBytes));
+    return true;
+  }();
+  (void)opted_in;
+  const int blocks = (T * (n_head / n_kv) + kPrefillRows - 1) / kPrefillRows;
+  attention_prefill_fast_kernel<TIER, Cache><<<dim3(blocks, n_kv), kPrefillThreads, kBytes, stream>>>(
+      q, gate, kc, vc, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+// ---- decode -----------------------------------------------------------------------------------
+
+constexpr int kDecodeThreads = 256;
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kDecodeKeysPerWarp = 4;  // key rows a warp loads at once in the score pass
+constexpr int kDecodeTile = 256;       // keys whose scores a block holds in shared memory at a time
+constexpr int kMinSplitKeys = 64;      // shortest split: below it a block's fixed costs dominate
+constexpr int kMaxDecodeHeadsF = 8;    // query heads of one KV head a block (the 80B's group)
+constexpr int kValueUnroll = 4;        // value rows a thread loads at once
+constexpr int kCombineUnroll = 8;      // split partials a combine thread loads at once
+static_assert(kDecodeTile % (kDecodeWarps * kDecodeKeysPerWarp) == 0, "a tile is whole score rounds");
+static_assert(kFastDecodeMaxSplits <= kDecodeThreads, "the combine weighs the splits one a thread");
+
+// The splits of a step at n keys, and split s's first key: n·s/ns, so none is empty (ns ≤ n).
+__host__ __device__ __forceinline__ int decode_splits(int n_keys, int max_splits) {
+  const int by_length = (n_keys + kMinSplitKeys - 1) / kMinSplitKeys;
+  return by_length < max_splits ? by_length : max_splits;
+}
+__device__ __forceinline__ int split_begin(int s, int n_keys, int ns) {
+  return (int)((long long)s * n_keys / ns);
+}
+
+// One decode block's shared memory: its G queries (times scale·log2(e)), per tile the scores and
+// then the probabilities, and at the end the key groups' partial value sums (groups·hd ≤
+// 4·kDecodeThreads, since a group is hd/4 threads); the running maximum, sum and rescale factor.
+template <int G>
+struct alignas(16) DecodeSmem {
+  float q[G][kMaxHeadDimF];
+  union {
+    float p[G][kDecodeTile];
+    float red[G * 4 * kDecodeThreads];
+  };
+  float m[G], l[G], alpha[G];
+};
+
+// Block (head group, split): query heads h0 .. h0 + G - 1 (one KV head) over the split's keys.
+// Score pass: warp w scores keys 4w .. 4w + 3 of each round of 32, lane holding dims 4(lane + 32c)
+// of each, the 4·G dot products summed at once by warp_sum_scatter. Value pass: thread (group,
+// quad) accumulates dims 4·quad of its heads over keys ≡ group (mod groups).
+template <int G, class Cache>
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_split_fast_kernel(
+    const float* __restrict__ q, const Cache* __restrict__ kc, const Cache* __restrict__ vc,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int n_head, int n_kv, int hd, int pos0,
+    const int32_t* __restrict__ pos_dev, float scale_log2, int max_splits) {
+  using Q = Quad<Cache>;
+  constexpr int kChunks = kMaxHeadDimF / 128, kRound = kDecodeWarps * kDecodeKeysPerWarp;
+  if (pos_dev) pos0 = pos_dev[0];
+  const int n_keys = pos0 + 1, ns = decode_splits(n_keys, max_splits), split = blockIdx.y;
+  if (split >= ns) return;
+  const int jb = split_begin(split, n_keys, ns), je = split_begin(split + 1, n_keys, ns);
+  const int h0 = blockIdx.x * G, kv_off = (h0 / (n_head / n_kv)) * hd;
+  const size_t kv_row = (size_t)n_kv * hd;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  __shared__ DecodeSmem<G> s;
+  for (int i = tid; i < G * hd; i += kDecodeThreads) s.q[i / hd][i % hd] = q[(size_t)h0 * hd + i] * scale_log2;
+  if (tid < G) s.m[tid] = -INFINITY, s.l[tid] = 0.0f;
+
+  const int quads = hd / 4, groups = kDecodeThreads / quads, group = tid / quads, quad = tid % quads;
+  float4 acc[G];
+#pragma unroll
+  for (int i = 0; i < G; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  for (int t0 = jb; t0 < je; t0 += kDecodeTile) {
+    const int nt = min(kDecodeTile, je - t0);
+    __syncthreads();  // q and m, l are set; the previous tile's p are read
+    for (int base = warp * kDecodeKeysPerWarp; base < nt; base += kRound) {
+      typename Q::Raw kr[kDecodeKeysPerWarp][kChunks];
+#pragma unroll
+      for (int kk = 0; kk < kDecodeKeysPerWarp; kk++) {
+        const Cache* row = kc + (size_t)(t0 + min(base + kk, nt - 1)) * kv_row + kv_off;
+#pragma unroll
+        for (int c = 0; c < kChunks; c++) {
+          const int d = 4 * (lane + 32 * c);
+          kr[kk][c] = d < hd ? Q::load(row + d) : Q::zero();
+        }
+      }
+      float a[kDecodeKeysPerWarp * G];  // key kk, head i at kk·G + i
+#pragma unroll
+      for (int i = 0; i < kDecodeKeysPerWarp * G; i++) a[i] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kChunks; c++) {
+        const int d = 4 * (lane + 32 * c);
+        if (d >= hd) break;
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+          const float4 qv = *reinterpret_cast<const float4*>(&s.q[i][d]);
+#pragma unroll
+          for (int kk = 0; kk < kDecodeKeysPerWarp; kk++)
+            a[kk * G + i] = dot4(qv, Q::to_float(kr[kk][c]), a[kk * G + i]);
+        }
+      }
+      int p;
+      const float v = warp_sum_scatter(a, lane, p);
+      const int key = base + p / G;
+      if (lane % (32 / (kDecodeKeysPerWarp * G)) == 0 && key < nt) s.p[p % G][key] = v;
+    }
+    __syncthreads();
+    if (warp < G) {  // warp i: head i's tile softmax, folded into its running maximum and sum
+      float mx = -INFINITY;
+      for (int j = lane; j < nt; j += 32) mx = fmaxf(mx, s.p[warp][j]);
+      mx = warp_max_f(mx);
+      const float m_old = s.m[warp], m_new = fmaxf(m_old, mx);  // finite: the tile has a key
+      float sum = 0.0f;
+      for (int j = lane; j < nt; j += 32) {
+        const float e = exp2f(s.p[warp][j] - m_new);
+        s.p[warp][j] = e;
+        sum += e;
+      }
+      sum = warp_sum_f(sum);
+      if (lane == 0) {
+        const float alpha = exp2f(m_old - m_new);
+        s.alpha[warp] = alpha;
+        s.l[warp] = fmaf(s.l[warp], alpha, sum);
+        s.m[warp] = m_new;
+      }
+    }
+    __syncthreads();
+    if (group < groups) {
+#pragma unroll
+      for (int i = 0; i < G; i++) {
+        const float al = s.alpha[i];
+        acc[i].x *= al, acc[i].y *= al, acc[i].z *= al, acc[i].w *= al;
+      }
+      const Cache* vq = vc + (size_t)t0 * kv_row + kv_off + 4 * quad;
+      for (int j = group; j < nt; j += groups * kValueUnroll) {
+        typename Q::Raw vv[kValueUnroll];
+#pragma unroll
+        for (int u = 0; u < kValueUnroll; u++) {
+          const int jj = j + u * groups;
+          vv[u] = jj < nt ? Q::load(vq + (size_t)jj * kv_row) : Q::zero();
+        }
+#pragma unroll
+        for (int u = 0; u < kValueUnroll; u++) {
+          const int jj = j + u * groups;
+          if (jj >= nt) break;
+          const float4 v4 = Q::to_float(vv[u]);
+#pragma unroll
+          for (int i = 0; i < G; i++) fma4(acc[i], s.p[i][jj], v4);
+        }
+      }
+    }
+  }
+  __syncthreads();  // the last tile's p are read: red overlays them
+  if (group < groups)
+#pragma unroll
+    for (int i = 0; i < G; i++) *reinterpret_cast<float4*>(&s.red[(group * G + i) * hd + 4 * quad]) = acc[i];
+  __syncthreads();
+  for (int x = tid; x < G * hd; x += kDecodeThreads) {
+    const int i = x / hd, d = x % hd;
+    float sum = 0.0f;
+    for (int gr = 0; gr < groups; gr++) sum += s.red[(gr * G + i) * hd + d];
+    part_acc[((size_t)(h0 + i) * max_splits + split) * hd + d] = sum;
+  }
+  if (tid < G) {
+    const size_t o = ((size_t)(h0 + tid) * max_splits + split) * 2;
+    part_ml[o] = s.m[tid];
+    part_ml[o + 1] = s.l[tid];
+  }
+}
+
+// Decode, second kernel: block h folds head h's splits, w_s = 2^(m_s - M) with M their maximum,
+// out = Σ w_s·acc_s / Σ w_s·l_s · sigmoid(gate). Thread (group, quad) sums dims 4·quad over the
+// splits ≡ group (mod groups), then the groups are added.
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_combine_fast_kernel(
+    const float* __restrict__ part_acc, const float* __restrict__ part_ml, const float* __restrict__ gate,
+    float* __restrict__ out, int hd, int pos0, const int32_t* __restrict__ pos_dev, int max_splits) {
+  pdl_trigger();  // the output projection follows
+  if (pos_dev) pos0 = pos_dev[0];
+  const int h = blockIdx.x, ns = decode_splits(pos0 + 1, max_splits), tid = threadIdx.x;
+  __shared__ float w[kFastDecodeMaxSplits];
+  __shared__ float total;
+  __shared__ alignas(16) float red[4 * kDecodeThreads];
+  const float* ml = part_ml + (size_t)h * max_splits * 2;
+  if (tid < 32) {
+    float mx = -INFINITY;
+    for (int sp = tid; sp < ns; sp += 32) mx = fmaxf(mx, ml[2 * sp]);
+    mx = warp_max_f(mx);
+    float sum = 0.0f;
+    for (int sp = tid; sp < ns; sp += 32) {
+      const float f = exp2f(ml[2 * sp] - mx);
+      w[sp] = f;
+      sum = fmaf(f, ml[2 * sp + 1], sum);
+    }
+    sum = warp_sum_f(sum);
+    if (tid == 0) total = sum;
+  }
+  __syncthreads();
+  const int quads = hd / 4, groups = kDecodeThreads / quads, group = tid / quads, quad = tid % quads;
+  if (group < groups) {
+    const float* a = part_acc + (size_t)h * max_splits * hd + 4 * quad;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = group; s0 < ns; s0 += groups * kCombineUnroll) {
+      float4 v[kCombineUnroll];
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; u++) {
+        const int sp = s0 + u * groups;
+        v[u] = sp < ns ? *reinterpret_cast<const float4*>(a + (size_t)sp * hd) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < kCombineUnroll; u++) {
+        const int sp = s0 + u * groups;
+        if (sp < ns) fma4(acc, w[sp], v[u]);
+      }
+    }
+    *reinterpret_cast<float4*>(&red[group * hd + 4 * quad]) = acc;
+  }
+  __syncthreads();
+  const float inv = 1.0f / total;
+  for (int d = tid; d < hd; d += kDecodeThreads) {
+    float sum = 0.0f;
+    for (int gr = 0; gr < groups; gr++) sum += red[gr * hd + d];
+    const size_t o = (size_t)h * hd + d;
+    out[o] = sum * inv * sigmoid_fast(gate[o]);
+  }
+}
+
+// Query heads a decode block: the largest power of two up to kMaxDecodeHeadsF dividing the group.
+int decode_heads_per_block(int group) {
+  int g = kMaxDecodeHeadsF;
+  while (group % g != 0) g /= 2;
+  return g;
+}
+
+template <int G, class Cache>
+void launch_decode_split(const float* q, const Cache* kc, const Cache* vc, int n_head, int n_kv, int hd, int pos0,
+                         const int32_t* pos_dev, float scale_log2, const AttentionSplitsF& sp,
+                         cudaStream_t stream) {
+  // With the position on the device every split a context could use gets a block; the ones past
+  // the step's splits exit at once.
+  const int grid_splits = pos_dev ? sp.max_splits : decode_splits(pos0 + 1, sp.max_splits);
+  attention_decode_split_fast_kernel<G, Cache><<<dim3(n_head / G, grid_splits), kDecodeThreads, 0, stream>>>(
+      q, kc, vc, sp.acc, sp.ml, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp.max_splits);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+template <class Cache>
+void attention_decode_fast(const float* q, const float* gate, const Cache* kc, const Cache* vc, float* out,
+                           int n_head, int n_kv, int hd, int pos0, const int32_t* pos_dev, float scale_log2,
+                           const AttentionSplitsF& sp, cudaStream_t stream) {
+  switch (decode_heads_per_block(n_head / n_kv)) {
+    case 8: launch_decode_split<8>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream); break;
+    case 4: launch_decode_split<4>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream); break;
+    case 2: launch_decode_split<2>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream); break;
+    default: launch_decode_split<1>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
+  }
+  attention_decode_combine_fast_kernel<<<n_head, kDecodeThreads, 0, stream>>>(sp.acc, sp.ml, gate, out, hd, pos0,
+                                                                               pos_dev, sp.max_splits);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+int max_decode_splits(int n_ctx) {
+  return std::clamp((n_ctx + kMinSplitKeys - 1) / kMinSplitKeys, 1, kFastDecodeMaxSplits);
+}
+
+template <class Cache>
+void gated_attention_fast_impl(const float* q, const float* gate, const Cache* k_cache, const Cache* v_cache,
+                               float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
+                               cudaStream_t stream, const int32_t* pos_dev, const AttentionSplitsF* splits) {
+  if (hd < 16 || hd > kMaxHeadDimF || hd % 16 != 0)
+    throw_error("attention (fast): head dim " + std::to_string(hd) + " is not a multiple of 16 from 16 to 256");
+  if (n_kv <= 0 || n_head <= 0 || n_head % n_kv != 0)
+    throw_error("attention (fast): " + std::to_string(n_head) + " query heads do not group over " +
+                std::to_string(n_kv) + " KV heads");
+  if (T < 0) throw_error("attention (fast): " + std::to_string(T) + " query tokens");
+  if (!pos_dev && pos0 < 0) throw_error("attention (fast): position " + std::to_string(pos0) + " is negative");
+  if (T == 0) return;
+  const float scale_log2 = scale * kLog2e;
+  if (T == 1) {
+    if (!splits || !splits->acc || !splits->ml || splits->max_splits <= 0)
+      throw_error("attention (fast): a decode step needs the split buffers (AttentionSplitsF)");
+    if (splits->max_splits > kFastDecodeMaxSplits || splits->n_head < n_head || splits->hd < hd)
+      throw_error("attention (fast): the split buffers hold " + std::to_string(splits->n_head) + " heads of " +
+                  std::to_string(splits->hd) + " dims, the step has " + std::to_string(n_head) + " of " +
+                  std::to_string(hd));
+    attention_decode_fast(q, gate, k_cache, v_cache, out, n_head, n_kv, hd, pos0, pos_dev, scale_log2, *splits,
+                          stream);
+  } else if (hd <= 64) {
+    launch_prefill<64>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, stream);
+  } else if (hd <= 128) {
+    launch_prefill<128>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, stream);
+  } else {
+    launch_prefill<256>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, stream);
+  }
+}
+
+}  // namespace
+
+size_t AttentionSplitsF::bytes(int n_ctx, int n_head, int hd) {
+  return (size_t)max_decode_splits(n_ctx) * n_head * (hd + 2) * sizeof(float);
+}
+
+AttentionSplitsF AttentionSplitsF::within(void* storage, int n_ctx, int n_head, int hd) {
+  AttentionSplitsF s;
+  s.max_splits = max_decode_splits(n_ctx);
+  s.n_head = n_head;
+  s.hd = hd;
+  s.acc = static_cast<float*>(storage);
+  s.ml = s.acc + (size_t)s.max_splits * n_head * hd;
+  return s;
+}
+
+void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache, float* out,
+                          int T, int n_head, int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
+                          const int32_t* pos_dev, const AttentionSplitsF* splits) {
+  gated_attention_fast_impl(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, scale, stream, pos_dev,
+                            splits);
+}
+
+}  // namespace rl::cuda
