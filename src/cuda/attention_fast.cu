@@ -1,7 +1,8 @@
 // Gated causal attention with GQA for the fast numeric tier (DESIGN.md §5a). The function is
 // attention.cu's gated_attention: query token t at position pos = pos0 + t sees cache rows
 // 0 .. pos, out = softmax(q·kᵀ·scale)·v · sigmoid(gate), query head h on KV head h / (n_head / n_kv).
-// The arithmetic is fp32, with fp16 tensor-core operands in the prefill.
+// The arithmetic is fp32, with fp16 tensor-core operands in the prefill. The caches are fp32 or
+// f16 (--kv-type f16): the kernels are templates on the cache element, converting as they load.
 //
 // Prefill (T > 1): flash attention on tensor cores. A block takes kPrefillRows query rows of one KV
 // head, a row being a (token, query head) pair of the heads that share the KV head, so one staging
@@ -64,6 +65,19 @@ struct Quad<float> {
   static __device__ __forceinline__ uint2 to_half(Raw r) {
     return make_uint2(pack_half2(r.x, r.y), pack_half2(r.z, r.w));
   }
+};
+
+template <>
+struct Quad<__half> {
+  using Raw = uint2;
+  static __device__ __forceinline__ Raw load(const __half* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+  static __device__ __forceinline__ Raw zero() { return make_uint2(0u, 0u); }
+  static __device__ __forceinline__ float4 to_float(Raw r) {
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&r.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&r.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+  static __device__ __forceinline__ uint2 to_half(Raw r) { return r; }
 };
 
 __device__ __forceinline__ void fma4(float4& acc, float w, float4 v) {
@@ -623,6 +637,12 @@ AttentionSplitsF AttentionSplitsF::within(void* storage, int n_ctx, int n_head, 
 }
 
 void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache, float* out,
+                          int T, int n_head, int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
+                          const int32_t* pos_dev, const AttentionSplitsF* splits) {
+  gated_attention_fast_impl(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, scale, stream, pos_dev,
+                            splits);
+}
+void gated_attention_fast(const float* q, const float* gate, const __half* k_cache, const __half* v_cache, float* out,
                           int T, int n_head, int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
                           const int32_t* pos_dev, const AttentionSplitsF* splits) {
   gated_attention_fast_impl(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, scale, stream, pos_dev,

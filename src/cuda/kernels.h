@@ -2,6 +2,7 @@
 // memory unless a weight type says otherwise; shapes are [rows][cols] row-major, "T" is the number
 // of tokens in a batch. Every launcher enqueues on `stream` and returns at once.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -164,11 +165,18 @@ void rope_neox(float* x, int T, int n_heads, int head_dim, size_t row_stride, in
 void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
                     const float* k_norm, float* k_cache, float* v_cache, int T, int n_head, int n_kv, int hd,
                     float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
+// The same into f16 caches (the fast tier's --kv-type f16): the fp32 key and value rounded once.
+void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
+                    const float* k_norm, __half* k_cache, __half* v_cache, int T, int n_head, int n_kv, int hd,
+                    float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
 // Appends k, v [T][n_kv][hd] at positions pos0.. to the caches [n_ctx][n_kv][hd].
 // pos_dev (device, optional): when given, pos0 is read from pos_dev[0] at run time, so a captured
 // CUDA graph replays at any position.
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
               int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev = nullptr);
+// The same into f16 caches, each value rounded to nearest.
+void store_kv(const float* k, const float* v, __half* k_cache, __half* v_cache, int T, int n_kv, int hd, int pos0,
+              cudaStream_t stream, const int32_t* pos_dev = nullptr);
 // Keys per split of the attention kernels (attention.cu). A decode step at depth n runs
 // ceil(n / kSplitKeys) splits per KV head; 256 keys keep a split's scores in shared memory and give
 // a 32k-token context 128 splits (256 blocks at the 80B's 2 KV heads) to fill the GPU.
@@ -221,8 +229,15 @@ struct AttentionSplitsF {
 // flash attention on tensor cores with fp16 q, k, v and probabilities, fp32 accumulation and
 // softmax (relative RMS error ~1e-3 for scores of spread 2); a decode step (T = 1) in fp32
 // (~1e-6), which needs `splits` made for at least n_head heads of hd dims. hd a multiple of 16
-// from 16 to 256; any n_head / n_kv group; positions up to the cache's length.
+// from 16 to 256; any n_head / n_kv group; positions up to the cache's length; q, gate, out and
+// the caches 16-byte aligned at every head.
 void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache,
+                          float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
+                          cudaStream_t stream, const int32_t* pos_dev = nullptr,
+                          const AttentionSplitsF* splits = nullptr);
+// The same over f16 caches (store_kv / attention_prep's f16 forms): the same kernels reading
+// halves, the same arithmetic after the load (the prefill's k and v are then not rounded again).
+void gated_attention_fast(const float* q, const float* gate, const __half* k_cache, const __half* v_cache,
                           float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
                           cudaStream_t stream, const int32_t* pos_dev = nullptr,
                           const AttentionSplitsF* splits = nullptr);

@@ -47,30 +47,52 @@ struct Heads {
 // The fixtures' and the 80B's head shapes.
 const Heads kShapes[] = {{4, 2, 64}, {8, 2, 128}, {16, 2, 256}};
 
-// Random KV caches [n_ctx][n_kv][hd] on the host and the device, for shape kShapes[shape] (or
-// any head count over its n_kv and hd).
+// Random KV caches [n_ctx][n_kv][hd] on the device, fp32 or f16, and on the host the values they
+// hold (an f16 cache's rounded to nearest by common/fp16.h), for shape kShapes[shape] (or any
+// head count over its n_kv and hd).
 struct Caches {
   int n_kv = 0, hd = 0, n_ctx = 0;
+  bool f16 = false;
   std::vector<float> k, v;
   cuda::DeviceBuffer dk, dv;
 };
 
-// The caches are the tests' largest inputs: made once per shape for the whole binary.
-const Caches& caches(int shape) {
+cuda::DeviceBuffer to_device_as_f16(std::vector<float>& x) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); i++) x[i] = fp16_to_f32(bits[i] = f32_to_fp16(x[i]));
+  return to_device(bits);
+}
+
+// The caches are the tests' largest inputs: made once per shape and type for the whole binary.
+const Caches& caches(int shape, bool f16 = false) {
   static const int kCtx[] = {262144, 70100, 70100};  // 4/2 reaches the 80B's full context
-  static Caches made[3];
-  Caches& c = made[shape];
+  static Caches made[2][3];
+  Caches& c = made[f16][shape];
   if (c.n_ctx == 0) {
     c.n_kv = kShapes[shape].n_kv;
     c.hd = kShapes[shape].hd;
-    c.n_ctx = kCtx[shape];
+    c.n_ctx = f16 ? 70100 : kCtx[shape];
+    c.f16 = f16;
     const size_t n = (size_t)c.n_ctx * c.n_kv * c.hd;
     c.k = random_floats(n, 100 + shape);
     c.v = random_floats(n, 200 + shape);
-    c.dk = to_device(c.k);
-    c.dv = to_device(c.v);
+    c.dk = f16 ? to_device_as_f16(c.k) : to_device(c.k);
+    c.dv = f16 ? to_device_as_f16(c.v) : to_device(c.v);
   }
   return c;
+}
+
+float scale_of(const Heads& h) { return 1.0f / std::sqrt((float)h.hd); }
+
+// gated_attention_fast over the caches, of their type.
+void attend(const Caches& c, const Heads& h, const float* q, const float* g, float* out, int T, int pos0,
+            cudaStream_t stream, const int32_t* pos_dev, const cuda::AttentionSplitsF* splits) {
+  if (c.f16)
+    cuda::gated_attention_fast(q, g, c.dk.get<__half>(), c.dv.get<__half>(), out, T, h.n_head, h.n_kv, h.hd, pos0,
+                               scale_of(h), stream, pos_dev, splits);
+  else
+    cuda::gated_attention_fast(q, g, c.dk.f(), c.dv.f(), out, T, h.n_head, h.n_kv, h.hd, pos0, scale_of(h), stream,
+                               pos_dev, splits);
 }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -165,8 +187,6 @@ struct Step {
         splits(cuda::AttentionSplitsF::within(split_storage.get(), c.n_ctx, h.n_head, h.hd)) {}
 };
 
-float scale_of(const Heads& h) { return 1.0f / std::sqrt((float)h.hd); }
-
 // A decode step at position pos (query q, gate g on the device), by pos0 or by pos_dev.
 std::vector<float> decode(const Caches& c, const Heads& h, Step& st, const cuda::DeviceBuffer& dq,
                           const cuda::DeviceBuffer& dg, int pos, bool on_device) {
@@ -174,17 +194,16 @@ std::vector<float> decode(const Caches& c, const Heads& h, Step& st, const cuda:
   cuda::DeviceBuffer dout(row * 4), dpos(sizeof(int32_t));
   const int32_t p = pos;
   RL_CUDA_CHECK(cudaMemcpy(dpos.get(), &p, sizeof p, cudaMemcpyHostToDevice));
-  cuda::gated_attention_fast(dq.f(), dg.f(), c.dk.f(), c.dv.f(), dout.f(), 1, h.n_head, h.n_kv, h.hd,
-                             on_device ? 0 : pos, scale_of(h), nullptr,
-                             on_device ? dpos.get<int32_t>() : nullptr, &st.splits);
+  attend(c, h, dq.f(), dg.f(), dout.f(), 1, on_device ? 0 : pos, nullptr, on_device ? dpos.get<int32_t>() : nullptr,
+         &st.splits);
   return to_host<float>(dout, row);
 }
 
-// A decode step of query heads h over caches(shape) at `length` keys.
-void check_decode(int shape, Heads h, int length, uint32_t seed) {
-  const Caches& c = caches(shape);
+// A decode step of query heads h over caches(shape, f16) at `length` keys.
+void check_decode(int shape, Heads h, int length, uint32_t seed, bool f16 = false) {
+  const Caches& c = caches(shape, f16);
   SCOPED_TRACE(::testing::Message() << h.n_head << "/" << h.n_kv << " heads, hd " << h.hd << ", " << length
-                                    << " keys");
+                                    << " keys" << (f16 ? ", f16 cache" : ""));
   const int pos = length - 1, row = h.n_head * h.hd;
   auto q = random_floats(row, seed, 2.0f), g = random_floats(row, seed + 1);
   auto dq = to_device(q), dg = to_device(g);
@@ -211,18 +230,17 @@ TEST_F(CudaFastAttention, DecodeAtDepth) {
 
 // A chunk of T queries at pos0 (keys through pos0 + T - 1 in the cache): against the reference,
 // the pos_dev path bit for bit, and the decode step of its last token within the prefill bound.
-void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed) {
-  const Caches& c = caches(shape);
+void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed, bool f16 = false) {
+  const Caches& c = caches(shape, f16);
   SCOPED_TRACE(::testing::Message() << h.n_head << "/" << h.n_kv << " heads, hd " << h.hd << ", pos0 " << pos0
-                                    << ", T " << T);
+                                    << ", T " << T << (f16 ? ", f16 cache" : ""));
   ASSERT_LE(pos0 + T, c.n_ctx);
   const int n_head = h.n_head, hd = h.hd;
   const size_t row = (size_t)n_head * hd;
   auto q = random_floats(T * row, seed, 2.0f), g = random_floats(T * row, seed + 1);
   auto dq = to_device(q), dg = to_device(g);
   cuda::DeviceBuffer dout(T * row * 4), dpos(sizeof(int32_t));
-  cuda::gated_attention_fast(dq.f(), dg.f(), c.dk.f(), c.dv.f(), dout.f(), T, n_head, h.n_kv, hd, pos0,
-                             scale_of(h), nullptr);
+  attend(c, h, dq.f(), dg.f(), dout.f(), T, pos0, nullptr, nullptr, nullptr);
   const auto got = to_host<float>(dout, T * row);
 
   const auto tokens = checked_tokens(h, pos0, T);
@@ -235,8 +253,7 @@ void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed) {
 
   const int32_t p = pos0;
   RL_CUDA_CHECK(cudaMemcpy(dpos.get(), &p, sizeof p, cudaMemcpyHostToDevice));
-  cuda::gated_attention_fast(dq.f(), dg.f(), c.dk.f(), c.dv.f(), dout.f(), T, n_head, h.n_kv, hd, 0,
-                             scale_of(h), nullptr, dpos.get<int32_t>());
+  attend(c, h, dq.f(), dg.f(), dout.f(), T, 0, nullptr, dpos.get<int32_t>(), nullptr);
   const auto dev = to_host<float>(dout, T * row);
   for (size_t i = 0; i < dev.size(); i++) ASSERT_EQ(dev[i], got[i]) << "pos_dev path, value " << i;
 
@@ -289,8 +306,7 @@ TEST_F(CudaFastAttention, CapturedDecodeReplaysAtAnyDepth) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  cuda::gated_attention_fast(dq.f(), dg.f(), c.dk.f(), c.dv.f(), dout.f(), 1, h.n_head, h.n_kv, h.hd, 0, scale_of(h),
-                             stream, dpos.get<int32_t>(), &st.splits);
+  attend(c, h, dq.f(), dg.f(), dout.f(), 1, 0, stream, dpos.get<int32_t>(), &st.splits);
   RL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   RL_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int pos : {0, 100, 70000, 31}) {
@@ -307,6 +323,65 @@ TEST_F(CudaFastAttention, CapturedDecodeReplaysAtAnyDepth) {
   RL_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// f16 caches (--kv-type f16): the same kernels reading halves, against the reference over the
+// values the caches hold. The bounds are the fp32 caches' (the prefill rounds k and v to fp16
+// anyway; the decode reads the halves exactly).
+TEST_F(CudaFastAttention, DecodeOverF16Caches) {
+  for (int shape = 0; shape < 3; shape++)
+    for (int length : {1, 33, 4095, 70001}) check_decode(shape, kShapes[shape], length, 30 + length, true);
+}
+
+TEST_F(CudaFastAttention, PrefillOverF16Caches) {
+  for (int shape = 0; shape < 3; shape++) {
+    check_prefill(shape, kShapes[shape], 0, 31, 41, true);
+    check_prefill(shape, kShapes[shape], 4095 - 77, 77, 42, true);
+    check_prefill(shape, kShapes[shape], 70001 - 512, 512, 43, true);
+  }
+}
+
+// store_kv and attention_prep into f16 caches: every value the fp32 forms store, rounded to
+// nearest even (common/fp16.h), bit for bit; q and gate as the fp32 form gives them. The values
+// span fp16's subnormals (~1e-5) to ~3e3.
+TEST_F(CudaFastAttention, F16CacheStores) {
+  const int T = 3, n_head = 4, n_kv = 2, hd = 64, n_rot = 32, pos0 = 5, n_ctx = pos0 + T + 2;
+  const size_t width = (size_t)n_kv * hd, cache = (size_t)n_ctx * width, qn_floats = (size_t)T * n_head * hd;
+  auto k = random_floats(T * width, 51), v = random_floats(T * width, 52);
+  for (size_t i = 0; i < k.size(); i++) {
+    const float mag = i % 3 == 0 ? 1e-5f : i % 3 == 1 ? 1.0f : 3e3f;
+    k[i] *= mag, v[i] *= mag;
+  }
+  auto qg = random_floats((size_t)T * n_head * 2 * hd, 53, 2.0f), qn = random_floats(hd, 54), kn = random_floats(hd, 55);
+  std::vector<int32_t> pos(T);
+  for (int t = 0; t < T; t++) pos[t] = pos0 + t;
+  auto dk = to_device(k), dv = to_device(v), dqg = to_device(qg), dqn = to_device(qn), dkn = to_device(kn),
+       dpos = to_device(pos);
+  cuda::DeviceBuffer kc32(cache * 4), vc32(cache * 4), kc16(cache * 2), vc16(cache * 2);
+  auto expect_rounded = [&](const char* what) {
+    const auto k32 = to_host<float>(kc32, cache), v32 = to_host<float>(vc32, cache);
+    const auto k16 = to_host<uint16_t>(kc16, cache), v16 = to_host<uint16_t>(vc16, cache);
+    for (size_t i = pos0 * width; i < (pos0 + T) * width; i++) {
+      ASSERT_EQ(k16[i], f32_to_fp16(k32[i])) << what << ": k value " << i;
+      ASSERT_EQ(v16[i], f32_to_fp16(v32[i])) << what << ": v value " << i;
+    }
+  };
+  for (auto* b : {&kc32, &vc32, &kc16, &vc16}) RL_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
+  cuda::store_kv(dk.f(), dv.f(), kc32.f(), vc32.f(), T, n_kv, hd, pos0, nullptr);
+  cuda::store_kv(dk.f(), dv.f(), kc16.get<__half>(), vc16.get<__half>(), T, n_kv, hd, 0, nullptr,
+                 dpos.get<int32_t>());
+  expect_rounded("store_kv");
+
+  cuda::DeviceBuffer q32(qn_floats * 4), g32(qn_floats * 4), q16(qn_floats * 4), g16(qn_floats * 4);
+  const float theta_scale = std::pow(10000.0f, -2.0f / (float)n_rot);
+  cuda::attention_prep(dqg.f(), dk.f(), dv.f(), q32.f(), g32.f(), dqn.f(), dkn.f(), kc32.f(), vc32.f(), T, n_head,
+                       n_kv, hd, 1e-6f, n_rot, theta_scale, dpos.get<int32_t>(), nullptr);
+  cuda::attention_prep(dqg.f(), dk.f(), dv.f(), q16.f(), g16.f(), dqn.f(), dkn.f(), kc16.get<__half>(),
+                       vc16.get<__half>(), T, n_head, n_kv, hd, 1e-6f, n_rot, theta_scale, dpos.get<int32_t>(),
+                       nullptr);
+  expect_rounded("attention_prep");
+  EXPECT_EQ(to_host<float>(q16, qn_floats), to_host<float>(q32, qn_floats)) << "q";
+  EXPECT_EQ(to_host<float>(g16, qn_floats), to_host<float>(g32, qn_floats)) << "gate";
+}
+
 // Bad arguments are refused before anything is launched, naming what is wrong (no GPU needed).
 TEST(FastAttentionArguments, RefusedWithTheReason) {
   auto message = [](auto&& call) -> std::string {
@@ -318,8 +393,9 @@ TEST(FastAttentionArguments, RefusedWithTheReason) {
     return "(no error)";
   };
   auto attend = [](int T, int n_head, int n_kv, int hd, int pos0, const cuda::AttentionSplitsF* sp) {
-    cuda::gated_attention_fast(nullptr, nullptr, nullptr, nullptr, nullptr, T, n_head, n_kv, hd, pos0, 0.125f,
-                               nullptr, nullptr, sp);
+    const float* none = nullptr;
+    cuda::gated_attention_fast(none, none, none, none, nullptr, T, n_head, n_kv, hd, pos0, 0.125f, nullptr, nullptr,
+                               sp);
   };
   EXPECT_NE(message([&] { attend(4, 4, 2, 72, 0, nullptr); }).find("head dim 72"), std::string::npos);
   EXPECT_NE(message([&] { attend(4, 4, 2, 272, 0, nullptr); }).find("head dim 272"), std::string::npos);
