@@ -12,7 +12,9 @@
 // registers (running maximum and sum per row, exp2 with scale·log2(e) folded in), P rounded to
 // fp16 in the registers that already form mma's A fragment, O += P·V with V's B fragments by
 // ldmatrix.trans. Only tiles that reach past a warp's first row are masked; a warp whose rows all
-// end before a tile skips its arithmetic.
+// end before a tile skips its arithmetic. A short chunk (few row tiles) given the split buffers
+// also splits its key tiles over blocks, each writing partial results that the decode step's
+// combine kernel folds, so that a few tokens at depth still fill the GPU.
 //
 // Decode (T = 1): flash-decoding in fp32. The keys 0 .. pos go in at most max_splits (≤
 // kMaxDecodeSplits) splits of at least kMinSplitKeys keys: as many as fill the GPU at short depth,
@@ -108,6 +110,11 @@ constexpr int kPrefillRows = 16 * kPrefillWarps;  // (token, head) rows a block:
 constexpr int kPrefillKeys = 64;                  // keys a tile: S is 64 fp32 registers' worth a row pair
 constexpr int kSmemPad = 8;   // halves after each shared row (16 bytes): fragment loads hit 32 banks
 constexpr int kStageBatch = 4;  // rows of each tile a thread loads at once while staging
+// A short chunk (few row tiles: speculative verification, a prompt's last chunk) at depth would
+// leave most multiprocessors idle while a few blocks stream the whole cache: its keys are then
+// split over blocks until there are about this many blocks a multiprocessor (two blocks of
+// 101 KB shared memory fit one, so one's loads overlap the other's arithmetic).
+constexpr int kPrefillSplitBlocksPerSm = 2;
 
 // Shared memory of a block for head dims up to TIER: Q [kPrefillRows][kRow], then K and V
 // [kPrefillKeys][kRow], fp16, rows kRow halves apart.
@@ -169,13 +176,19 @@ __device__ __forceinline__ void stage_tiles(__half* const (&dst)[NS], RowPtr row
   }
 }
 
+int prefill_row_tiles(int T, int group) { return (T * group + kPrefillRows - 1) / kPrefillRows; }
+
 // Block (row tile, KV head): rows R = r0 .. r0 + 63 of the KV head's T·G (token, head) pairs,
 // R = t·G + i for query head kvh·G + i of token t. Later tokens (more keys) are scheduled first.
+// With n_splits > 1 (a short chunk at depth, blockIdx.z = split) the block takes the split's share
+// of the chunk's key tiles and writes each row's unnormalised output, maximum and sum as a partial
+// of (token, head) t·n_head + h, which the decode combine kernel folds.
 template <int TIER, class Cache>
 __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel(
     const float* __restrict__ q, const float* __restrict__ gate, const Cache* __restrict__ kc,
     const Cache* __restrict__ vc, float* __restrict__ out, int T, int n_head, int n_kv, int hd, int pos0,
-    const int32_t* __restrict__ pos_dev, float scale_log2) {
+    const int32_t* __restrict__ pos_dev, float scale_log2, int n_splits, float* __restrict__ part_acc,
+    float* __restrict__ part_ml) {
   using Tile = PrefillTile<TIER>;
   constexpr int kRow = Tile::kRow, kKeyTiles = kPrefillKeys / 8, kDimTiles = TIER / 8;
   pdl_trigger();  // the output projection follows
@@ -196,6 +209,10 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel
   const int lim[2] = {last_key(wr + fg), last_key(wr + fg + 8)};
   const int warp_first = last_key(wr), warp_last = last_key(wr + 15);
   const int n_keys = last_key(kPrefillRows - 1) + 1;
+  // This split's key tiles: an equal share of the chunk's (a share past n_keys leaves m = -inf).
+  const int chunk_tiles = (pos0 + T + kPrefillKeys - 1) / kPrefillKeys, z = blockIdx.z;
+  const int key_begin = (int)((long long)z * chunk_tiles / n_splits) * kPrefillKeys;
+  const int key_end = min(n_keys, (int)((long long)(z + 1) * chunk_tiles / n_splits) * kPrefillKeys);
 
   __half* const q_tile[1] = {sQ};
   stage_tiles<TIER, kPrefillRows, 1, float>(
@@ -212,7 +229,7 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel
   for (int n = 0; n < kDimTiles; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running maximum (log2 units), partial sum
 
-  for (int j0 = 0; j0 < n_keys; j0 += kPrefillKeys) {
+  for (int j0 = key_begin; j0 < key_end; j0 += kPrefillKeys) {
     __syncthreads();  // the previous tile is read
     const int valid = min(kPrefillKeys, n_keys - j0);
     stage_tiles<TIER, kPrefillKeys, 2, Cache>(
@@ -304,7 +321,17 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel
   for (int i = 0; i < 2; i++) {
     const int R = r0 + wr + fg + 8 * i;
     if (R >= rows_total) continue;
-    const size_t row = ((size_t)(R / G) * n_head + kvh * G + R % G) * hd;
+    const size_t vh = (size_t)(R / G) * n_head + kvh * G + R % G, row = vh * hd;
+    if (n_splits > 1) {
+      const size_t part = vh * n_splits + z;
+#pragma unroll
+      for (int n = 0; n < kDimTiles; n++) {
+        if (8 * n >= hd) break;
+        *reinterpret_cast<float2*>(part_acc + part * hd + 8 * n + 2 * fq) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+      }
+      if (fq == 0) part_ml[2 * part] = m[i], part_ml[2 * part + 1] = l[i];
+      continue;
+    }
     const float inv = 1.0f / l[i];
 #pragma unroll
     for (int n = 0; n < kDimTiles; n++) {
@@ -320,7 +347,7 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel
 template <int TIER, class Cache>
 void launch_prefill(const float* q, const float* gate, const Cache* kc, const Cache* vc, float* out, int T,
                     int n_head, int n_kv, int hd, int pos0, const int32_t* pos_dev, float scale_log2,
-                    cudaStream_t stream) {
+                    int n_splits, const AttentionSplitsF* sp, cudaStream_t stream) {
   constexpr size_t kBytes = PrefillTile<TIER>::kBytes;
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
   static const bool opted_in = [] {
@@ -329,9 +356,10 @@ void launch_prefill(const float* q, const float* gate, const Cache* kc, const Ca
     return true;
   }();
   (void)opted_in;
-  const int blocks = (T * (n_head / n_kv) + kPrefillRows - 1) / kPrefillRows;
-  attention_prefill_fast_kernel<TIER, Cache><<<dim3(blocks, n_kv), kPrefillThreads, kBytes, stream>>>(
-      q, gate, kc, vc, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2);
+  attention_prefill_fast_kernel<TIER, Cache>
+      <<<dim3(prefill_row_tiles(T, n_head / n_kv), n_kv, n_splits), kPrefillThreads, kBytes, stream>>>(
+          q, gate, kc, vc, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, n_splits, sp ? sp->acc : nullptr,
+          sp ? sp->ml : nullptr);
   RL_CUDA_LAUNCH_CHECK();
 }
 
@@ -346,7 +374,7 @@ constexpr int kMaxDecodeHeadsF = 8;    // query heads of one KV head a block (th
 constexpr int kValueUnroll = 4;        // value rows a thread loads at once
 constexpr int kCombineUnroll = 8;      // split partials a combine thread loads at once
 static_assert(kDecodeTile % (kDecodeWarps * kDecodeKeysPerWarp) == 0, "a tile is whole score rounds");
-static_assert(kFastDecodeMaxSplits <= kDecodeThreads, "the combine weighs the splits one a thread");
+static_assert(kFastDecodeMaxSplits <= kFastSplitPartials, "a decode step's partials fit the buffers");
 
 // The splits of a step at n keys, and split s's first key: n·s/ns, so none is empty (ns ≤ n).
 __host__ __device__ __forceinline__ int decode_splits(int n_keys, int max_splits) {
@@ -495,15 +523,18 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_split_fast_ke
   }
 }
 
-// Decode, second kernel: block h folds head h's splits, w_s = 2^(m_s - M) with M their maximum,
-// out = Σ w_s·acc_s / Σ w_s·l_s · sigmoid(gate). Thread (group, quad) sums dims 4·quad over the
-// splits ≡ group (mod groups), then the groups are added.
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_combine_fast_kernel(
+// Second kernel of a decode step (and of a split chunk): block h folds output row h's splits (a
+// head of the step, or (token, head) t·n_head + h of a chunk), w_s = 2^(m_s - M) with M their
+// maximum, out = Σ w_s·acc_s / Σ w_s·l_s · sigmoid(gate). Thread (group, quad) sums dims 4·quad
+// over the splits ≡ group (mod groups), then the groups are added. The partials of row h are
+// max_splits apart; a decode step uses decode_splits of them (n_splits = 0), a chunk n_splits.
+__global__ void __launch_bounds__(kDecodeThreads) attention_combine_fast_kernel(
     const float* __restrict__ part_acc, const float* __restrict__ part_ml, const float* __restrict__ gate,
-    float* __restrict__ out, int hd, int pos0, const int32_t* __restrict__ pos_dev, int max_splits) {
+    float* __restrict__ out, int hd, int pos0, const int32_t* __restrict__ pos_dev, int max_splits, int n_splits) {
   pdl_trigger();  // the output projection follows
   if (pos_dev) pos0 = pos_dev[0];
-  const int h = blockIdx.x, ns = decode_splits(pos0 + 1, max_splits), tid = threadIdx.x;
+  const int h = blockIdx.x, tid = threadIdx.x;
+  const int ns = n_splits > 0 ? n_splits : decode_splits(pos0 + 1, max_splits);
   __shared__ float w[kFastDecodeMaxSplits];
   __shared__ float total;
   __shared__ alignas(16) float red[4 * kDecodeThreads];
@@ -580,13 +611,29 @@ void attention_decode_fast(const float* q, const float* gate, const Cache* kc, c
     case 2: launch_decode_split<2>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream); break;
     default: launch_decode_split<1>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
   }
-  attention_decode_combine_fast_kernel<<<n_head, kDecodeThreads, 0, stream>>>(sp.acc, sp.ml, gate, out, hd, pos0,
-                                                                               pos_dev, sp.max_splits);
+  attention_combine_fast_kernel<<<n_head, kDecodeThreads, 0, stream>>>(sp.acc, sp.ml, gate, out, hd, pos0, pos_dev,
+                                                                        sp.max_splits, 0);
   RL_CUDA_LAUNCH_CHECK();
 }
 
 int max_decode_splits(int n_ctx) {
   return std::clamp((n_ctx + kMinSplitKeys - 1) / kMinSplitKeys, 1, kFastDecodeMaxSplits);
+}
+
+void check_split_buffers(const AttentionSplitsF& sp, int n_head, int hd) {
+  if (sp.max_splits > kFastDecodeMaxSplits || sp.n_head < n_head || sp.hd < hd)
+    throw_error("attention (fast): the split buffers hold " + std::to_string(sp.n_head) + " heads of " +
+                std::to_string(sp.hd) + " dims, the step has " + std::to_string(n_head) + " of " + std::to_string(hd));
+}
+
+// Independent of the position, so a chunk gives the same bits with it on the host or the device
+// (splits past a shallow chunk's keys are empty and exit after writing an empty partial).
+int chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* sp) {
+  if (!sp || !sp->acc || !sp->ml || T < 2) return 1;
+  const int blocks = prefill_row_tiles(T, n_head / n_kv) * n_kv;
+  const int want = (kPrefillSplitBlocksPerSm * device_info().sm_count + blocks - 1) / blocks;
+  const int n = std::min({want, kFastSplitPartials / T, kFastDecodeMaxSplits});  // the combine weighs ≤ 128
+  return std::max(n, 1);
 }
 
 template <class Cache>
@@ -605,25 +652,37 @@ void gated_attention_fast_impl(const float* q, const float* gate, const Cache* k
   if (T == 1) {
     if (!splits || !splits->acc || !splits->ml || splits->max_splits <= 0)
       throw_error("attention (fast): a decode step needs the split buffers (AttentionSplitsF)");
-    if (splits->max_splits > kFastDecodeMaxSplits || splits->n_head < n_head || splits->hd < hd)
-      throw_error("attention (fast): the split buffers hold " + std::to_string(splits->n_head) + " heads of " +
-                  std::to_string(splits->hd) + " dims, the step has " + std::to_string(n_head) + " of " +
-                  std::to_string(hd));
+    check_split_buffers(*splits, n_head, hd);
     attention_decode_fast(q, gate, k_cache, v_cache, out, n_head, n_kv, hd, pos0, pos_dev, scale_log2, *splits,
                           stream);
-  } else if (hd <= 64) {
-    launch_prefill<64>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, stream);
-  } else if (hd <= 128) {
-    launch_prefill<128>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, stream);
-  } else {
-    launch_prefill<256>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, stream);
+    return;
+  }
+  if (splits && splits->acc) check_split_buffers(*splits, n_head, hd);
+  const int n_splits = chunk_key_splits(T, n_head, n_kv, splits);
+  if (hd <= 64)
+    launch_prefill<64>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, n_splits,
+                       splits, stream);
+  else if (hd <= 128)
+    launch_prefill<128>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, n_splits,
+                        splits, stream);
+  else
+    launch_prefill<256>(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, n_splits,
+                        splits, stream);
+  if (n_splits > 1) {
+    attention_combine_fast_kernel<<<T * n_head, kDecodeThreads, 0, stream>>>(splits->acc, splits->ml, gate, out, hd,
+                                                                             pos0, pos_dev, n_splits, n_splits);
+    RL_CUDA_LAUNCH_CHECK();
   }
 }
 
 }  // namespace
 
-size_t AttentionSplitsF::bytes(int n_ctx, int n_head, int hd) {
-  return (size_t)max_decode_splits(n_ctx) * n_head * (hd + 2) * sizeof(float);
+int fast_chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* splits) {
+  return chunk_key_splits(T, n_head, n_kv, splits);
+}
+
+size_t AttentionSplitsF::bytes(int, int n_head, int hd) {
+  return (size_t)kFastSplitPartials * n_head * (hd + 2) * sizeof(float);
 }
 
 AttentionSplitsF AttentionSplitsF::within(void* storage, int n_ctx, int n_head, int hd) {
@@ -632,7 +691,7 @@ AttentionSplitsF AttentionSplitsF::within(void* storage, int n_ctx, int n_head, 
   s.n_head = n_head;
   s.hd = hd;
   s.acc = static_cast<float*>(storage);
-  s.ml = s.acc + (size_t)s.max_splits * n_head * hd;
+  s.ml = s.acc + (size_t)kFastSplitPartials * n_head * hd;
   return s;
 }
 

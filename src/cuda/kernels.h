@@ -209,11 +209,16 @@ void gated_attention(const float* q, const float* gate, const float* k_cache, co
 // min(max_splits, ceil(n / 64)) splits of equal length, so the buffers below do not grow with the
 // context and short contexts still spread over many blocks.
 constexpr int kFastDecodeMaxSplits = 128;
+// Partial results a head the split buffers hold: a decode step's splits, or a split chunk's
+// T × n_splits (16 tokens split 64 ways, 76 tokens 13 ways).
+constexpr int kFastSplitPartials = 1024;
 
-// A fast decode step's per-split partial results in device memory the caller owns, fp32:
-// acc [n_head][max_splits][hd] (weighted values), ml [n_head][max_splits][2] (maximum in log2
-// units, sum). max_splits = min(kFastDecodeMaxSplits, ceil(n_ctx / 64)); any position can use them
-// (past n_ctx the splits only get longer). n_head and hd record the shape they were made for.
+// The fast tier's per-split partial results in device memory the caller owns, fp32:
+// acc [n_head][kFastSplitPartials][hd] (weighted values), ml [n_head][kFastSplitPartials][2]
+// (maximum in log2 units, sum): n_head × 1,024 × (hd + 2) floats (16.9 MB at the 80B's 16 heads of
+// 256). A decode step uses max_splits = min(kFastDecodeMaxSplits, ceil(n_ctx / 64)) of a head's
+// (any position can: past n_ctx the splits only get longer), a split chunk T × n_splits. n_head
+// and hd record the shape they were made for.
 struct AttentionSplitsF {
   float* acc = nullptr;
   float* ml = nullptr;
@@ -228,13 +233,19 @@ struct AttentionSplitsF {
 // gated_attention's function (same arguments and layouts) in the fast tier: a chunk (T > 1) by
 // flash attention on tensor cores with fp16 q, k, v and probabilities, fp32 accumulation and
 // softmax (relative RMS error ~1e-3 for scores of spread 2); a decode step (T = 1) in fp32
-// (~1e-6), which needs `splits` made for at least n_head heads of hd dims. hd a multiple of 16
+// (~1e-6), which needs `splits` made for at least n_head heads of hd dims (a chunk may use them,
+// see fast_chunk_key_splits; they are then busy until it completes). hd a multiple of 16
 // from 16 to 256; any n_head / n_kv group; positions up to the cache's length; q, gate, out and
 // the caches 16-byte aligned at every head.
 void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache,
                           float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
                           cudaStream_t stream, const int32_t* pos_dev = nullptr,
                           const AttentionSplitsF* splits = nullptr);
+// A chunk (T > 1) given `splits` splits its keys over blocks when its rows alone would leave the
+// GPU idle (T·n_splits ≤ kFastSplitPartials; at the 80B's shape chunks of up to 256 tokens),
+// folding them as a decode step does; this many (1: not split). Without `splits` a chunk is never
+// split.
+int fast_chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* splits);
 // The same over f16 caches (store_kv / attention_prep's f16 forms): the same kernels reading
 // halves, the same arithmetic after the load (the prefill's k and v are then not rounded again).
 void gated_attention_fast(const float* q, const float* gate, const __half* k_cache, const __half* v_cache,

@@ -230,17 +230,20 @@ TEST_F(CudaFastAttention, DecodeAtDepth) {
 
 // A chunk of T queries at pos0 (keys through pos0 + T - 1 in the cache): against the reference,
 // the pos_dev path bit for bit, and the decode step of its last token within the prefill bound.
-void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed, bool f16 = false) {
+// With split buffers given, a short chunk splits its keys (fast_chunk_key_splits).
+void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed, bool f16 = false, bool with_splits = false) {
   const Caches& c = caches(shape, f16);
   SCOPED_TRACE(::testing::Message() << h.n_head << "/" << h.n_kv << " heads, hd " << h.hd << ", pos0 " << pos0
-                                    << ", T " << T << (f16 ? ", f16 cache" : ""));
+                                    << ", T " << T << (f16 ? ", f16 cache" : "") << (with_splits ? ", split buffers" : ""));
   ASSERT_LE(pos0 + T, c.n_ctx);
   const int n_head = h.n_head, hd = h.hd;
   const size_t row = (size_t)n_head * hd;
   auto q = random_floats(T * row, seed, 2.0f), g = random_floats(T * row, seed + 1);
   auto dq = to_device(q), dg = to_device(g);
   cuda::DeviceBuffer dout(T * row * 4), dpos(sizeof(int32_t));
-  attend(c, h, dq.f(), dg.f(), dout.f(), T, pos0, nullptr, nullptr, nullptr);
+  Step st(c, h);
+  const cuda::AttentionSplitsF* chunk_splits = with_splits ? &st.splits : nullptr;
+  attend(c, h, dq.f(), dg.f(), dout.f(), T, pos0, nullptr, nullptr, chunk_splits);
   const auto got = to_host<float>(dout, T * row);
 
   const auto tokens = checked_tokens(h, pos0, T);
@@ -253,12 +256,11 @@ void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed, bool f16 
 
   const int32_t p = pos0;
   RL_CUDA_CHECK(cudaMemcpy(dpos.get(), &p, sizeof p, cudaMemcpyHostToDevice));
-  attend(c, h, dq.f(), dg.f(), dout.f(), T, 0, nullptr, dpos.get<int32_t>(), nullptr);
+  attend(c, h, dq.f(), dg.f(), dout.f(), T, 0, nullptr, dpos.get<int32_t>(), chunk_splits);
   const auto dev = to_host<float>(dout, T * row);
   for (size_t i = 0; i < dev.size(); i++) ASSERT_EQ(dev[i], got[i]) << "pos_dev path, value " << i;
 
   // The last query by a decode step (fp32, ~1e-6) differs from the chunk's by the chunk's error.
-  Step st(c, h);
   const size_t last = (size_t)(T - 1) * row;
   auto dq1 = to_device(std::vector<float>(q.begin() + last, q.begin() + last + row));
   auto dg1 = to_device(std::vector<float>(g.begin() + last, g.begin() + last + row));
@@ -282,6 +284,22 @@ TEST_F(CudaFastAttention, PrefillChunks) {
     for (Chunk ch : {Chunk{0, 2}, Chunk{0, 31}, Chunk{0, 32}, Chunk{1, 32}, Chunk{4095 - 77, 77},
                      Chunk{4095 - 512, 512}, Chunk{70001 - 77, 77}, Chunk{70001 - 512, 512}})
       check_prefill(shape, kShapes[shape], ch.pos0, ch.T, 1000 + ch.pos0 + ch.T);
+}
+
+// Short chunks (speculative verification, a prompt's last chunk) given the split buffers split
+// their keys over blocks, folded by the decode combine: 2, 16 and 76 tokens at depths 4,095 and
+// 70,001, and 16 tokens from position 0 (most splits empty), for the 4/2 and 16/2 shapes.
+TEST_F(CudaFastAttention, ShortChunksSplitTheirKeys) {
+  for (int shape : {0, 2}) {
+    const Heads& h = kShapes[shape];
+    Step st(caches(shape), h);
+    for (int T : {2, 16, 76}) {
+      ASSERT_GT(cuda::fast_chunk_key_splits(T, h.n_head, h.n_kv, &st.splits), 1) << "T " << T;
+      for (int end : {4095, 70001}) check_prefill(shape, h, end - T, T, 60 + T, false, true);
+    }
+    check_prefill(shape, h, 0, 16, 61, false, true);
+  }
+  EXPECT_EQ(cuda::fast_chunk_key_splits(16, 16, 2, nullptr), 1);
 }
 
 // A group of 3 query heads a KV head (no power of two: one head a decode block, prefill rows that
@@ -412,14 +430,16 @@ TEST(FastAttentionArguments, RefusedWithTheReason) {
             std::string::npos);
 }
 
-// The split buffers: min(128, ceil(n_ctx / 64)) splits of (hd + 2) floats a head.
+// The split buffers: 1,024 partials of (hd + 2) floats a head; a decode step uses
+// min(128, ceil(n_ctx / 64)) of them.
 TEST(FastAttentionArguments, SplitBufferSize) {
-  EXPECT_EQ(cuda::AttentionSplitsF::bytes(262144, 16, 256), (size_t)128 * 16 * 258 * 4);
-  EXPECT_EQ(cuda::AttentionSplitsF::bytes(100, 4, 64), (size_t)2 * 4 * 66 * 4);
-  EXPECT_EQ(cuda::AttentionSplitsF::bytes(1, 4, 64), (size_t)1 * 4 * 66 * 4);
+  EXPECT_EQ(cuda::AttentionSplitsF::bytes(262144, 16, 256), (size_t)1024 * 16 * 258 * 4);
+  EXPECT_EQ(cuda::AttentionSplitsF::bytes(100, 4, 64), (size_t)1024 * 4 * 66 * 4);
+  EXPECT_EQ(cuda::AttentionSplitsF::within(reinterpret_cast<void*>(4096), 100, 4, 64).max_splits, 2);
+  EXPECT_EQ(cuda::AttentionSplitsF::within(reinterpret_cast<void*>(4096), 1, 4, 64).max_splits, 1);
   const auto s = cuda::AttentionSplitsF::within(reinterpret_cast<void*>(4096), 8192, 16, 256);
   EXPECT_EQ(s.max_splits, 128);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(s.ml) - reinterpret_cast<uintptr_t>(s.acc), (size_t)128 * 16 * 256 * 4);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(s.ml) - reinterpret_cast<uintptr_t>(s.acc), (size_t)1024 * 16 * 256 * 4);
 }
 
 }  // namespace
