@@ -45,7 +45,9 @@ constexpr int kPrefillThreads = 32 * kPrefillWarps;
 constexpr int kPrefillRows = 16 * kPrefillWarps;  // (token, head) rows a block: one K/V staging serves them
 constexpr int kPrefillKeys = 64;                  // keys a tile: S is 64 fp32 registers' worth a row pair
 constexpr int kSmemPad = 8;   // halves after each shared row (16 bytes): fragment loads hit 32 banks
-constexpr int kStageBatch = 4;  // rows of each tile a thread loads at once while staging
+// Bytes of each tile a thread loads at once while staging (4 rows of fp32, 8 of f16): the loads in
+// flight, within the registers the hd-256 kernel leaves (it holds a 16×256 fp32 output a warp).
+constexpr int kStageBytes = 64;
 // A short chunk (few row tiles: speculative verification, a prompt's last chunk) at depth would
 // leave most multiprocessors idle while a few blocks stream the whole cache: its keys are then
 // split over blocks until there are about this many blocks a multiprocessor (two blocks of
@@ -87,9 +89,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
 // takes every kRowStep-th row, so its addresses step by a constant.
 template <int TIER, int ROWS, int NS, class Src, class RowPtr>
 __device__ __forceinline__ void stage_tiles(__half* const (&dst)[NS], RowPtr row_ptr, int n_valid, int hd, int tid) {
-  constexpr int kQuads = TIER / 4, kRowStep = kPrefillThreads / kQuads, kPer = ROWS / kRowStep;
-  static_assert(kPrefillThreads % kQuads == 0 && kPer % kStageBatch == 0, "whole rows and batches a thread");
   using Q = Quad<Src>;
+  constexpr int kQuads = TIER / 4, kRowStep = kPrefillThreads / kQuads, kPer = ROWS / kRowStep;
+  constexpr int kStageBatch = kStageBytes / (int)sizeof(typename Q::Raw);
+  static_assert(kPrefillThreads % kQuads == 0 && kPer % kStageBatch == 0, "whole rows and batches a thread");
   const int c = tid % kQuads, r_first = tid / kQuads;
   if (4 * c >= hd) return;
 #pragma unroll
