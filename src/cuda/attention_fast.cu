@@ -12,9 +12,9 @@
 // registers (running maximum and sum per row, exp2 with scale·log2(e) folded in), P rounded to
 // fp16 in the registers that already form mma's A fragment, O += P·V with V's B fragments by
 // ldmatrix.trans. Only tiles that reach past a warp's first row are masked; a warp whose rows all
-// end before a tile skips its arithmetic. A short chunk (few row tiles) given the split buffers
-// also splits its key tiles over blocks, each writing partial results that the decode step's
-// combine kernel folds, so that a few tokens at depth still fill the GPU.
+// end before a tile skips its arithmetic. A chunk of few row tiles given the split buffers also
+// splits its key tiles over blocks, each writing partial results that the decode step's combine
+// kernel folds, so that a few tokens at depth still fill the GPU.
 //
 // Decode (T = 1): flash-decoding in fp32, attention_fast_decode.cu.
 //
@@ -48,10 +48,10 @@ constexpr int kSmemPad = 8;   // halves after each shared row (16 bytes): fragme
 // Bytes of each tile a thread loads at once while staging (4 rows of fp32, 8 of f16): the loads in
 // flight, within the registers the hd-256 kernel leaves (it holds a 16×256 fp32 output a warp).
 constexpr int kStageBytes = 64;
-// A short chunk (few row tiles: speculative verification, a prompt's last chunk) at depth would
-// leave most multiprocessors idle while a few blocks stream the whole cache: its keys are then
-// split over blocks until there are about this many blocks a multiprocessor (two blocks of
-// 101 KB shared memory fit one, so one's loads overlap the other's arithmetic).
+// A chunk whose row tiles give fewer blocks than this many a multiprocessor has its keys split
+// over blocks until they do (within the split buffers): two blocks of 101 KB shared memory fit a
+// multiprocessor, so one's loads overlap the other's arithmetic, and a short chunk at depth
+// (speculative verification, a prompt's last chunk) does not leave most of them idle.
 constexpr int kPrefillSplitBlocksPerSm = 2;
 
 // Shared memory of a block for head dims up to TIER: Q [kPrefillRows][kRow], then K and V
@@ -119,7 +119,7 @@ int prefill_row_tiles(int T, int group) { return (T * group + kPrefillRows - 1) 
 
 // Block (row tile, KV head): rows R = r0 .. r0 + 63 of the KV head's T·G (token, head) pairs,
 // R = t·G + i for query head kvh·G + i of token t. Later tokens (more keys) are scheduled first.
-// With n_splits > 1 (a short chunk at depth, blockIdx.z = split) the block takes the split's share
+// With n_splits > 1 (blockIdx.z = split) the block takes the split's share
 // of the chunk's key tiles and writes each row's unnormalised output, maximum and sum as a partial
 // of (token, head) t·n_head + h, which the decode combine kernel folds.
 template <int TIER, class Cache>

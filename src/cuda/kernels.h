@@ -241,10 +241,10 @@ void gated_attention_fast(const float* q, const float* gate, const float* k_cach
                           float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
                           cudaStream_t stream, const int32_t* pos_dev = nullptr,
                           const AttentionSplitsF* splits = nullptr);
-// A chunk (T > 1) given `splits` splits its keys over blocks when its rows alone would leave the
-// GPU idle (T·n_splits ≤ kFastSplitPartials; at the 80B's shape chunks of up to 256 tokens),
-// folding them as a decode step does; this many (1: not split). Without `splits` a chunk is never
-// split.
+// A chunk (T > 1) given `splits` splits its keys over blocks when its rows alone would leave
+// multiprocessors without two blocks (T·n_splits ≤ kFastSplitPartials: at the 80B's shape a
+// 512-token chunk 2 ways, 16 tokens 64 ways), folding them as a decode step does; this many
+// (1: not split). Without `splits` a chunk is never split.
 int fast_chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* splits);
 // The same over f16 caches (store_kv / attention_prep's f16 forms): the same kernels reading
 // halves, the same arithmetic after the load (the prefill's k and v are then not rounded again).

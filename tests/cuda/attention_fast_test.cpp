@@ -286,15 +286,18 @@ TEST_F(CudaFastAttention, PrefillChunks) {
       check_prefill(shape, kShapes[shape], ch.pos0, ch.T, 1000 + ch.pos0 + ch.T);
 }
 
-// Short chunks (speculative verification, a prompt's last chunk) given the split buffers split
-// their keys over blocks, folded by the decode combine: 2, 16 and 76 tokens at depths 4,095 and
-// 70,001, and 16 tokens from position 0 (most splits empty), for the 4/2 and 16/2 shapes.
-TEST_F(CudaFastAttention, ShortChunksSplitTheirKeys) {
+// Chunks given the split buffers split their keys over blocks, folded by the decode combine:
+// 2, 16 and 76 tokens (speculative verification, a prompt's last chunk; split however many SMs)
+// and 512 (split 2 ways on the H200's 132 SMs) at depths 4,095 and 70,001, and 16 tokens from
+// position 0 (most splits empty), for the 4/2 and 16/2 shapes.
+TEST_F(CudaFastAttention, ChunksSplitTheirKeys) {
   for (int shape : {0, 2}) {
     const Heads& h = kShapes[shape];
     Step st(caches(shape), h);
-    for (int T : {2, 16, 76}) {
-      ASSERT_GT(cuda::fast_chunk_key_splits(T, h.n_head, h.n_kv, &st.splits), 1) << "T " << T;
+    for (int T : {2, 16, 76, 512}) {
+      if (T < 512) {
+        ASSERT_GT(cuda::fast_chunk_key_splits(T, h.n_head, h.n_kv, &st.splits), 1) << "T " << T;
+      }
       for (int end : {4095, 70001}) check_prefill(shape, h, end - T, T, 60 + T, false, true);
     }
     check_prefill(shape, h, 0, 16, 61, false, true);
