@@ -119,9 +119,9 @@ int prefill_row_tiles(int T, int group) { return (T * group + kPrefillRows - 1) 
 
 // Block (row tile, KV head): rows R = r0 .. r0 + 63 of the KV head's T·G (token, head) pairs,
 // R = t·G + i for query head kvh·G + i of token t. Later tokens (more keys) are scheduled first.
-// With n_splits > 1 (blockIdx.z = split) the block takes the split's share
-// of the chunk's key tiles and writes each row's unnormalised output, maximum and sum as a partial
-// of (token, head) t·n_head + h, which the decode combine kernel folds.
+// With n_splits > 1 (blockIdx.z = split) the block takes the split's share of the chunk's key
+// tiles and writes each row's unnormalised output, maximum and sum as a partial of (token, head)
+// t·n_head + h, which the decode combine kernel folds.
 template <int TIER, class Cache>
 __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel(
     const float* __restrict__ q, const float* __restrict__ gate, const Cache* __restrict__ kc,
