@@ -2,6 +2,7 @@
 // memory unless a weight type says otherwise; shapes are [rows][cols] row-major, "T" is the number
 // of tokens in a batch. Every launcher enqueues on `stream` and returns at once.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -194,11 +195,18 @@ void rope_neox(float* x, int T, int n_heads, int head_dim, size_t row_stride, in
 void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
                     const float* k_norm, float* k_cache, float* v_cache, int T, int n_head, int n_kv, int hd,
                     float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
+// The same into f16 caches (the fast tier's --kv-type f16): the fp32 key and value rounded once.
+void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
+                    const float* k_norm, __half* k_cache, __half* v_cache, int T, int n_head, int n_kv, int hd,
+                    float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
 // Appends k, v [T][n_kv][hd] at positions pos0.. to the caches [n_ctx][n_kv][hd].
 // pos_dev (device, optional): when given, pos0 is read from pos_dev[0] at run time, so a captured
 // CUDA graph replays at any position.
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
               int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev = nullptr);
+// The same into f16 caches, each value rounded to nearest.
+void store_kv(const float* k, const float* v, __half* k_cache, __half* v_cache, int T, int n_kv, int hd, int pos0,
+              cudaStream_t stream, const int32_t* pos_dev = nullptr);
 // Keys per split of the attention kernels (attention.cu). A decode step at depth n runs
 // ceil(n / kSplitKeys) splits per KV head; 256 keys keep a split's scores in shared memory and give
 // a 32k-token context 128 splits (256 blocks at the 80B's 2 KV heads) to fill the GPU.
@@ -225,6 +233,55 @@ void gated_attention(const float* q, const float* gate, const float* k_cache, co
                      float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
                      cudaStream_t stream, const int32_t* pos_dev = nullptr,
                      const AttentionSplits* splits = nullptr);
+
+// ---- attention_fast.cu: the fast tier's gated attention (fp16 tensor-core prefill, fp32 decode) -----
+// At most this many key splits a decode step (flash-decoding): at depth n a step takes
+// min(max_splits, ceil(n / 64)) splits of equal length, so the buffers below do not grow with the
+// context and short contexts still spread over many blocks.
+constexpr int kFastDecodeMaxSplits = 128;
+// Partial results a head the split buffers hold: a decode step's splits, or a split chunk's
+// T × n_splits (16 tokens split 64 ways, 76 tokens 13 ways).
+constexpr int kFastSplitPartials = 1024;
+
+// The fast tier's per-split partial results in device memory the caller owns, fp32:
+// acc [n_head][kFastSplitPartials][hd] (weighted values), ml [n_head][kFastSplitPartials][2]
+// (maximum in log2 units, sum): n_head × 1,024 × (hd + 2) floats (16.9 MB at the 80B's 16 heads of
+// 256). A decode step uses max_splits = min(kFastDecodeMaxSplits, ceil(n_ctx / 64)) of a head's
+// (any position can: past n_ctx the splits only get longer), a split chunk T × n_splits. n_head
+// and hd record the shape they were made for.
+struct AttentionSplitsF {
+  float* acc = nullptr;
+  float* ml = nullptr;
+  int max_splits = 0;
+  int n_head = 0;
+  int hd = 0;
+  static size_t bytes(int n_ctx, int n_head, int hd);
+  // The views into `storage` (at least bytes(n_ctx, n_head, hd), 16-byte aligned).
+  static AttentionSplitsF within(void* storage, int n_ctx, int n_head, int hd);
+};
+
+// gated_attention's function (same arguments and layouts) in the fast tier: a chunk (T > 1) by
+// flash attention on tensor cores with fp16 q, k, v and probabilities, fp32 accumulation and
+// softmax (relative RMS error ~1e-3 for scores of spread 2); a decode step (T = 1) in fp32
+// (~1e-6), which needs `splits` made for at least n_head heads of hd dims (a chunk may use them,
+// see fast_chunk_key_splits; they are then busy until it completes). hd a multiple of 16
+// from 16 to 256; any n_head / n_kv group; positions up to the cache's length; q, gate, out and
+// the caches 16-byte aligned at every head.
+void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache,
+                          float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
+                          cudaStream_t stream, const int32_t* pos_dev = nullptr,
+                          const AttentionSplitsF* splits = nullptr);
+// A chunk (T > 1) given `splits` splits its keys over blocks when its rows alone would leave
+// multiprocessors without two blocks (T·n_splits ≤ kFastSplitPartials: at the 80B's shape a
+// 512-token chunk 2 ways, 16 tokens 64 ways), folding them as a decode step does; this many
+// (1: not split). Without `splits` a chunk is never split.
+int fast_chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* splits);
+// The same over f16 caches (store_kv / attention_prep's f16 forms): the same kernels reading
+// halves, the same arithmetic after the load (the prefill's k and v are then not rounded again).
+void gated_attention_fast(const float* q, const float* gate, const __half* k_cache, const __half* v_cache,
+                          float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
+                          cudaStream_t stream, const int32_t* pos_dev = nullptr,
+                          const AttentionSplitsF* splits = nullptr);
 
 // ---- deltanet.cu: Gated DeltaNet ---------------------------------------------------------------------
 // Causal depthwise conv (kernel K) + SiLU over channels [T][C] with state [K-1][C] (the previous

@@ -39,11 +39,12 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 // N - 1 + log2(32 / N) shuffles instead of 5 N. Returns the sum of v[p] over the warp, p set per
 // lane (lanes 32/N apart hold different p). Every sum is formed in warp_sum_d's tree, pair by pair
 // (each addition is own + partner, commutative), so each result is bit for bit warp_sum_d's.
-template <int N, int O = 16>
-__device__ __forceinline__ double warp_sum_scatter(const double (&v)[N], int lane, int& p) {
+// T: double for the exact tier's kernels, float for the fast tier's (attention_fast.cu).
+template <int N, int O = 16, class T>
+__device__ __forceinline__ T warp_sum_scatter(const T (&v)[N], int lane, int& p) {
   static_assert(N >= 1 && (N <= 2 * O || N == 1) && (N & (N - 1)) == 0, "N is a power of two up to 32");
   if constexpr (N == 1) {
-    double x = v[0];
+    T x = v[0];
 #pragma unroll
     for (int o = O; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     if constexpr (O == 16) p = 0;
@@ -51,14 +52,14 @@ __device__ __forceinline__ double warp_sum_scatter(const double (&v)[N], int lan
   } else {
     constexpr int h = N / 2;
     const bool upper = (lane & O) != 0;
-    double half[h];
+    T half[h];
 #pragma unroll
     for (int m = 0; m < h; m++) {
-      const double send = upper ? v[m] : v[m + h], keep = upper ? v[m + h] : v[m];
+      const T send = upper ? v[m] : v[m + h], keep = upper ? v[m + h] : v[m];
       half[m] = keep + __shfl_xor_sync(0xffffffffu, send, O);
     }
     int q = 0;
-    const double r = warp_sum_scatter<h, O / 2>(half, lane, q);
+    const T r = warp_sum_scatter<h, O / 2>(half, lane, q);
     p = (upper ? h : 0) + q;
     return r;
   }
