@@ -96,6 +96,7 @@ Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE st
   app.add_option("--chat-template-file", a->chat_template_file,
                  "Jinja chat template (a model's chat_template.jinja) to render with instead of the file's; "
                  "its format is recognised from the text")
+      ->check(CLI::ExistingFile)
       ->excludes(name);
   app.add_flag("-v,--verbose", a->server.verbose, "log every request on stderr");
   return [a] { return run_serve(*a); };

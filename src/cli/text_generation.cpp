@@ -82,6 +82,7 @@ void add_chat_options(CLI::App& app, TextOptions& o) {
   app.add_option("--chat-template-file", o.chat_template_file,
                  "Jinja chat template (a model's chat_template.jinja) to render with instead of the file's; "
                  "its format is recognised from the text")
+      ->check(CLI::ExistingFile)
       ->excludes(name);
   app.add_flag("--no-think", o.no_think, "Qwen3 hybrid templates: answer without a thinking block");
 }

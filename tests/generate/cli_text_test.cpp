@@ -138,5 +138,33 @@ TEST(CliText, ChatTemplateFlagChoosesTheFormat) {
   EXPECT_NE(bad.err.find("qwen3-coder"), std::string::npos) << bad.err;
 }
 
+TEST(CliText, ChatTemplateFileRendersWithThatTemplate) {
+  // The published Thinking template, run by the interpreter, gives the prompt of the native
+  // qwen3-thinking renderer (both equal jinja2's: real_templates_test.cpp), not the fixture's own.
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  auto prefill = [](const std::string& err) {
+    const size_t p = err.find("prefill: ");
+    return p == std::string::npos ? -1 : std::stoi(err.substr(p + 9));
+  };
+  const std::string file = std::string(REDLITE_SOURCE_DIR) + "/tests/generate/templates/qwen3-next-80b-a3b-thinking.jinja";
+  const std::string run = "run -m " + model + " --backend cpu --threads 2 --greedy -n 1 --chat -p Hi ";
+  Output own = run_redlite(run);
+  Output native = run_redlite(run + "--chat-template qwen3-thinking");
+  Output from_file = run_redlite(run + "--chat-template-file " + file);
+  ASSERT_EQ(from_file.rc, 0) << from_file.err;
+  EXPECT_EQ(from_file.err.find("warning"), std::string::npos) << from_file.err;
+  EXPECT_EQ(prefill(from_file.err), prefill(native.err)) << native.err << from_file.err;
+  EXPECT_NE(prefill(from_file.err), prefill(own.err)) << own.err;
+  // A missing file is refused before the model is read; both flags at once are refused.
+  Output missing = run_redlite(run + "--chat-template-file /nonexistent/t.jinja");
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/t.jinja"), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.err.find("model loaded"), std::string::npos) << missing.err;
+  Output both = run_redlite(run + "--chat-template qwen3-thinking --chat-template-file " + file);
+  EXPECT_NE(both.rc, 0);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
+}
+
 }  // namespace
 }  // namespace rl
