@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <vector>
 
 #include <fmt/format.h>
@@ -70,12 +72,18 @@ void add_chat_options(CLI::App& app, TextOptions& o) {
   app.add_option("--system", o.system, "system message");
   app.add_flag("--chatml", o.chatml_fallback,
                "render as plain ChatML when the model's chat template is not recognised");
-  app.add_option("--chat-template", o.chat_format,
-                 "chat format to use instead of the file's template: " + chat_format_names())
-      ->check([](const std::string& v) {
-        return chat_format_from_name(v) ? std::string()
-                                        : "unknown chat format '" + v + "' (known: " + chat_format_names() + ")";
-      });
+  CLI::Option* name = app.add_option("--chat-template", o.chat_format,
+                                     "chat format to use instead of the file's template: " + chat_format_names())
+                          ->check([](const std::string& v) {
+                            return chat_format_from_name(v) ? std::string()
+                                                            : "unknown chat format '" + v + "' (known: " +
+                                                                  chat_format_names() + ")";
+                          });
+  app.add_option("--chat-template-file", o.chat_template_file,
+                 "Jinja chat template (a model's chat_template.jinja) to render with instead of the file's; "
+                 "its format is recognised from the text")
+      ->check(CLI::ExistingFile)
+      ->excludes(name);
   app.add_flag("--no-think", o.no_think, "Qwen3 hybrid templates: answer without a thinking block");
 }
 
@@ -150,9 +158,24 @@ TextModel open_text_model(const CommonOptions& opts) {
   return tm;
 }
 
+std::string read_chat_template_file(const std::string& path) {
+  constexpr std::uintmax_t kMaxBytes = 1u << 20;
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) fail("--chat-template-file {}: cannot read the file ({})", path, ec.message());
+  if (size > kMaxBytes) fail("--chat-template-file {}: {} bytes; a chat template has at most {}", path, size, kMaxBytes);
+  std::ifstream f(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!f && !f.eof()) fail("--chat-template-file {}: cannot read the file", path);
+  if (text.empty()) fail("--chat-template-file {}: the file is empty", path);
+  return text;
+}
+
 ChatTemplate chat_template_of(const Tokenizer& tok, const TextOptions& o) {
   if (!o.chat_format.empty()) return ChatTemplate::of(*chat_format_from_name(o.chat_format));
-  ChatTemplate t = ChatTemplate::detect(tok.chat_template(), o.chatml_fallback);
+  const std::string text = o.chat_template_file.empty() ? std::string(tok.chat_template())
+                                                        : read_chat_template_file(o.chat_template_file);
+  ChatTemplate t = ChatTemplate::detect(text, o.chatml_fallback);
   if (t.fell_back()) std::fprintf(stderr, "warning: %s\n", t.warning().c_str());
   if (!t.jinja_warning().empty()) std::fprintf(stderr, "warning: %s\n", t.jinja_warning().c_str());
   return t;

@@ -22,6 +22,7 @@ struct TextOptions {
   bool ignore_eos = false;
   bool chatml_fallback = false;  // --chatml: render unrecognised templates as plain ChatML
   std::string chat_format;       // --chat-template: a format name used instead of the file's
+  std::string chat_template_file;  // --chat-template-file: a Jinja template used instead of the file's
   std::string system;            // --system
   bool no_think = false;         // --no-think: Qwen3 hybrid templates, enable_thinking = false
   std::string json_schema;       // --json-schema FILE: constrain the reply to its documents
@@ -35,8 +36,12 @@ struct TextOptions {
 // -n, --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
 // --frequency-penalty, --seed, --greedy, --stop, --ignore-eos, --json-schema, --json-object.
 void add_sampling_options(CLI::App& app, TextOptions& o, int default_max_tokens);
-// --system, --chatml, --chat-template, --no-think.
+// --system, --chatml, --chat-template, --chat-template-file, --no-think.
 void add_chat_options(CLI::App& app, TextOptions& o);
+
+// The text of a Jinja chat template file given with --chat-template-file (rl::Error naming the
+// file when it cannot be read, or is larger than any chat template: 1 MiB).
+std::string read_chat_template_file(const std::string& path);
 
 struct TextModel {
   LoadedModel loaded;

@@ -164,6 +164,15 @@ void coder_tools(std::string& out, const ojson& tools) {
   out += kCoderToolsTail;
 }
 
+// A tool result as every tool-calling template here writes it: results next to each other share
+// one user turn of '\n<tool_response>\n' + content + '\n</tool_response>' blocks. Whether this one
+// opens or closes that turn is the template's rule (the Qwen3 and Coder loops differ at the start).
+void tool_response(std::string& out, const std::string& content, bool opens_turn, bool closes_turn) {
+  if (opens_turn) out += "<|im_start|>user";
+  out += "\n<tool_response>\n" + content + "\n</tool_response>";
+  if (closes_turn) out += "<|im_end|>\n";
+}
+
 // Qwen3 JSON form of one call. The arguments go in parsed and re-serialised, as the template's
 // `tojson` writes the object vLLM and llama.cpp hand it, so a client echoing our compact
 // arguments back gets the same prompt the model produced.
@@ -375,9 +384,7 @@ std::string ChatTemplate::render_qwen3(std::span<const ChatMessage> messages, co
       }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      tool_response(out, m.content, i == 0 || messages[i - 1].role != "tool", last || messages[i + 1].role != "tool");
     }
   }
   if (opt.add_generation_prompt) out += generation_prompt(opt);
@@ -403,10 +410,9 @@ std::string ChatTemplate::render_coder(std::span<const ChatMessage> messages, co
       for (const ToolCall& call : m.tool_calls) out += coder_tool_call(call, i);
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
-      // As the template: a tool result opens a user turn only after a non-tool message.
-      if (i > first && messages[i - 1].role != "tool") out += "<|im_start|>user\n";
-      out += "<tool_response>\n" + m.content + "\n</tool_response>\n";
-      if (last || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      // Coder's loop (over messages[first:]) opens the turn only after an earlier message.
+      tool_response(out, m.content, i > first && messages[i - 1].role != "tool",
+                    last || messages[i + 1].role != "tool");
     } else {
       out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
     }
@@ -424,14 +430,8 @@ std::string ChatTemplate::continuation(std::span<const ChatMessage> next, const 
     const bool last_of_run = i + 1 == next.size() || next[i + 1].role != "tool";
     if (m.role == "assistant") fail("continuation: messages[{}] is an assistant turn; only user, system "
                                     "and tool messages follow a generated reply", i);
-    if (m.role == "tool" && format_ == ChatFormat::Qwen3Coder) {
-      if (first_of_run) out += "<|im_start|>user\n";
-      out += "<tool_response>\n" + m.content + "\n</tool_response>\n";
-      if (last_of_run) out += "<|im_end|>\n";
-    } else if (m.role == "tool" && supports_tools()) {
-      if (first_of_run) out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (last_of_run) out += "<|im_end|>\n";
+    if (m.role == "tool" && supports_tools()) {
+      tool_response(out, m.content, first_of_run, last_of_run);
     } else {
       out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
     }

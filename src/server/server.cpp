@@ -151,6 +151,8 @@ struct Server::Impl {
       try {
         if (!cfg.chat_template.empty())
           chat_template = ChatTemplate::of(*chat_format_from_name(cfg.chat_template));  // checked at construction
+        else if (!cfg.chat_template_text.empty())
+          chat_template = ChatTemplate::detect(cfg.chat_template_text, cfg.chatml_fallback);
         else
           chat_template = ChatTemplate::detect(model.tokenizer->chat_template(), cfg.chatml_fallback);
         if (chat_template->fell_back()) fmt::print(stderr, "warning: {}\n", chat_template->warning());
@@ -908,6 +910,8 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
   if (impl_->cfg.n_ctx < 2) fail("--ctx: must be at least 2, got {}", impl_->cfg.n_ctx);
   if (!impl_->cfg.chat_template.empty() && !chat_format_from_name(impl_->cfg.chat_template))
     fail("--chat-template: unknown format '{}' (known: {})", impl_->cfg.chat_template, chat_format_names());
+  if (!impl_->cfg.chat_template.empty() && !impl_->cfg.chat_template_text.empty())
+    fail("--chat-template and --chat-template-file: give one");
   if (!(impl_->cfg.request_timeout_s > 0) || impl_->cfg.request_timeout_s > kMaxTimeoutSeconds)
     fail("--timeout: must be between 0 and {} seconds, got {}", kMaxTimeoutSeconds, impl_->cfg.request_timeout_s);
   if (impl_->cfg.max_queue > kMaxQueue) fail("--max-queue: at most {}, got {}", kMaxQueue, impl_->cfg.max_queue);

@@ -224,7 +224,8 @@ TEST(ChatTemplate, Qwen3HybridEnableThinking) {
 // "\n</tools>" and the format instructions. Calls: '\n<tool_call>\n<function=N>\n' +
 // '<parameter=K>\n' + value (a string as it is, anything else as tojson: Coder-Next's
 // `args_value | string if args_value is string else args_value | tojson`) + '\n</parameter>\n' +
-// '</function>\n</tool_call>'; content (trimmed) goes first as '\n' + content + '\n'.
+// '</function>\n</tool_call>'; content (trimmed) goes first as '\n' + content + '\n'. Tool results
+// as Coder-Next writes them: one user turn of '\n<tool_response>\n' + content + '\n</tool_response>'.
 TEST(ChatTemplate, Qwen3CoderTools) {
   ChatTemplate t = ChatTemplate::of(ChatFormat::Qwen3Coder);
   ChatRenderOptions opt;
@@ -256,7 +257,7 @@ TEST(ChatTemplate, Qwen3CoderTools) {
             "<parameter=metric>\ntrue\n</parameter>\n<parameter=hours>\n[1, 2]\n</parameter>\n"
             "</function>\n</tool_call><|im_end|>\n"
             "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n<tool_response>\nsunny\n"
-            "</tool_response>\n<|im_end|>\n"
+            "</tool_response><|im_end|>\n"
             "<|im_start|>assistant\n");
   // Without tools and with a system message: plain ChatML turns.
   std::vector<ChatMessage> s = {msg("system", "Code only."), msg("user", "Sort a list")};

@@ -117,25 +117,51 @@ TEST(CliText, UnknownTemplateFlagIsExplicit) {
   EXPECT_EQ(o.err.find("warning"), std::string::npos) << o.err;
 }
 
+// The prompt tokens `redlite run` reports on stderr ("prefill: N tokens"); -1 when absent.
+int prefill_tokens(const std::string& err) {
+  const size_t p = err.find("prefill: ");
+  return p == std::string::npos ? -1 : std::stoi(err.substr(p + 9));
+}
+
 TEST(CliText, ChatTemplateFlagChoosesTheFormat) {
   // Qwen2 (the fixture's) adds a default system message; Qwen3 Instruct does not: fewer tokens.
   const std::string model = test::fixture(kModel);
   RL_REQUIRE_FIXTURE(model);
-  auto prefill = [](const std::string& err) {
-    const size_t p = err.find("prefill: ");
-    return p == std::string::npos ? -1 : std::stoi(err.substr(p + 9));
-  };
   Output q2 = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy -n 1 --chat -p Hi");
   Output q3 = run_redlite("run -m " + model + " --backend cpu --threads 2 --greedy -n 1 --chat -p Hi "
                           "--chat-template qwen3-instruct");
   ASSERT_EQ(q2.rc, 0) << q2.err;
   ASSERT_EQ(q3.rc, 0) << q3.err;
-  EXPECT_GT(prefill(q3.err), 0) << q3.err;
-  EXPECT_LT(prefill(q3.err), prefill(q2.err)) << q2.err << q3.err;
+  EXPECT_GT(prefill_tokens(q3.err), 0) << q3.err;
+  EXPECT_LT(prefill_tokens(q3.err), prefill_tokens(q2.err)) << q2.err << q3.err;
   Output bad = run_redlite("run -m " + model + " --chat -p Hi --chat-template qwen9");
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.err.find("unknown chat format 'qwen9'"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("qwen3-coder"), std::string::npos) << bad.err;
+}
+
+TEST(CliText, ChatTemplateFileRendersWithThatTemplate) {
+  // The published Thinking template, run by the interpreter, gives the prompt of the native
+  // qwen3-thinking renderer (both equal jinja2's: real_templates_test.cpp), not the fixture's own.
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  const std::string file = std::string(REDLITE_SOURCE_DIR) + "/tests/generate/templates/qwen3-next-80b-a3b-thinking.jinja";
+  const std::string run = "run -m " + model + " --backend cpu --threads 2 --greedy -n 1 --chat -p Hi ";
+  Output own = run_redlite(run);
+  Output native = run_redlite(run + "--chat-template qwen3-thinking");
+  Output from_file = run_redlite(run + "--chat-template-file " + file);
+  ASSERT_EQ(from_file.rc, 0) << from_file.err;
+  EXPECT_EQ(from_file.err.find("warning"), std::string::npos) << from_file.err;
+  EXPECT_EQ(prefill_tokens(from_file.err), prefill_tokens(native.err)) << native.err << from_file.err;
+  EXPECT_NE(prefill_tokens(from_file.err), prefill_tokens(own.err)) << own.err;
+  // A missing file is refused before the model is read; both flags at once are refused.
+  Output missing = run_redlite(run + "--chat-template-file /nonexistent/t.jinja");
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/t.jinja"), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.err.find("model loaded"), std::string::npos) << missing.err;
+  Output both = run_redlite(run + "--chat-template qwen3-thinking --chat-template-file " + file);
+  EXPECT_NE(both.rc, 0);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
 }
 
 }  // namespace

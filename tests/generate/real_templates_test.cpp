@@ -1,13 +1,16 @@
 // The published chat templates of Qwen3-Next-80B-A3B-Instruct, -Thinking, the Qwen3 hybrid-
-// thinking models and Qwen3-Coder (tests/generate/templates/, the texts as the models ship them)
-// rendered by ChatTemplate on conversations that cover system prompts, multi-turn, tools with
-// calls and responses, reasoning in the history, enable_thinking both ways and
-// add_generation_prompt; each prompt is compared byte for byte with Python's jinja2 rendering the
-// same template on the same messages (as an OpenAI client sends them, arguments as objects).
-// The native renderers of the three JSON-call formats are held to the same reference, since they
-// are the fallback. The Qwen3-Coder text here is the one published with Qwen3-Coder-30B-A3B /
-// 480B-A35B; the native qwen3-coder renderer follows the later Coder-Next variant ("# Tools"
-// heading, lists in extra keys as JSON), so it is checked by chat_template_test.cpp instead.
+// thinking models, Qwen3-Coder and Qwen3-Coder-Next (tests/generate/templates/, the texts as the
+// models ship them) rendered by ChatTemplate on conversations that cover system prompts,
+// multi-turn, tools with calls and responses, reasoning in the history, enable_thinking both ways
+// and add_generation_prompt; each prompt is compared byte for byte with Python's jinja2 rendering
+// the same template on the same messages (as an OpenAI client sends them, arguments as objects).
+// The native renderers are held to the same reference, since they are the fallback: the three
+// JSON-call formats, and qwen3-coder against the Coder-Next text (the older Qwen3-Coder text,
+// published with Qwen3-Coder-30B-A3B / 480B-A35B, prints non-string arguments with Python's str()
+// and closes tool results differently; the interpreter runs it). The Coder-Next text is the copy
+// in gremlin-labs/vibe-jinja (test/integration/templates/qwen3-coder-next.jinja): the
+// Hugging Face file itself was not at hand, and two other public quotes of its lines carry
+// `| safe` after `tojson`, which changes nothing in the rendered prompt.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -36,6 +39,7 @@ const TemplateFile kTemplates[] = {
     {"qwen3-next-80b-a3b-thinking.jinja", ChatFormat::Qwen3Thinking, true},
     {"qwen3-hybrid.jinja", ChatFormat::Qwen3Hybrid, true},
     {"qwen3-coder.jinja", ChatFormat::Qwen3Coder, false},
+    {"qwen3-coder-next.jinja", ChatFormat::Qwen3Coder, true},
 };
 
 std::string read_file(const std::string& path) {

@@ -3,79 +3,20 @@
 // for the same prompt tokens.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "generate/chat_template.h"
 #include "generate/json_constraint_util.h"
+#include "serve_process.h"
 #include "server_test_util.h"
 
 using nlohmann::json;
 using namespace rl;
 using namespace rl::test;
 
-extern char** environ;
-
 namespace {
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, (sockaddr*)&a, sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, (sockaddr*)&a, &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 std::string run_capture(const std::string& cmd) { return run_shell(cmd).out; }
-
-// A `redlite serve` child process, stopped with SIGTERM.
-class ServeProcess {
- public:
-  ServeProcess(const std::string& model, int port, const std::string& key, const std::string& log,
-               const std::vector<std::string>& extra_args = {}) {
-    std::vector<std::string> args = {redlite_bin(), "serve", "-m", model, "--port", std::to_string(port),
-                                     "--api-key", key, "--backend", "cpu", "--threads", "2"};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    ok_ = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) == 0;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~ServeProcess() {
-    if (!ok_) return;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 100 && waitpid(pid_, &status, WNOHANG) == 0; i++) usleep(50000);
-    if (waitpid(pid_, &status, WNOHANG) == 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-    }
-  }
-  bool ok() const { return ok_; }
-
- private:
-  pid_t pid_ = -1;
-  bool ok_ = false;
-};
 
 // Greedy continuation of `prompt` by `redlite generate`, as text up to the first end token.
 std::string cli_greedy_text(const std::vector<int32_t>& prompt, int n, const Tokenizer& tok) {
@@ -100,34 +41,20 @@ std::string cli_greedy_text(const std::vector<int32_t>& prompt, int n, const Tok
 
 TEST(ServerOpenAIClient, StreamGreedy) {
   RL_REQUIRE_FIXTURE(server_model());
+  if (const std::string why = node_client_missing(); !why.empty()) GTEST_SKIP() << why;
   const std::string dir = std::string(REDLITE_SOURCE_DIR) + "/tests/server";
-  if (!std::filesystem::exists(dir + "/node_modules/openai"))
-    GTEST_SKIP() << "the openai npm client is not installed: run `npm ci` in tests/server (scripts/test.sh does)";
-  if (run_capture("node --version 2>/dev/null").empty()) GTEST_SKIP() << "node is not installed";
-
-  const int port = free_port();
   const std::string key = "test-key-123";
   const std::string log = std::string(REDLITE_BINARY_DIR) + "/serve-openai-test.log";
-  ServeProcess server(server_model(), port, key, log);
+  ServeProcess server(server_model(), key, log);
   ASSERT_TRUE(server.ok()) << "could not start " << redlite_bin();
   // A second server in a chat format with tools, for tool_choice "required".
-  const int tools_port = free_port();
-  ServeProcess tools_server(server_model(), tools_port, key, log + ".tools", {"--chat-template", "qwen3-instruct"});
+  ServeProcess tools_server(server_model(), key, log + ".tools", {"--chat-template", "qwen3-instruct"});
   ASSERT_TRUE(tools_server.ok()) << "could not start " << redlite_bin();
-  for (int p : {port, tools_port}) {
-    httplib::Client c("127.0.0.1", p);
-    bool up = false;
-    for (int i = 0; i < 600 && !up; i++) {
-      auto h = c.Get("/health");
-      up = h && h->status == 200;
-      if (!up) usleep(100000);
-    }
-    ASSERT_TRUE(up) << "redlite serve did not become healthy; log: " << log;
-  }
+  for (const ServeProcess* p : {&server, &tools_server})
+    ASSERT_TRUE(p->wait_healthy()) << "redlite serve did not become healthy; log: " << p->log();
 
-  const std::string out = run_capture("cd " + dir + " && node openai_client.mjs http://127.0.0.1:" +
-                                      std::to_string(port) + "/v1 " + key + " http://127.0.0.1:" +
-                                      std::to_string(tools_port) + "/v1");
+  const std::string out = run_capture("cd " + dir + " && node openai_client.mjs " + server.base_url() + " " + key +
+                                      " " + tools_server.base_url());
   json r = json::parse(out, nullptr, false);
   ASSERT_FALSE(r.is_discarded()) << "client output: " << out;
 
