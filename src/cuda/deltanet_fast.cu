@@ -1,0 +1,396 @@
+// Gated DeltaNet in the fast tier (DESIGN.md §5a): the causal conv + SiLU, the gates and the
+// recurrence (DESIGN.md §1) in fp32 arithmetic. Same arguments and layouts as deltanet.cu's exact
+// launchers, so a forward pass swaps one for the other.
+//
+// Why a sequential kernel and not the chunkwise-parallel (WY) form on tensor cores: the WY form
+// needs a triangular inverse per chunk whose conditioning depends on beta and the decays, and fp32
+// results from tensor cores come only through TF32 splits; with no GPU to test it against the
+// reference while writing it, the sequential form, whose error is bounded below, was the one that
+// could be made right. It is no longer bound by double arithmetic: fp32 shuffles, fp32 FMAs, no
+// conversions, and one reduction round per token instead of two.
+//
+// Recurrence (fast_recurrence_kernel). A block holds RB rows of one value head's state in
+// registers for the whole call, L lanes per row (each lane E = DK / L values, as float4 at
+// 4·pos + 4·L·m so that the lanes of a row read k and q from shared memory without bank conflicts),
+// R rows per lane. Per token, every lane computes its parts of both U·k and U·q from the state
+// before the update, one butterfly over the row's L lanes sums them, and then
+//     S̃ = decay·S,  sk = S̃·k,  d = (v − sk)·beta,  S = S̃ + d·kᵀ,  o = S·q = S̃·q + d·(k·q),
+// with k·q computed once per token when the block stages it. The state is held as S = c·U with a
+// running decay c (lazy decay): a step adds (d / c)·k to U, one FMA per value instead of a
+// multiply and an FMA; when c leaves [2^-64, 2^64] the step folds it into U (U = c·U + d·k) and
+// restarts c at 1, so U stays far inside fp32's range. c is the same in every lane of a block
+// (one head), so that branch is uniform. The block stages kStepGroup tokens' k, q (normalised here
+// with `norm`), v rows, beta and exp(g) in shared memory, and fetches the next group into
+// registers while it steps through the current one.
+//
+// Error (the tests' bounds derive from this). With |k| = 1, 0 <= beta <= 1 and 0 < decay <= 1 the
+// step's linear part S ↦ decay·S·(I − beta·k·kᵀ) does not expand any row's 2-norm, so an error
+// made at one step is carried, never amplified, by the later steps: a row's state error after T
+// tokens is at most the sum of the steps' local errors. A step's local error is a few dozen fp32
+// roundings of |S_row| + |v_row| (dot products of depth <= E/2 + 1 + log2 L, the decay's exp and
+// products, the update's FMA), and the row norms stay bounded: |S_row(t)|² <= |S_row(0)|² + Σ v².
+#include <cstdint>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
+
+namespace rl::cuda {
+
+namespace {
+
+// ---- conv + SiLU and gates, fp32 ---------------------------------------------------------------
+
+constexpr int kFastMaxConvKernel = 8;
+constexpr int kFastConvThreads = 128;
+
+__device__ __forceinline__ float silu_fast(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_fast(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// Short chunks (decode): one thread per channel steps through the T tokens with the window of the
+// K-1 previous inputs in registers, and advances the state itself.
+__device__ __forceinline__ void conv_channel_fast(const float* x, size_t x_stride, float* out, float* state,
+                                                  const float* w, int T, int C, int K, int c) {
+  if (c >= C) return;
+  float win[kFastMaxConvKernel];  // previous K-1 inputs, oldest first
+  float wc[kFastMaxConvKernel];
+#pragma unroll
+  for (int i = 0; i < kFastMaxConvKernel; i++) {
+    win[i] = i < K - 1 ? state[(size_t)i * C + c] : 0.f;
+    wc[i] = i < K ? w[(size_t)c * K + i] : 0.f;
+  }
+  for (int t = 0; t < T; t++) {
+    const float xt = x[(size_t)t * x_stride + c];
+    float s = wc[K - 1] * xt;
+#pragma unroll
+    for (int i = 0; i < kFastMaxConvKernel; i++)
+      if (i < K - 1) s = fmaf(wc[i], win[i], s);
+#pragma unroll
+    for (int i = 0; i < kFastMaxConvKernel - 1; i++)
+      if (i < K - 2) win[i] = win[i + 1];
+    win[K - 2] = xt;
+    out[(size_t)t * C + c] = silu_fast(s);
+  }
+#pragma unroll
+  for (int i = 0; i < kFastMaxConvKernel; i++)
+    if (i < K - 1) state[(size_t)i * C + c] = win[i];
+}
+
+// beta = sigmoid(b), g = softplus(a + dt_bias) * ssm_a for value head j of token t.
+__device__ __forceinline__ void gates_fast(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
+                                           float* g, int nk, int nv, int t, int j) {
+  if (j >= nv) return;
+  const int r = nv / nk, kh = j / r, sub = j % r;
+  const float* row = ba + (size_t)t * nk * 2 * r + (size_t)kh * 2 * r;
+  beta[(size_t)t * nv + j] = sigmoid_fast(row[sub]);
+  g[(size_t)t * nv + j] = softplus_fast(row[r + sub] + dt_bias[j]) * ssm_a[j];
+}
+
+// Decode and short chunks, one launch: the first conv_blocks blocks run the conv, the rest the
+// gates (token-major over T * nv).
+__global__ void conv_gates_short_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w,
+                                        int T, int C, int K, const float* ba, const float* dt_bias,
+                                        const float* ssm_a, float* beta, float* g, int nk, int nv, int conv_blocks) {
+  if ((int)blockIdx.x < conv_blocks) {
+    conv_channel_fast(x, x_stride, out, state, w, T, C, K, blockIdx.x * kFastConvThreads + threadIdx.x);
+    return;
+  }
+  const int i = (blockIdx.x - conv_blocks) * kFastConvThreads + threadIdx.x;
+  if (i < T * nv) gates_fast(ba, dt_bias, ssm_a, beta, g, nk, nv, i / nv, i % nv);
+}
+
+// Long chunks: one thread per (channel, token) reading the K-1 previous inputs from x or, before
+// the chunk, from the state (conv_state_fast_kernel advances it afterwards); blocks past
+// conv_blocks compute token blockIdx.y's gates.
+__global__ void conv_gates_tokens_kernel(const float* __restrict__ x, size_t x_stride, float* __restrict__ out,
+                                         const float* __restrict__ state, const float* __restrict__ w, int C, int K,
+                                         const float* __restrict__ ba, const float* __restrict__ dt_bias,
+                                         const float* __restrict__ ssm_a, float* __restrict__ beta,
+                                         float* __restrict__ g, int nk, int nv, int conv_blocks) {
+  const int t = blockIdx.y;
+  if ((int)blockIdx.x >= conv_blocks) {
+    gates_fast(ba, dt_bias, ssm_a, beta, g, nk, nv, t, (blockIdx.x - conv_blocks) * kFastConvThreads + threadIdx.x);
+    return;
+  }
+  const int c = blockIdx.x * kFastConvThreads + threadIdx.x;
+  if (c >= C) return;
+  float s = w[(size_t)c * K + K - 1] * x[(size_t)t * x_stride + c];
+  for (int i = 0; i < K - 1; i++) {
+    const int tau = t - (K - 1) + i;  // input time of tap i
+    const float in = tau < 0 ? state[(size_t)(K - 1 + tau) * C + c] : x[(size_t)tau * x_stride + c];
+    s = fmaf(w[(size_t)c * K + i], in, s);
+  }
+  out[(size_t)t * C + c] = silu_fast(s);
+}
+
+// state[i] = input at time T-(K-1)+i: ascending i reads old entries before they are replaced.
+__global__ void conv_state_fast_kernel(const float* __restrict__ x, size_t x_stride, float* state, int T, int C,
+                                       int K) {
+  const int c = blockIdx.x * kFastConvThreads + threadIdx.x;
+  if (c >= C) return;
+  for (int i = 0; i < K - 1; i++)
+    state[(size_t)i * C + c] =
+        i + T < K - 1 ? state[(size_t)(i + T) * C + c] : x[(size_t)(T - (K - 1) + i) * x_stride + c];
+}
+
+// ---- recurrence, fp32 ----------------------------------------------------------------------------
+
+constexpr int kFastWarps = 4;       // warps per block, all on rows of one value head
+constexpr int kFastStepGroup = 16;  // tokens a block stages at a time
+// The running decay c is folded into the state when it leaves this range: U = S / c then stays
+// within 2^64 of the state, far from fp32's limits, and d / c cannot overflow.
+constexpr float kDecayFoldBelow = 0x1p-64f, kDecayFoldAbove = 0x1p64f;
+
+__device__ __forceinline__ float warp_sum_f(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+__device__ __forceinline__ float4 fma4(float s, float4 k, float4 u) {
+  return make_float4(fmaf(s, k.x, u.x), fmaf(s, k.y, u.y), fmaf(s, k.z, u.z), fmaf(s, k.w, u.w));
+}
+
+__device__ __forceinline__ float4 scale4(float4 u, float s) { return make_float4(u.x * s, u.y * s, u.z * s, u.w * s); }
+
+template <int DK, int L, int R, bool NORM>
+__global__ void __launch_bounds__(32 * kFastWarps)
+    fast_recurrence_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                           size_t stride, const float* __restrict__ beta, const float* __restrict__ g, float* S,
+                           float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps) {
+  constexpr int E = DK / L;                    // a row's values per lane
+  constexpr int M = E / 4;                     // as float4
+  constexpr int GROUPS = 32 / L;               // row groups of a warp
+  constexpr int RB = kFastWarps * GROUPS * R;  // rows of a block
+  constexpr int G = kFastStepGroup;
+  constexpr int THREADS = 32 * kFastWarps;
+  constexpr int PS = DK / 32;               // staging: a vector's values per lane
+  constexpr int TPW = G / kFastWarps;       // staging: tokens per warp
+  constexpr int VPT = (G * RB + THREADS - 1) / THREADS;  // staging: v values per thread
+  static_assert(E % 4 == 0 && 32 % L == 0 && G % kFastWarps == 0, "kernel shape");
+
+  __shared__ __align__(16) float ks[G][DK];
+  __shared__ __align__(16) float qs[G][DK];
+  __shared__ float vs[G][RB];
+  __shared__ float4 scal[G];  // exp(g), beta, k·q
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pos = lane % L;
+  const int blocks_per_head = dv / RB;
+  const int j = blockIdx.x / blocks_per_head, row0 = (int)(blockIdx.x % blocks_per_head) * RB;
+  const int kh = j / (nv / nk);
+  const int my_row = warp * GROUPS * R + (lane / L) * R;  // the first of this lane's R rows, in the block
+
+  float4 U[R][M];
+  float* Sr = S + ((size_t)j * dv + row0 + my_row) * DK + 4 * pos;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) U[r][m] = *reinterpret_cast<const float4*>(Sr + (size_t)r * DK + 4 * L * m);
+  float c = 1.0f;
+
+  // The next group's inputs, fetched into registers while the current group steps: warp w stages
+  // tokens w, w + kFastWarps, ... of a group (lane l: values l, l + 32, ... of k and q, so that
+  // loads and shared stores are both contiguous across the warp).
+  float kr[TPW][PS], qr[TPW][PS], br[TPW], gr[TPW], vr[VPT];
+  const size_t koff = (size_t)kh * DK + lane, voff = (size_t)j * dv + row0;
+  auto fetch = [&](int t0) {
+#pragma unroll
+    for (int i = 0; i < TPW; i++) {
+      const int t = t0 + warp + i * kFastWarps;
+      const bool in = t < T;
+#pragma unroll
+      for (int e = 0; e < PS; e++) {
+        kr[i][e] = in ? k[(size_t)t * stride + koff + 32 * e] : 0.f;
+        qr[i][e] = in ? q[(size_t)t * stride + koff + 32 * e] : 0.f;
+      }
+      br[i] = in ? beta[(size_t)t * nv + j] : 0.f;
+      gr[i] = in ? g[(size_t)t * nv + j] : 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < VPT; e++) {
+      const int idx = threadIdx.x + e * THREADS, t = t0 + idx / RB;
+      vr[e] = idx < G * RB && t < T ? v[(size_t)t * stride + voff + idx % RB] : 0.f;
+    }
+  };
+  // Into shared memory, normalising k and q first with `norm` (fp32: sum of squares, rsqrt).
+  auto stage = [&]() {
+#pragma unroll
+    for (int i = 0; i < TPW; i++) {
+      const int ti = warp + i * kFastWarps;
+      if constexpr (NORM) {
+        float ssk = 0.f, ssq = 0.f;
+#pragma unroll
+        for (int e = 0; e < PS; e++) ssk = fmaf(kr[i][e], kr[i][e], ssk), ssq = fmaf(qr[i][e], qr[i][e], ssq);
+        const float ik = rsqrtf(warp_sum_f(ssk) + eps), iq = rsqrtf(warp_sum_f(ssq) + eps) * q_scale;
+#pragma unroll
+        for (int e = 0; e < PS; e++) kr[i][e] *= ik, qr[i][e] *= iq;
+      }
+      float kq = 0.f;
+#pragma unroll
+      for (int e = 0; e < PS; e++) {
+        kq = fmaf(kr[i][e], qr[i][e], kq);
+        ks[ti][lane + 32 * e] = kr[i][e];
+        qs[ti][lane + 32 * e] = qr[i][e];
+      }
+      kq = warp_sum_f(kq);
+      if (lane == 0) scal[ti] = make_float4(expf(gr[i]), br[i], kq, 0.f);
+    }
+#pragma unroll
+    for (int e = 0; e < VPT; e++) {
+      const int idx = threadIdx.x + e * THREADS;
+      if (idx < G * RB) vs[idx / RB][idx % RB] = vr[e];
+    }
+  };
+  auto load_kq = [&](int i, float4 (&kc)[M], float4 (&qc)[M]) {
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      kc[m] = *reinterpret_cast<const float4*>(&ks[i][4 * pos + 4 * L * m]);
+      qc[m] = *reinterpret_cast<const float4*>(&qs[i][4 * pos + 4 * L * m]);
+    }
+  };
+
+  float* orow = out + voff + my_row;
+  fetch(0);
+  for (int t0 = 0; t0 < T; t0 += G) {
+    const int n = min(G, T - t0);
+    __syncthreads();  // the previous group is no longer read
+    stage();
+    __syncthreads();
+    if (t0 + G < T) fetch(t0 + G);
+    float4 kc[M], qc[M];
+    load_kq(0, kc, qc);
+    for (int i = 0; i < n; i++) {
+      const float4 sc = scal[i];
+      float pk[R], pq[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        float a[2] = {0.f, 0.f}, b[2] = {0.f, 0.f};  // two chains each for latency
+#pragma unroll
+        for (int m = 0; m < M; m++) a[m % 2] = dot4(U[r][m], kc[m], a[m % 2]), b[m % 2] = dot4(U[r][m], qc[m], b[m % 2]);
+        pk[r] = a[0] + a[1];
+        pq[r] = b[0] + b[1];
+      }
+      float4 kn[M], qn[M];
+      load_kq(i + 1 < n ? i + 1 : i, kn, qn);  // the next token's, while the sums travel
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          pk[r] += __shfl_xor_sync(0xffffffffu, pk[r], o);
+          pq[r] += __shfl_xor_sync(0xffffffffu, pq[r], o);
+        }
+      const float cn = c * sc.x;  // the running decay after this token's
+      const bool fold = !(cn >= kDecayFoldBelow && cn <= kDecayFoldAbove);
+      const float inv = fold ? 1.0f : __fdividef(1.0f, cn);
+      float o[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const float d = (vs[i][my_row + r] - cn * pk[r]) * sc.y;
+        o[r] = fmaf(d, sc.z, cn * pq[r]);
+        const float du = d * inv;
+        if (fold) {
+#pragma unroll
+          for (int m = 0; m < M; m++) U[r][m] = fma4(d, kc[m], scale4(U[r][m], cn));
+        } else {
+#pragma unroll
+          for (int m = 0; m < M; m++) U[r][m] = fma4(du, kc[m], U[r][m]);
+        }
+      }
+      c = fold ? 1.0f : cn;
+      if (pos < R) {
+        float mine = o[0];
+#pragma unroll
+        for (int r = 1; r < R; r++)
+          if (pos == r) mine = o[r];
+        orow[(size_t)(t0 + i) * nv * dv + pos] = mine;
+      }
+#pragma unroll
+      for (int m = 0; m < M; m++) kc[m] = kn[m], qc[m] = qn[m];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) *reinterpret_cast<float4*>(Sr + (size_t)r * DK + 4 * L * m) = scale4(U[r][m], c);
+}
+
+}  // namespace
+
+void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
+                              int C, int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
+                              float* g, int nk, int nv, cudaStream_t stream) {
+  if (K < 2 || K > kFastMaxConvKernel)
+    throw_error("deltanet: conv kernel " + std::to_string(K) + " outside [2, 8]");
+  if (nk <= 0 || nv % nk != 0)
+    throw_error("deltanet: " + std::to_string(nv) + " value heads do not group over " + std::to_string(nk) +
+                " key heads");
+  if (T == 0) return;
+  const int conv_blocks = (C + kFastConvThreads - 1) / kFastConvThreads;
+  if (T <= 8) {  // decode and short chunks: one pass over the tokens per channel, one launch
+    const int gate_blocks = (T * nv + kFastConvThreads - 1) / kFastConvThreads;
+    conv_gates_short_kernel<<<conv_blocks + gate_blocks, kFastConvThreads, 0, stream>>>(
+        x, x_stride, out, state, w, T, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv, conv_blocks);
+    RL_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  const int gate_blocks = (nv + kFastConvThreads - 1) / kFastConvThreads;
+  conv_gates_tokens_kernel<<<dim3(conv_blocks + gate_blocks, T), kFastConvThreads, 0, stream>>>(
+      x, x_stride, out, state, w, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv, conv_blocks);
+  RL_CUDA_LAUNCH_CHECK();
+  conv_state_fast_kernel<<<conv_blocks, kFastConvThreads, 0, stream>>>(x, x_stride, state, T, C, K);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+int deltanet_fast_rows_per_block(int lanes_per_row, int rows_per_lane) {
+  return kFastWarps * (32 / lanes_per_row) * rows_per_lane;
+}
+
+void deltanet_recurrence_fast(const float* q, const float* k, const float* v, size_t qkv_stride, const float* beta,
+                              const float* g, float* S, float* out, int T, int nk, int nv, int dk, int dv,
+                              cudaStream_t stream, const L2Norm* norm, int lanes_per_row, int rows_per_lane) {
+  if (T == 0) return;
+  if (dk != 64 && dk != 128) throw_error("deltanet: key head dim " + std::to_string(dk) + " (supported: 64, 128)");
+  if (norm && dk != 128)
+    throw_error("deltanet: the fused L2 norm needs key heads of 128 (got " + std::to_string(dk) + ")");
+  if (nk <= 0 || nv % nk != 0)
+    throw_error("deltanet: " + std::to_string(nv) + " value heads do not group over " + std::to_string(nk) +
+                " key heads");
+  if (lanes_per_row == 0) lanes_per_row = 8;
+  if (rows_per_lane == 0) rows_per_lane = 1;
+  if ((lanes_per_row != 8 && lanes_per_row != 16) || (rows_per_lane != 1 && rows_per_lane != 2))
+    throw_error("deltanet: fast recurrence shape " + std::to_string(lanes_per_row) + " lanes a row, " +
+                std::to_string(rows_per_lane) + " rows a lane (supported: 8 or 16, 1 or 2)");
+  const int rows_per_block = deltanet_fast_rows_per_block(lanes_per_row, rows_per_lane);
+  if (dv % rows_per_block != 0)
+    throw_error("deltanet: value head dim " + std::to_string(dv) + " is not a multiple of " +
+                std::to_string(rows_per_block));
+  if (reinterpret_cast<uintptr_t>(S) % 16 != 0)
+    throw_error("deltanet: the state must be 16-byte aligned (its rows are read as float4)");
+  const unsigned blocks = (unsigned)(nv * dv / rows_per_block);
+  const float q_scale = norm ? norm->q_scale : 1.0f, eps = norm ? norm->eps : 0.0f;
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, 32 * kFastWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale, eps);
+  };
+  auto pick = [&]<int L, int R>() {
+    if (dk == 64)
+      launch(fast_recurrence_kernel<64, L, R, false>);
+    else if (norm)
+      launch(fast_recurrence_kernel<128, L, R, true>);
+    else
+      launch(fast_recurrence_kernel<128, L, R, false>);
+  };
+  if (lanes_per_row == 8)
+    rows_per_lane == 2 ? pick.template operator()<8, 2>() : pick.template operator()<8, 1>();
+  else
+    rows_per_lane == 2 ? pick.template operator()<16, 2>() : pick.template operator()<16, 1>();
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace rl::cuda
