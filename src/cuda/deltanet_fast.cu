@@ -257,6 +257,54 @@ __global__ void __launch_bounds__(32 * kFastWarps)
   };
 
   float* orow = out + voff + my_row;
+  // Token i of the group from k, q in kc, qc; loads token i + 1's into kn, qn while the sums travel.
+  auto step = [&](int t0, int i, int n, const float4(&kc)[M], const float4(&qc)[M], float4(&kn)[M],
+                  float4(&qn)[M]) {
+    const float4 sc = scal[i];
+    float pk[R], pq[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      float a[2] = {0.f, 0.f}, b[2] = {0.f, 0.f};  // two chains each for latency
+#pragma unroll
+      for (int m = 0; m < M; m++) a[m % 2] = dot4(U[r][m], kc[m], a[m % 2]), b[m % 2] = dot4(U[r][m], qc[m], b[m % 2]);
+      pk[r] = a[0] + a[1];
+      pq[r] = b[0] + b[1];
+    }
+    load_kq(i + 1 < n ? i + 1 : i, kn, qn);
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        pk[r] += __shfl_xor_sync(0xffffffffu, pk[r], o);
+        pq[r] += __shfl_xor_sync(0xffffffffu, pq[r], o);
+      }
+    const float cn = c * sc.x;  // the running decay after this token's
+    const bool fold = !(cn >= kDecayFoldBelow && cn <= kDecayFoldAbove);
+    const float inv = fold ? 1.0f : __fdividef(1.0f, cn);
+    float o[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const float d = (vs[i][my_row + r] - cn * pk[r]) * sc.y;
+      o[r] = fmaf(d, sc.z, cn * pq[r]);
+      const float du = d * inv;
+      if (fold) {
+#pragma unroll
+        for (int m = 0; m < M; m++) U[r][m] = fma4(d, kc[m], scale4(U[r][m], cn));
+      } else {
+#pragma unroll
+        for (int m = 0; m < M; m++) U[r][m] = fma4(du, kc[m], U[r][m]);
+      }
+    }
+    c = fold ? 1.0f : cn;
+    if (pos < R) {
+      float mine = o[0];
+#pragma unroll
+      for (int r = 1; r < R; r++)
+        if (pos == r) mine = o[r];
+      orow[(size_t)(t0 + i) * nv * dv + pos] = mine;
+    }
+  };
+
   fetch(0);
   for (int t0 = 0; t0 < T; t0 += G) {
     const int n = min(G, T - t0);
@@ -264,55 +312,12 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     stage();
     __syncthreads();
     if (t0 + G < T) fetch(t0 + G);
-    float4 kc[M], qc[M];
-    load_kq(0, kc, qc);
-    for (int i = 0; i < n; i++) {
-      const float4 sc = scal[i];
-      float pk[R], pq[R];
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        float a[2] = {0.f, 0.f}, b[2] = {0.f, 0.f};  // two chains each for latency
-#pragma unroll
-        for (int m = 0; m < M; m++) a[m % 2] = dot4(U[r][m], kc[m], a[m % 2]), b[m % 2] = dot4(U[r][m], qc[m], b[m % 2]);
-        pk[r] = a[0] + a[1];
-        pq[r] = b[0] + b[1];
-      }
-      float4 kn[M], qn[M];
-      load_kq(i + 1 < n ? i + 1 : i, kn, qn);  // the next token's, while the sums travel
-#pragma unroll
-      for (int o = L / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-          pk[r] += __shfl_xor_sync(0xffffffffu, pk[r], o);
-          pq[r] += __shfl_xor_sync(0xffffffffu, pq[r], o);
-        }
-      const float cn = c * sc.x;  // the running decay after this token's
-      const bool fold = !(cn >= kDecayFoldBelow && cn <= kDecayFoldAbove);
-      const float inv = fold ? 1.0f : __fdividef(1.0f, cn);
-      float o[R];
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        const float d = (vs[i][my_row + r] - cn * pk[r]) * sc.y;
-        o[r] = fmaf(d, sc.z, cn * pq[r]);
-        const float du = d * inv;
-        if (fold) {
-#pragma unroll
-          for (int m = 0; m < M; m++) U[r][m] = fma4(d, kc[m], scale4(U[r][m], cn));
-        } else {
-#pragma unroll
-          for (int m = 0; m < M; m++) U[r][m] = fma4(du, kc[m], U[r][m]);
-        }
-      }
-      c = fold ? 1.0f : cn;
-      if (pos < R) {
-        float mine = o[0];
-#pragma unroll
-        for (int r = 1; r < R; r++)
-          if (pos == r) mine = o[r];
-        orow[(size_t)(t0 + i) * nv * dv + pos] = mine;
-      }
-#pragma unroll
-      for (int m = 0; m < M; m++) kc[m] = kn[m], qc[m] = qn[m];
+    // Two steps an iteration, the k and q registers alternating (no copies between steps).
+    float4 ka[M], qa[M], kb[M], qb[M];
+    load_kq(0, ka, qa);
+    for (int i = 0; i < n; i += 2) {
+      step(t0, i, n, ka, qa, kb, qb);
+      if (i + 1 < n) step(t0, i + 1, n, kb, qb, ka, qa);
     }
   }
 #pragma unroll
