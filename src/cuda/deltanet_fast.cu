@@ -32,59 +32,16 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.h"
+#include "cuda/deltanet_conv.cuh"
 #include "cuda/kernels.h"
 
 namespace rl::cuda {
 
 namespace {
 
-// ---- conv + SiLU and gates, fp32 ---------------------------------------------------------------
+// ---- conv + SiLU and gates, fp32 (deltanet_conv.cuh's ConvFast) ------------------------------------
 
-constexpr int kFastMaxConvKernel = 8;
 constexpr int kFastConvThreads = 128;
-
-__device__ __forceinline__ float silu_fast(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float sigmoid_fast(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-// Short chunks (decode): one thread per channel steps through the T tokens with the window of the
-// K-1 previous inputs in registers, and advances the state itself.
-__device__ __forceinline__ void conv_channel_fast(const float* x, size_t x_stride, float* out, float* state,
-                                                  const float* w, int T, int C, int K, int c) {
-  if (c >= C) return;
-  float win[kFastMaxConvKernel];  // previous K-1 inputs, oldest first
-  float wc[kFastMaxConvKernel];
-#pragma unroll
-  for (int i = 0; i < kFastMaxConvKernel; i++) {
-    win[i] = i < K - 1 ? state[(size_t)i * C + c] : 0.f;
-    wc[i] = i < K ? w[(size_t)c * K + i] : 0.f;
-  }
-  for (int t = 0; t < T; t++) {
-    const float xt = x[(size_t)t * x_stride + c];
-    float s = wc[K - 1] * xt;
-#pragma unroll
-    for (int i = 0; i < kFastMaxConvKernel; i++)
-      if (i < K - 1) s = fmaf(wc[i], win[i], s);
-#pragma unroll
-    for (int i = 0; i < kFastMaxConvKernel - 1; i++)
-      if (i < K - 2) win[i] = win[i + 1];
-    win[K - 2] = xt;
-    out[(size_t)t * C + c] = silu_fast(s);
-  }
-#pragma unroll
-  for (int i = 0; i < kFastMaxConvKernel; i++)
-    if (i < K - 1) state[(size_t)i * C + c] = win[i];
-}
-
-// beta = sigmoid(b), g = softplus(a + dt_bias) * ssm_a for value head j of token t.
-__device__ __forceinline__ void gates_fast(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
-                                           float* g, int nk, int nv, int t, int j) {
-  if (j >= nv) return;
-  const int r = nv / nk, kh = j / r, sub = j % r;
-  const float* row = ba + (size_t)t * nk * 2 * r + (size_t)kh * 2 * r;
-  beta[(size_t)t * nv + j] = sigmoid_fast(row[sub]);
-  g[(size_t)t * nv + j] = softplus_fast(row[r + sub] + dt_bias[j]) * ssm_a[j];
-}
 
 // Decode and short chunks, one launch: the first conv_blocks blocks run the conv, the rest the
 // gates (token-major over T * nv).
@@ -92,16 +49,15 @@ __global__ void conv_gates_short_kernel(const float* x, size_t x_stride, float* 
                                         int T, int C, int K, const float* ba, const float* dt_bias,
                                         const float* ssm_a, float* beta, float* g, int nk, int nv, int conv_blocks) {
   if ((int)blockIdx.x < conv_blocks) {
-    conv_channel_fast(x, x_stride, out, state, w, T, C, K, blockIdx.x * kFastConvThreads + threadIdx.x);
+    conv1d_silu_channel<ConvFast>(x, x_stride, out, state, w, T, C, K, blockIdx.x * kFastConvThreads + threadIdx.x);
     return;
   }
   const int i = (blockIdx.x - conv_blocks) * kFastConvThreads + threadIdx.x;
-  if (i < T * nv) gates_fast(ba, dt_bias, ssm_a, beta, g, nk, nv, i / nv, i % nv);
+  if (i < T * nv) deltanet_gate<ConvFast>(ba, dt_bias, ssm_a, beta, g, nk, nv, i / nv, i % nv);
 }
 
-// Long chunks: one thread per (channel, token) reading the K-1 previous inputs from x or, before
-// the chunk, from the state (conv_state_fast_kernel advances it afterwards); blocks past
-// conv_blocks compute token blockIdx.y's gates.
+// Long chunks: one thread per (channel, token); blocks past conv_blocks compute token blockIdx.y's
+// gates. conv_state_advance moves the state on afterwards.
 __global__ void conv_gates_tokens_kernel(const float* __restrict__ x, size_t x_stride, float* __restrict__ out,
                                          const float* __restrict__ state, const float* __restrict__ w, int C, int K,
                                          const float* __restrict__ ba, const float* __restrict__ dt_bias,
@@ -109,28 +65,12 @@ __global__ void conv_gates_tokens_kernel(const float* __restrict__ x, size_t x_s
                                          float* __restrict__ g, int nk, int nv, int conv_blocks) {
   const int t = blockIdx.y;
   if ((int)blockIdx.x >= conv_blocks) {
-    gates_fast(ba, dt_bias, ssm_a, beta, g, nk, nv, t, (blockIdx.x - conv_blocks) * kFastConvThreads + threadIdx.x);
+    const int j = (blockIdx.x - conv_blocks) * kFastConvThreads + threadIdx.x;
+    if (j < nv) deltanet_gate<ConvFast>(ba, dt_bias, ssm_a, beta, g, nk, nv, t, j);
     return;
   }
   const int c = blockIdx.x * kFastConvThreads + threadIdx.x;
-  if (c >= C) return;
-  float s = w[(size_t)c * K + K - 1] * x[(size_t)t * x_stride + c];
-  for (int i = 0; i < K - 1; i++) {
-    const int tau = t - (K - 1) + i;  // input time of tap i
-    const float in = tau < 0 ? state[(size_t)(K - 1 + tau) * C + c] : x[(size_t)tau * x_stride + c];
-    s = fmaf(w[(size_t)c * K + i], in, s);
-  }
-  out[(size_t)t * C + c] = silu_fast(s);
-}
-
-// state[i] = input at time T-(K-1)+i: ascending i reads old entries before they are replaced.
-__global__ void conv_state_fast_kernel(const float* __restrict__ x, size_t x_stride, float* state, int T, int C,
-                                       int K) {
-  const int c = blockIdx.x * kFastConvThreads + threadIdx.x;
-  if (c >= C) return;
-  for (int i = 0; i < K - 1; i++)
-    state[(size_t)i * C + c] =
-        i + T < K - 1 ? state[(size_t)(i + T) * C + c] : x[(size_t)(T - (K - 1) + i) * x_stride + c];
+  if (c < C) out[(size_t)t * C + c] = conv1d_silu_token<ConvFast>(x, x_stride, state, w, t, C, K, c);
 }
 
 // ---- recurrence, fp32 ----------------------------------------------------------------------------
@@ -331,7 +271,7 @@ __global__ void __launch_bounds__(32 * kFastWarps)
 void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
                               int C, int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
                               float* g, int nk, int nv, cudaStream_t stream) {
-  if (K < 2 || K > kFastMaxConvKernel)
+  if (K < 2 || K > kMaxConvKernel)
     throw_error("deltanet: conv kernel " + std::to_string(K) + " outside [2, 8]");
   if (nk <= 0 || nv % nk != 0)
     throw_error("deltanet: " + std::to_string(nv) + " value heads do not group over " + std::to_string(nk) +
@@ -349,8 +289,7 @@ void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float
   conv_gates_tokens_kernel<<<dim3(conv_blocks + gate_blocks, T), kFastConvThreads, 0, stream>>>(
       x, x_stride, out, state, w, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv, conv_blocks);
   RL_CUDA_LAUNCH_CHECK();
-  conv_state_fast_kernel<<<conv_blocks, kFastConvThreads, 0, stream>>>(x, x_stride, state, T, C, K);
-  RL_CUDA_LAUNCH_CHECK();
+  conv_state_advance(x, x_stride, state, T, C, K, stream);
 }
 
 int deltanet_fast_rows_per_block(int lanes_per_row, int rows_per_lane) {
