@@ -34,6 +34,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/deltanet_conv.cuh"
 #include "cuda/kernels.h"
+#include "cuda/math_device.cuh"
 
 namespace rl::cuda {
 
@@ -48,6 +49,7 @@ constexpr int kFastConvThreads = 128;
 __global__ void conv_gates_short_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w,
                                         int T, int C, int K, const float* ba, const float* dt_bias,
                                         const float* ssm_a, float* beta, float* g, int nk, int nv, int conv_blocks) {
+  pdl_trigger();  // the recurrence may load its state meanwhile (it waits for this grid before reading)
   if ((int)blockIdx.x < conv_blocks) {
     conv1d_silu_channel<ConvFast>(x, x_stride, out, state, w, T, C, K, blockIdx.x * kFastConvThreads + threadIdx.x);
     return;
@@ -245,6 +247,7 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     }
   };
 
+  pdl_wait();  // q, k, v, beta and g come from the previous kernel; the state does not
   fetch(0);
   for (int t0 = 0; t0 < T; t0 += G) {
     const int n = min(G, T - t0);
@@ -319,8 +322,21 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
     throw_error("deltanet: the state must be 16-byte aligned (its rows are read as float4)");
   const unsigned blocks = (unsigned)(nv * dv / rows_per_block);
   const float q_scale = norm ? norm->q_scale : 1.0f, eps = norm ? norm->eps : 0.0f;
+  // A programmatic dependent (math_device.cuh): the blocks load their state rows while the
+  // previous kernel (the conv, which triggers at its start) still runs, so that kernel must not
+  // write S. The recurrence does not trigger its dependents early: a second call on the same state
+  // right after it reads S only once this grid's blocks have all exited.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(32 * kFastWarps);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = device_info().cc_major >= 9 ? 1 : 0;  // pdl_wait is compiled for sm_90 and later only
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, 32 * kFastWarps, 0, stream>>>(q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale, eps);
+    RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale, eps));
   };
   auto pick = [&]<int L, int R>() {
     if (dk == 64)

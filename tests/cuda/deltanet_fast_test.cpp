@@ -190,29 +190,32 @@ float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
 // Per layer call of a 512-token chunk at the 80B shape, each kernel shape and the exact kernel
 // (printed for the choice of the default shape; the accuracy tests carry the assertions).
 void print_timings(const Heads& h, const Tokens& tk, const std::vector<float>& s0) {
-  auto dq = to_device(tk.qkv), db = to_device(tk.beta), dg = to_device(tk.g), dS = to_device(s0);
+  // Two states in turn: a launch reads its state before it waits for the previous kernel.
+  auto dq = to_device(tk.qkv), db = to_device(tk.beta), dg = to_device(tk.g);
+  cuda::DeviceBuffer states[2] = {to_device(s0), to_device(s0)};
   cuda::DeviceBuffer dout((size_t)512 * h.nv * h.d * 4);
+  int turn = 0;
   cudaEvent_t a, b;
   RL_CUDA_CHECK(cudaEventCreate(&a));
   RL_CUDA_CHECK(cudaEventCreate(&b));
   const float* q = dq.f();
-  auto time = [&](auto call) {
-    call();  // warm-up
+  auto mean_ms = [&](auto call) {
+    call(states[turn++ % 2].f());  // warm-up
     RL_CUDA_CHECK(cudaEventRecord(a));
-    for (int i = 0; i < 10; i++) call();
+    for (int i = 0; i < 10; i++) call(states[turn++ % 2].f());
     RL_CUDA_CHECK(cudaEventRecord(b));
     RL_CUDA_CHECK(cudaEventSynchronize(b));
     return elapsed_ms(a, b) / 10;
   };
   for (Shape s : kShapes)
     std::printf("deltanet_recurrence_fast %d lanes a row, %d rows a lane: %.3f ms per 512-token layer call\n",
-                s.lanes, s.rows, time([&] {
+                s.lanes, s.rows, mean_ms([&](float* S) {
                   cuda::deltanet_recurrence_fast(q, q + h.key_dim(), q + 2 * h.key_dim(), h.stride(), db.f(), dg.f(),
-                                                 dS.f(), dout.f(), 512, h.nk, h.nv, h.d, h.d, nullptr, nullptr,
+                                                 S, dout.f(), 512, h.nk, h.nv, h.d, h.d, nullptr, nullptr,
                                                  s.lanes, s.rows);
                 }));
-  std::printf("deltanet_recurrence (exact): %.3f ms per 512-token layer call\n", time([&] {
-                cuda::deltanet_recurrence(q, q + h.key_dim(), q + 2 * h.key_dim(), h.stride(), db.f(), dg.f(), dS.f(),
+  std::printf("deltanet_recurrence (exact): %.3f ms per 512-token layer call\n", mean_ms([&](float* S) {
+                cuda::deltanet_recurrence(q, q + h.key_dim(), q + 2 * h.key_dim(), h.stride(), db.f(), dg.f(), S,
                                           dout.f(), 512, h.nk, h.nv, h.d, h.d, nullptr);
               }));
   RL_CUDA_CHECK(cudaEventDestroy(a));
@@ -311,6 +314,44 @@ TEST_F(CudaDeltaNetFast, FusedNormEqualsL2NormThenRecurrence) {
     expect_state_within(to_host<float>(dS_fused, s0.size()), ref_fused, "state (fused norm)");
     expect_state_within(to_host<float>(dS_plain, s0.size()), ref_plain, "state (l2_norm first)");
   }
+}
+
+// The decode step as a forward pass enqueues it, several tokens without a host synchronisation:
+// conv + gates, then the recurrence with the fused norm on the conv's output (launched as a
+// programmatic dependent: it must wait for the conv before reading, and the conv's outputs start
+// as NaN). Checked against the reference run on the conv outputs and gates read back afterwards.
+TEST_F(CudaDeltaNetFast, DecodeStepsConvThenFusedRecurrence) {
+  const Heads h = k80B;
+  const int K = 4, C = h.stride(), steps = 6;
+  const cuda::L2Norm norm{1e-6f, (float)(1.0 / std::sqrt((double)h.d))};
+  auto x = random_floats((size_t)steps * C, 400, 2.0f), w = random_floats((size_t)C * K, 401, 0.5f);
+  auto ba = random_floats((size_t)steps * 2 * h.nv, 402, 2.0f), dt = random_floats(h.nv, 403), a = random_floats(h.nv, 404);
+  for (float& v : a) v = -std::exp(v);
+  const auto s0 = random_floats(h.state_size(), 405, 0.3f);
+  auto dx = to_device(x), dw = to_device(w), dba = to_device(ba), ddt = to_device(dt), da = to_device(a);
+  auto dS = to_device(s0);
+  cuda::DeviceBuffer dconv_state((size_t)(K - 1) * C * 4), dconv((size_t)steps * C * 4);
+  cuda::DeviceBuffer dbeta((size_t)steps * h.nv * 4), dg((size_t)steps * h.nv * 4), dout((size_t)steps * h.nv * h.d * 4);
+  RL_CUDA_CHECK(cudaMemset(dconv_state.get(), 0, dconv_state.bytes()));
+  RL_CUDA_CHECK(cudaMemset(dconv.get(), 0xFF, dconv.bytes()));
+  RL_CUDA_CHECK(cudaMemset(dout.get(), 0xFF, dout.bytes()));
+  RL_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int s = 0; s < steps; s++) {
+    float* conv = dconv.f() + (size_t)s * C;
+    cuda::deltanet_conv_gates_fast(dx.f() + (size_t)s * C, C, conv, dconv_state.f(), dw.f(), 1, C, K,
+                                   dba.f() + (size_t)s * 2 * h.nv, ddt.f(), da.f(), dbeta.f() + s * h.nv,
+                                   dg.f() + s * h.nv, h.nk, h.nv, nullptr);
+    cuda::deltanet_recurrence_fast(conv, conv + h.key_dim(), conv + 2 * h.key_dim(), C, dbeta.f() + s * h.nv,
+                                   dg.f() + s * h.nv, dS.f(), dout.f() + (size_t)s * h.nv * h.d, 1, h.nk, h.nv, h.d,
+                                   h.d, nullptr, &norm);
+  }
+  const Tokens tk{to_host<float>(dconv, (size_t)steps * C), to_host<float>(dbeta, (size_t)steps * h.nv),
+                  to_host<float>(dg, (size_t)steps * h.nv)};
+  Reference ref(h, kFusedNorm, true, s0);
+  std::vector<double> want, bound;
+  ref.run(tk, steps, want, bound);
+  expect_within(to_host<float>(dout, want.size()), want, bound, "decode outputs");
+  expect_state_within(to_host<float>(dS, s0.size()), ref, "state after the decode steps");
 }
 
 // Conv + SiLU and the gates over the chunks 1, 7, 64, 512 (the one-launch and the two-launch
