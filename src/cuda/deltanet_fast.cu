@@ -4,10 +4,12 @@
 //
 // Why a sequential kernel and not the chunkwise-parallel (WY) form on tensor cores: the WY form
 // needs a triangular inverse per chunk whose conditioning depends on beta and the decays, and fp32
-// results from tensor cores come only through TF32 splits; with no GPU to test it against the
-// reference while writing it, the sequential form, whose error is bounded below, was the one that
-// could be made right. It is no longer bound by double arithmetic: fp32 shuffles, fp32 FMAs, no
-// conversions, and one reduction round per token instead of two.
+// accuracy from tensor cores only through split TF32 products; it could not be made right and
+// validated in the time this was written without a GPU, while the sequential form's error has the
+// simple bound below. The sequential form is latency-bound per token (a few dozen FMAs, one
+// butterfly of log2 L shuffles, a handful of scalar steps), no longer by double arithmetic: fp32
+// shuffles and FMAs, no conversions, and one reduction round per token instead of two. The shape
+// (lanes a row, rows a lane) is selectable so that it can be picked by measurement.
 //
 // Recurrence (fast_recurrence_kernel). A block holds RB rows of one value head's state in
 // registers for the whole call, L lanes per row (each lane E = DK / L values, as float4 at
@@ -222,13 +224,14 @@ __global__ void __launch_bounds__(32 * kFastWarps)
       }
     const float cn = c * sc.x;  // the running decay after this token's
     const bool fold = !(cn >= kDecayFoldBelow && cn <= kDecayFoldAbove);
-    const float inv = fold ? 1.0f : __fdividef(1.0f, cn);
+    const float beta_u = fold ? sc.y : __fdividef(sc.y, cn);  // beta / c, off the dependent chain
     float o[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      const float d = (vs[i][my_row + r] - cn * pk[r]) * sc.y;
+      const float err = fmaf(-cn, pk[r], vs[i][my_row + r]);  // v - S̃·k
+      const float d = err * sc.y;
       o[r] = fmaf(d, sc.z, cn * pq[r]);
-      const float du = d * inv;
+      const float du = err * beta_u;  // d / c: U's update
       if (fold) {
 #pragma unroll
         for (int m = 0; m < M; m++) U[r][m] = fma4(d, kc[m], scale4(U[r][m], cn));

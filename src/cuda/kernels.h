@@ -231,9 +231,11 @@ void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float
                               float* g, int nk, int nv, cudaStream_t stream);
 // deltanet_recurrence in fp32 (same arguments and layouts; `norm` fuses the L2 norm of q and k,
 // in fp32, for any T). dk 64 or 128; S 16-byte aligned (cudaMalloc'd, at a multiple of 4 floats).
-// Each value head's rows are split over blocks of deltanet_fast_rows_per_block(lanes_per_row,
-// rows_per_lane) rows, which must divide dv; lanes_per_row (8 or 16) and rows_per_lane (1 or 2)
-// force the kernel's shape (tests, measurements), 0 picks 8 and 1 (16 rows a block).
+// Launched as a programmatic dependent on sm_90+: it reads S before waiting for the previous
+// kernel in the stream, so that kernel must not write S (a copy or memset may). Each value head's
+// rows are split over blocks of deltanet_fast_rows_per_block(lanes_per_row, rows_per_lane) rows,
+// which must divide dv; lanes_per_row (8 or 16) and rows_per_lane (1 or 2) force the kernel's
+// shape (tests, measurements), 0 picks 8 and 1 (16 rows a block).
 void deltanet_recurrence_fast(const float* q, const float* k, const float* v, size_t qkv_stride, const float* beta,
                               const float* g, float* S, float* out, int T, int nk, int nv, int dk, int dv,
                               cudaStream_t stream, const L2Norm* norm = nullptr, int lanes_per_row = 0,
