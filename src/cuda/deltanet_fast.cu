@@ -314,9 +314,11 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
                 " key heads");
   if (lanes_per_row == 0) lanes_per_row = 8;
   if (rows_per_lane == 0) rows_per_lane = 1;
-  if ((lanes_per_row != 8 && lanes_per_row != 16) || (rows_per_lane != 1 && rows_per_lane != 2))
+  const bool shape_known = ((lanes_per_row == 8 || lanes_per_row == 16) && (rows_per_lane == 1 || rows_per_lane == 2)) ||
+                           (lanes_per_row == 4 && rows_per_lane == 1);
+  if (!shape_known)
     throw_error("deltanet: fast recurrence shape " + std::to_string(lanes_per_row) + " lanes a row, " +
-                std::to_string(rows_per_lane) + " rows a lane (supported: 8 or 16, 1 or 2)");
+                std::to_string(rows_per_lane) + " rows a lane (supported: 8 or 16 with 1 or 2, 4 with 1)");
   const int rows_per_block = deltanet_fast_rows_per_block(lanes_per_row, rows_per_lane);
   if (dv % rows_per_block != 0)
     throw_error("deltanet: value head dim " + std::to_string(dv) + " is not a multiple of " +
@@ -349,7 +351,9 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
     else
       launch(fast_recurrence_kernel<128, L, R, false>);
   };
-  if (lanes_per_row == 8)
+  if (lanes_per_row == 4)
+    pick.template operator()<4, 1>();
+  else if (lanes_per_row == 8)
     rows_per_lane == 2 ? pick.template operator()<8, 2>() : pick.template operator()<8, 1>();
   else
     rows_per_lane == 2 ? pick.template operator()<16, 2>() : pick.template operator()<16, 1>();

@@ -234,8 +234,8 @@ void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float
 // Launched as a programmatic dependent on sm_90+: it reads S before waiting for the previous
 // kernel in the stream, so that kernel must not write S (a copy or memset may). Each value head's
 // rows are split over blocks of deltanet_fast_rows_per_block(lanes_per_row, rows_per_lane) rows,
-// which must divide dv; lanes_per_row (8 or 16) and rows_per_lane (1 or 2) force the kernel's
-// shape (tests, measurements), 0 picks 8 and 1 (16 rows a block).
+// which must divide dv; lanes_per_row and rows_per_lane (8 or 16 with 1 or 2, or 4 with 1) force
+// the kernel's shape (tests, measurements), 0 picks 8 and 1 (16 rows a block).
 void deltanet_recurrence_fast(const float* q, const float* k, const float* v, size_t qkv_stride, const float* beta,
                               const float* g, float* S, float* out, int T, int nk, int nv, int dk, int dv,
                               cudaStream_t stream, const L2Norm* norm = nullptr, int lanes_per_row = 0,
