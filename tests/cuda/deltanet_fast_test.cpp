@@ -352,6 +352,32 @@ TEST_F(CudaDeltaNetFast, DecodeStepsConvThenFusedRecurrence) {
   ref.run(tk, steps, want, bound);
   expect_within(to_host<float>(dout, want.size()), want, bound, "decode outputs");
   expect_state_within(to_host<float>(dS, s0.size()), ref, "state after the decode steps");
+
+  // A layer's decode step, conv + gates then the fused recurrence, fast against exact (printed).
+  cudaEvent_t ev[2];
+  for (cudaEvent_t& e : ev) RL_CUDA_CHECK(cudaEventCreate(&e));
+  float* conv = dconv.f();
+  for (bool fast : {true, false}) {
+    auto layer_step = [&] {
+      auto conv_gates = fast ? cuda::deltanet_conv_gates_fast : cuda::deltanet_conv_gates;
+      conv_gates(dx.f(), C, conv, dconv_state.f(), dw.f(), 1, C, K, dba.f(), ddt.f(), da.f(), dbeta.f(), dg.f(), h.nk,
+                 h.nv, nullptr);
+      if (fast)
+        cuda::deltanet_recurrence_fast(conv, conv + h.key_dim(), conv + 2 * h.key_dim(), C, dbeta.f(), dg.f(), dS.f(),
+                                       dout.f(), 1, h.nk, h.nv, h.d, h.d, nullptr, &norm);
+      else
+        cuda::deltanet_recurrence(conv, conv + h.key_dim(), conv + 2 * h.key_dim(), C, dbeta.f(), dg.f(), dS.f(),
+                                  dout.f(), 1, h.nk, h.nv, h.d, h.d, nullptr, &norm);
+    };
+    layer_step();
+    RL_CUDA_CHECK(cudaEventRecord(ev[0]));
+    for (int i = 0; i < 100; i++) layer_step();
+    RL_CUDA_CHECK(cudaEventRecord(ev[1]));
+    RL_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+    std::printf("decode step of a DeltaNet layer (conv + gates, recurrence with the norm), %s: %.2f us\n",
+                fast ? "fast" : "exact", elapsed_ms(ev[0], ev[1]) * 10.0f);
+  }
+  for (cudaEvent_t& e : ev) RL_CUDA_CHECK(cudaEventDestroy(e));
 }
 
 // Conv + SiLU and the gates over the chunks 1, 7, 64, 512 (the one-launch and the two-launch
