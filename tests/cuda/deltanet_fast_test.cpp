@@ -7,7 +7,7 @@
 //   2-norm (|k| = 1, 0 < beta, decay <= 1), so a row's state error is at most the sum of the steps'
 //   local errors. A step's local error is at most kStepRoundings·u·(|S_row| + |v_row|): the exp
 //   of the decay (2 ulp) and the running decay's product and fold (6u), d from a dot product of
-//   summation depth <= 24 (the kernels' is E/2 + 1 + log2 L <= 19) and two roundings (27u), the
+//   summation depth <= 24 (the kernels' is at most 8 + 2 + log2 L <= 14) and two roundings (27u), the
 //   update's FMA and the reciprocal of the running decay (5u), and inputs one rounding off the
 //   reference's (2u): 40. An output adds its own dot product, d's error times k·q, k·q's rounding
 //   and the last FMA (66u: 70) to the state error carried in, times |q|. With the fused L2 norm the
