@@ -334,17 +334,9 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
   // previous kernel (the conv, which triggers at its start) still runs, so that kernel must not
   // write S. The recurrence does not trigger its dependents early: a second call on the same state
   // right after it reads S only once this grid's blocks have all exited.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(32 * kFastWarps);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = device_info().cc_major >= 9 ? 1 : 0;  // pdl_wait is compiled for sm_90 and later only
   auto launch = [&](auto kernel) {
-    RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, q, k, v, qkv_stride, beta, g, S, out, T, nk, nv, dv, q_scale, eps));
+    launch_dependent(kernel, dim3(blocks), dim3(32 * kFastWarps), stream, q, k, v, qkv_stride, beta, g, S, out, T, nk,
+                     nv, dv, q_scale, eps);
   };
   auto pick = [&]<int L, int R>() {
     if (dk == 64)
