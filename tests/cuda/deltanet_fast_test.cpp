@@ -273,9 +273,9 @@ TEST_F(CudaDeltaNetFast, RecurrenceChunksAgainstDoubleReference) {
   }
 }
 
-// Decode steps (and a 7-token chunk) on raw q and k: the fused L2 norm and l2_norm followed by the
-// plain fast recurrence both within their bounds of the reference, so within the sum of the two
-// bounds of each other.
+// Decode steps and chunks of 7 and 40 tokens (three staging groups, the norm applied to each) on
+// raw q and k: the fused L2 norm and l2_norm followed by the plain fast recurrence both within
+// their bounds of the reference, so within the sum of the two bounds of each other.
 TEST_F(CudaDeltaNetFast, FusedNormEqualsL2NormThenRecurrence) {
   for (const Heads& h : {Heads{2, 4, 128}, k80B}) {
     SCOPED_TRACE(h.name());
@@ -284,7 +284,7 @@ TEST_F(CudaDeltaNetFast, FusedNormEqualsL2NormThenRecurrence) {
     Reference ref_fused(h, kFusedNorm, true, s0), ref_plain(h, kPlain, true, s0);
     auto dS_fused = to_device(s0), dS_plain = to_device(s0);
     int step = 0;
-    for (int T : {1, 1, 1, 7, 1, 1}) {
+    for (int T : {1, 1, 1, 7, 40, 1}) {
       SCOPED_TRACE("step " + std::to_string(step) + ", " + std::to_string(T) + " tokens");
       const Tokens tk = make_tokens(h, T, 210 + step++, true);
       std::vector<double> want, bound_fused, bound_plain;
