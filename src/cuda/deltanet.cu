@@ -6,6 +6,7 @@
 // double, the state stored as fp32 after each step; the dot products' double sums are formed as a
 // warp tree instead of left to right, which moves a rounded fp32 result only in the rarest ties.
 #include "cuda/cuda_check.h"
+#include "cuda/deltanet_conv.cuh"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
 
@@ -13,50 +14,13 @@ namespace rl::cuda {
 
 namespace {
 
-constexpr int kMaxConvKernel = 8;
-
-__device__ __forceinline__ void conv1d_silu_channel(const float* x, size_t x_stride, float* out, float* state,
-                                                    const float* w, int T, int C, int K, int c) {
-  if (c >= C) return;
-  float win[kMaxConvKernel];  // previous K-1 inputs, oldest first
-  float wc[kMaxConvKernel];
-#pragma unroll
-  for (int i = 0; i < kMaxConvKernel; i++) {
-    win[i] = i < K - 1 ? state[(size_t)i * C + c] : 0.f;
-    wc[i] = i < K ? w[(size_t)c * K + i] : 0.f;
-  }
-  for (int t = 0; t < T; t++) {
-    const float xt = x[(size_t)t * x_stride + c];
-    // The oracle's order: the current tap first, then the state oldest to newest.
-    double s = (double)wc[K - 1] * xt;
-#pragma unroll
-    for (int i = 0; i < kMaxConvKernel; i++)
-      if (i < K - 1) s = fma((double)wc[i], (double)win[i], s);
-#pragma unroll
-    for (int i = 0; i < kMaxConvKernel - 1; i++)
-      if (i < K - 2) win[i] = win[i + 1];
-    win[K - 2] = xt;
-    out[(size_t)t * C + c] = silu_f((float)s);
-  }
-#pragma unroll
-  for (int i = 0; i < kMaxConvKernel; i++)
-    if (i < K - 1) state[(size_t)i * C + c] = win[i];
-}
-
-// The same conv for a long chunk: one thread per (token, channel), reading the K-1 previous inputs
-// from x or, before the chunk, from the state; conv_state_kernel then advances the state.
+// The conv and the gates in the oracle's arithmetic (deltanet_conv.cuh).
 __global__ void conv1d_silu_tokens_kernel(const float* __restrict__ x, size_t x_stride, float* __restrict__ out,
                                           const float* __restrict__ state, const float* __restrict__ w, int T, int C,
                                           int K) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
   if (c >= C) return;
-  double s = (double)w[(size_t)c * K + K - 1] * x[(size_t)t * x_stride + c];
-  for (int i = 0; i < K - 1; i++) {
-    const int tau = t - (K - 1) + i;  // input time of tap i
-    const float in = tau < 0 ? state[(size_t)(K - 1 + tau) * C + c] : x[(size_t)tau * x_stride + c];
-    s = fma((double)w[(size_t)c * K + i], (double)in, s);
-  }
-  out[(size_t)t * C + c] = silu_f((float)s);
+  out[(size_t)t * C + c] = conv1d_silu_token<ConvExact>(x, x_stride, state, w, t, C, K, c);
 }
 
 // state[i] = input at time T-(K-1)+i: ascending i reads old entries before they are replaced.
@@ -67,35 +31,27 @@ __global__ void conv_state_kernel(const float* __restrict__ x, size_t x_stride, 
     state[(size_t)i * C + c] = i + T < K - 1 ? state[(size_t)(i + T) * C + c] : x[(size_t)(T - (K - 1) + i) * x_stride + c];
 }
 
-__device__ __forceinline__ void gates_one(const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
-                                          float* g, int T, int nk, int nv, int i) {
-  if (i >= T * nv) return;
-  const int t = i / nv, j = i % nv, r = nv / nk;
-  const int kh = j / r, sub = j % r;
-  const float* row = ba + (size_t)t * nk * 2 * r + (size_t)kh * 2 * r;
-  const float b = row[sub], a = row[r + sub];
-  beta[i] = sigmoid_f(b);
-  g[i] = __fmul_rn(softplus_f(__fadd_rn(a, dt_bias[j])), ssm_a[j]);
-}
-
 __global__ void conv1d_silu_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
                                    int C, int K) {
-  conv1d_silu_channel(x, x_stride, out, state, w, T, C, K, blockIdx.x * blockDim.x + threadIdx.x);
+  conv1d_silu_channel<ConvExact>(x, x_stride, out, state, w, T, C, K, blockIdx.x * blockDim.x + threadIdx.x);
 }
 
 __global__ void gates_kernel(const float* ba, const float* dt_bias, const float* ssm_a, float* beta, float* g, int T,
                              int nk, int nv) {
-  gates_one(ba, dt_bias, ssm_a, beta, g, T, nk, nv, blockIdx.x * blockDim.x + threadIdx.x);
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < T * nv) deltanet_gate<ConvExact>(ba, dt_bias, ssm_a, beta, g, nk, nv, i / nv, i % nv);
 }
 
 // Both in one launch (short chunks): the first conv_blocks blocks run the conv, the rest the gates.
 __global__ void conv_gates_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
                                   int C, int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
                                   float* g, int nk, int nv, int conv_blocks) {
-  if ((int)blockIdx.x < conv_blocks)
-    conv1d_silu_channel(x, x_stride, out, state, w, T, C, K, blockIdx.x * blockDim.x + threadIdx.x);
-  else
-    gates_one(ba, dt_bias, ssm_a, beta, g, T, nk, nv, (blockIdx.x - conv_blocks) * blockDim.x + threadIdx.x);
+  if ((int)blockIdx.x < conv_blocks) {
+    conv1d_silu_channel<ConvExact>(x, x_stride, out, state, w, T, C, K, blockIdx.x * blockDim.x + threadIdx.x);
+    return;
+  }
+  const int i = (blockIdx.x - conv_blocks) * blockDim.x + threadIdx.x;
+  if (i < T * nv) deltanet_gate<ConvExact>(ba, dt_bias, ssm_a, beta, g, nk, nv, i / nv, i % nv);
 }
 
 constexpr int kRecurrenceWarps = 8;  // warps per block (all on rows of one value head)
@@ -251,6 +207,10 @@ void conv1d_silu(const float* x, size_t x_stride, float* out, float* state, cons
   }
   conv1d_silu_tokens_kernel<<<dim3((C + 127) / 128, T), 128, 0, stream>>>(x, x_stride, out, state, w, T, C, K);
   RL_CUDA_LAUNCH_CHECK();
+  conv_state_advance(x, x_stride, state, T, C, K, stream);
+}
+
+void conv_state_advance(const float* x, size_t x_stride, float* state, int T, int C, int K, cudaStream_t stream) {
   conv_state_kernel<<<(C + 127) / 128, 128, 0, stream>>>(x, x_stride, state, T, C, K);
   RL_CUDA_LAUNCH_CHECK();
 }

@@ -310,6 +310,25 @@ void deltanet_recurrence(const float* q, const float* k, const float* v, size_t 
                          int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm = nullptr,
                          int rows_per_warp = 0);
 
+// ---- deltanet_fast.cu: Gated DeltaNet in the fast tier (fp32 arithmetic) -----------------------------
+// deltanet_conv_gates in fp32 (same arguments, layouts and state convention); one launch for
+// chunks of up to 8 tokens, two for longer ones.
+void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
+                              int C, int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
+                              float* g, int nk, int nv, cudaStream_t stream);
+// deltanet_recurrence in fp32 (same arguments and layouts; `norm` fuses the L2 norm of q and k,
+// in fp32, for any T). dk 64 or 128; S 16-byte aligned (cudaMalloc'd, at a multiple of 4 floats).
+// Launched as a programmatic dependent on sm_90+: it reads S before waiting for the previous
+// kernel in the stream, so that kernel must not write S (a copy or memset may). Each value head's
+// rows are split over blocks of deltanet_fast_rows_per_block(lanes_per_row, rows_per_lane) rows,
+// which must divide dv; lanes_per_row and rows_per_lane (8 or 16 with 1 or 2, or 4 with 1) force
+// the kernel's shape (tests, measurements), 0 picks 8 and 1 (16 rows a block).
+void deltanet_recurrence_fast(const float* q, const float* k, const float* v, size_t qkv_stride, const float* beta,
+                              const float* g, float* S, float* out, int T, int nk, int nv, int dk, int dv,
+                              cudaStream_t stream, const L2Norm* norm = nullptr, int lanes_per_row = 0,
+                              int rows_per_lane = 0);
+int deltanet_fast_rows_per_block(int lanes_per_row, int rows_per_lane);
+
 // ---- moe.cu ------------------------------------------------------------------------------------------
 // probs[t][:] = softmax(logits[t][:]) over n_expert (in place allowed).
 void softmax_rows(const float* logits, float* probs, int T, int n, cudaStream_t stream);

@@ -2,6 +2,7 @@
 // rounded once to fp32. Sharing the formulas keeps GPU activations bit-identical to the oracle's
 // almost everywhere (see matvec.cu).
 #pragma once
+#include "cuda/cuda_check.h"
 
 namespace rl::cuda {
 
@@ -26,6 +27,23 @@ __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+// Launches kernel on grid x block as a programmatic dependent of the stream's previous kernel: its
+// blocks may start, and run what precedes their pdl_wait(), while that kernel finishes. Before
+// sm_90, where pdl_wait is not compiled (a build carrying older PTX, JIT-compiled), an ordinary
+// launch.
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const Args&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = device_info().cc_major >= 9 ? 1 : 0;
+  RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
 __device__ __forceinline__ double warp_sum_d(double v) {

@@ -442,26 +442,11 @@ const void* job_base(const GateUpJob& j) {
 size_t row_bytes_of(const MatvecJob& j) { return j.row_bytes; }
 size_t row_bytes_of(const GateUpJob& j) { return j.row_bytes_gate | j.row_bytes_up; }
 
-// Products are launched as programmatic dependents (math_device.cuh, pdl_wait): their blocks may
-// start, and stage their tables, while the previous kernel finishes.
-bool pdl_enabled() {
-  // pdl_wait is compiled only for sm_90 and later: never launch early on an older device (a
-  // build carrying older PTX, JIT-compiled).
-  static const bool on = device_info().cc_major >= 9;
-  return on;
-}
+// Products are launched as programmatic dependents (math_device.cuh, launch_dependent): their
+// blocks may start, and stage their tables, while the previous kernel finishes.
 template <class Args>
 void launch_product(void (*kernel)(Args, int), dim3 grid, const Args& jobs, int cols, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(32 * kWarps);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  RL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, jobs, cols));
+  launch_dependent(kernel, grid, dim3(32 * kWarps), stream, jobs, cols);
 }
 // The kernel of a job kind for type T and W warps per row, and the rows (pairs) a warp takes.
 template <GgmlType T, int W, bool kFast>
