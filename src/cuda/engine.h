@@ -41,8 +41,10 @@ struct SessionState {
   std::vector<DeviceBuffer> conv, ssm;         // [n_layer]: [K-1][conv_dim], [nv][dv][dk] (DeltaNet layers)
   // A decode step's attention splits (kernels.h AttentionSplits; one set serves every layer, as
   // the layers run one after another): [n_head][ceil(n_ctx / kSplitKeys)][hd + 2] doubles.
+  // The fast tier's (AttentionSplitsF: a fixed 1,024 partials a head) in the same storage.
   DeviceBuffer attn_split_storage;
   AttentionSplits attn_splits;
+  AttentionSplitsF attn_splits_f;
   // GPU-routed decode: the state backups the graph writes first, and the graph (captured on the
   // first GPU-routed token; it holds this session's buffer addresses).
   std::vector<DeviceBuffer> conv_backup, ssm_backup;

@@ -321,22 +321,32 @@ __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
   if (t >= T) return;
   logits += (size_t)t * E;
   float* pr = probs[warp];
+  // Every logit of the lane's share loaded at once (unrolled, predicated), so the loads overlap
+  // instead of costing a memory round trip each.
+  constexpr int kPerLane = kMaxRouteExperts / 32;
+  float lv[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) lv[i] = lane + 32 * i < E ? logits[lane + 32 * i] : -INFINITY;
   float m = -INFINITY;
-  for (int e = lane; e < E; e += 32) m = fmaxf(m, logits[e]);
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++) m = fmaxf(m, lv[i]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   float part = 0.f;
-  for (int e = lane; e < E; e += 32) {
-    const float ex = __expf(logits[e] - m);
-    pr[e] = ex;
-    part += ex;
-  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; i++)
+    if (lane + 32 * i < E) {
+      const float ex = __expf(lv[i] - m);
+      pr[lane + 32 * i] = ex;
+      part += ex;
+    }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
   const float inv = 1.0f / part;
   // Lane l owns experts l, l+32, ...: it keeps its best key in a register and rescans its own
   // share after giving one up; a round's arg-max is two warp max reductions.
   unsigned long long best = 0;
+#pragma unroll 16
   for (int e = lane; e < E; e += 32) {
     const float p = pr[e] * inv;
     pr[e] = p;
@@ -356,6 +366,7 @@ __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     if ((e_top & 31) == lane) {
       pr[e_top] = -1.0f;  // below every probability: never chosen again
       best = 0;
+#pragma unroll 16
       for (int e = lane; e < E; e += 32) {
         const float p = pr[e];
         if (p < 0.f) continue;

@@ -13,6 +13,9 @@ NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const
   NumericForms f;
   f.x24 = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
   f.fast = opts.numerics == Numerics::kFast;
+  f.bf16 = f.fast && device_info().cc_major >= 8;
+  // The fast tier has no X24 / X32 products (none of their buffers are made).
+  if (f.fast) f.x24 = false;
   f.x32_always = opts.x32_always;
   for (const LayerDev& d : w.layers) {
     for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
@@ -38,6 +41,8 @@ bool NumericForms::use_x24(GgmlType t) const { return x24 && x24_supported(t); }
 
 Kernel NumericForms::matvec() const { return fast ? Kernel::kMatvecF32 : Kernel::kMatvec; }
 
+Kernel NumericForms::fast_matmul() const { return bf16 ? Kernel::kMatmulBf16 : Kernel::kMatmulF64; }
+
 bool NumericForms::use_x32(const DMat& w, int T) const {
   return x32 && x32_supported(w.type) && w.cols % 256 == 0 && w.cols <= x32_cols &&
          reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
@@ -55,6 +60,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::kMatmulF64: return "f64";
     case Kernel::kMatmulX24: return "x24";
     case Kernel::kMatmulX32: return "x32";
+    case Kernel::kMatmulBf16: return "bf16";
   }
   return "?";
 }
@@ -70,6 +76,7 @@ const char* routing_name(Routing r) {
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec();
+  if (forms.fast) return forms.fast_matmul();
   return forms.use_x32(w, rows) ? Kernel::kMatmulX32 : Kernel::kMatmulF64;
 }
 
@@ -79,8 +86,10 @@ namespace {
 // shape (X24 for an X24 type over n_embd columns, in prefill), else two products.
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
   if (T == 1 && gate.type == up.type && gate.cols == up.cols) return {forms.matvec(), forms.matvec(), true};
-  if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows) {
-    const Kernel k = forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24 : Kernel::kMatmulF64;
+  if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows && gate.row_bytes == up.row_bytes) {
+    const Kernel k = forms.fast                                              ? forms.fast_matmul()
+                     : forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24
+                                                                          : Kernel::kMatmulF64;
     return {k, k, true};
   }
   return {dense_kernel(forms, gate, T), dense_kernel(forms, up, T), false};
@@ -88,6 +97,7 @@ PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate
 
 // A routed expert matrix in prefill: X24 for its type, else the fp64 products.
 Kernel expert_kernel(const NumericForms& forms, GgmlType t) {
+  if (forms.fast) return forms.fast_matmul();
   return forms.use_x24(t) ? Kernel::kMatmulX24 : Kernel::kMatmulF64;
 }
 

@@ -19,6 +19,7 @@ enum class Kernel : uint8_t {
   kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
   kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
   kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
+  kMatmulBf16, // prefill, fast tier: bf16 tensor cores on dequantised tiles, fp32 sums (matmul_bf16)
 };
 const char* kernel_name(Kernel k);
 // kMatvec or kMatvecF32, and the sums it forms.
@@ -35,6 +36,7 @@ struct NumericForms {
   bool x24 = false;         // X24 allowed: compute capability 8.0, n_embd and n_ff_exp whole 256-column blocks
   bool x32 = false;         // X32 allowed: x24 and compute capability 9.0
   bool fast = false;        // the fast tier (CudaOptions::numerics): fp32-sum kernels where it has them
+  bool bf16 = false;        // the fast tier's bf16 prefill products allowed: compute capability 8.0
   bool x32_always = false;  // X32 also for products whose grid does not fill the GPU
   int x32_cols = 0;         // the widest input an X32 product takes (its buffer's width; 0: none)
   bool routed_x24 = false;  // some routed expert matrix runs on X24 (expert_in_x24, expert_act_x24)
@@ -44,6 +46,8 @@ struct NumericForms {
   static NumericForms choose(const Config& c, const DeviceWeights& w, const CudaOptions& opts);
   // The decode product of the tier: kMatvec or kMatvecF32.
   Kernel matvec() const;
+  // A prefill product of the fast tier with no other form: kMatmulBf16 (kMatmulF64 below 8.0).
+  Kernel fast_matmul() const;
   bool use_x24(GgmlType t) const;
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte
   // aligned rows, and a grid of a block per SM unless x32_always.

@@ -23,6 +23,8 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
     matmul_x32(w.type, w.data, w.row_bytes, w.rows, w.cols, ws_.dense_input_x32.q.get<uint8_t>(),
                ws_.dense_input_x32.scale.get<double>(), ws_.dense_input_x32.sum.get<double>(), T, y, stream_);
     (*x32_count_)++;
+  } else if (k == Kernel::kMatmulBf16) {
+    matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
   } else {
     matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
   }
@@ -78,6 +80,10 @@ void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan&
                        xq.scale.get<double>(), T, act, stream_);
     return;
   }
+  if (plan.fused && plan.gate == Kernel::kMatmulBf16) {
+    matmul_bf16_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, x, T, act, stream_);
+    return;
+  }
   if (plan.fused) {
     matmul_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, x, T, act, stream_);
     return;
@@ -106,6 +112,9 @@ void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel d
     if (k == Kernel::kMatmulX24)
       matmul_x24_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, q, qs, off_d, off_d + n, n, max_cnt, y,
                          stream_);
+    else if (k == Kernel::kMatmulBf16)
+      matmul_bf16_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y,
+                          stream_);
     else
       matmul_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y, stream_);
   };
@@ -113,6 +122,9 @@ void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel d
     if (pair.gate == Kernel::kMatmulX24)
       matmul_x24_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xq, xs, off_d,
                                  off_d + n, n, max_cnt, act, stream_);
+    else if (pair.gate == Kernel::kMatmulBf16)
+      matmul_bf16_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, in, off_d, off_d + n, n,
+                                  max_cnt, act, stream_);
     else
       matmul_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, in, off_d, off_d + n, n,
                              max_cnt, act, stream_);

@@ -35,11 +35,15 @@ using test::budget_mib;
 using test::prompt;
 using test::RouterRecorder;
 
-// Bounds of the exact tier on this model, relative RMS against the oracle: about 3x what the H200
-// measured (2026-12-01, commit 64caa2f, every budget alike): logits 5.986e-7 (prefill)
-// and 3.904e-7 (decode), router logits 5.115e-7.
-constexpr double kMaxLogitsRelRms = 2e-6;
-constexpr double kMaxRouterLogitsRelRms = 1.5e-6;
+// Bounds of the exact tier on this model, relative RMS against the oracle: 1.25x what the H200
+// measured (2026-12-01, commits 64caa2f and 593cf52, every budget and run alike: the figures are
+// deterministic): logits 5.986e-7 (prefill) and 3.904e-7 (decode), router logits 5.115e-7. The
+// margin is that tight because the faults it must catch are small: the router's decode product
+// summed in fp32 gives decode logits 6.703e-7, the Q4_K decode products in fp32 1.106e-6 and router
+// logits 9.440e-7 (scripts/device/faults.sh router-fp32, dense-fp32).
+constexpr double kMaxPrefillLogitsRelRms = 7.5e-7;
+constexpr double kMaxDecodeLogitsRelRms = 4.9e-7;
+constexpr double kMaxRouterLogitsRelRms = 6.4e-7;
 
 constexpr int kPromptTokens = 96;  // prefill positions (each routes every layer: 960 selections)
 constexpr int kDecodeSteps = 16;
@@ -142,8 +146,8 @@ TEST_F(ExactTier, MatchesTheOracleOnThe80BRoutingShapeAtEveryBudget) {
           << "prompt position " << p;
     std::printf("80B routing shape, budget %.1f: logits rel rms prefill %.3e decode %.3e, router logits %.3e\n",
                 fraction, prompt_rms, decode_worst, router_worst);
-    EXPECT_LE(prompt_rms, kMaxLogitsRelRms);
-    EXPECT_LE(decode_worst, kMaxLogitsRelRms);
+    EXPECT_LE(prompt_rms, kMaxPrefillLogitsRelRms);
+    EXPECT_LE(decode_worst, kMaxDecodeLogitsRelRms);
     EXPECT_LE(router_worst, kMaxRouterLogitsRelRms);
     const auto st = gpu->stats();
     if (fraction < 1.0) {
