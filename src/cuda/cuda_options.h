@@ -44,6 +44,10 @@ struct CudaOptions {
   // Prefill with every expert resident: a layer's selections are grouped by expert on the GPU
   // (false: the host groups them, as on a bounded cache; GpuGroupedPrefillEqualsHostGrouping).
   bool gpu_grouping = true;
+  // The fast tier's parts, each replaceable by the exact tier's kernels, so that a test can hold
+  // each part to the oracle alone (CudaFastTier.EachPartOnThe80BShape): the products (fp32-sum
+  // matvecs, bf16 prefill products), the routing, the attention, the DeltaNet kernels.
+  bool fast_products = true, fast_routing = true, fast_attention = true, fast_deltanet = true;
 };
 
 }  // namespace rl::cuda

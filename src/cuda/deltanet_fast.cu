@@ -51,7 +51,7 @@ constexpr int kFastConvThreads = 128;
 __global__ void conv_gates_short_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w,
                                         int T, int C, int K, const float* ba, const float* dt_bias,
                                         const float* ssm_a, float* beta, float* g, int nk, int nv, int conv_blocks) {
-  pdl_trigger();  // the recurrence may load its state meanwhile (it waits for this grid before reading)
+  pdl_trigger();  // the recurrence's blocks may become resident meanwhile (they wait for this grid)
   if ((int)blockIdx.x < conv_blocks) {
     conv1d_silu_channel<ConvFast>(x, x_stride, out, state, w, T, C, K, blockIdx.x * kFastConvThreads + threadIdx.x);
     return;
@@ -132,6 +132,9 @@ __global__ void __launch_bounds__(32 * kFastWarps)
   const int kh = j / (nv / nk);
   const int my_row = warp * GROUPS * R + (lane / L) * R;  // the first of this lane's R rows, in the block
 
+  // Everything this kernel reads, the state included, waits for the previous kernel: in the decode
+  // step of the H200's test the early state read (before this wait) returned stale inputs.
+  pdl_wait();
   float4 U[R][M];
   float* Sr = S + ((size_t)j * dv + row0 + my_row) * DK + 4 * pos;
 #pragma unroll
@@ -253,7 +256,6 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     }
   };
 
-  pdl_wait();  // q, k, v, beta and g come from the previous kernel; the state does not
   fetch(0);
   for (int t0 = 0; t0 < T; t0 += G) {
     const int n = min(G, T - t0);

@@ -40,7 +40,7 @@ void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, c
                            T);
   e.profiler.mark(kDeltaNet, stream);
   const L2Norm qk_norm{1e-6f, (float)(1.0 / std::sqrt((double)dk))};
-  if (plan.fast) {  // fp32 conv, gates and recurrence; the recurrence normalises q and k at any T when dk is 128
+  if (plan.fast_deltanet) {  // fp32 conv, gates and recurrence; the recurrence normalises q and k at any T when dk is 128
     deltanet_conv_gates_fast(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
                              w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
     const bool fused = dk == 128;
@@ -82,7 +82,7 @@ void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, 
   attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv,
                  hd, c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
-  if (plan.fast)
+  if (plan.fast_attention)
     gated_attention_fast(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream,
                          pos_d, &st.attn_splits_f);
   else

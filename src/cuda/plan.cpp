@@ -12,7 +12,7 @@ namespace rl::cuda {
 NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const CudaOptions& opts) {
   NumericForms f;
   f.x24 = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
-  f.fast = opts.numerics == Numerics::kFast;
+  f.fast = opts.numerics == Numerics::kFast && opts.fast_products;
   f.bf16 = f.fast && device_info().cc_major >= 8;
   // The fast tier has no X24 / X32 products (none of their buffers are made).
   if (f.fast) f.x24 = false;
@@ -120,7 +120,10 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
   for (const LayerDev& d : w.layers) {
     LayerPlan l;
     l.recurrent = d.recurrent;
-    l.fast = forms.fast;
+    const bool fast = opts.numerics == Numerics::kFast;
+    l.fast_routing = fast && opts.fast_routing;
+    l.fast_attention = fast && opts.fast_attention;
+    l.fast_deltanet = fast && opts.fast_deltanet;
     const DMat* in[3] = {&d.ssm.qkv, &d.ssm.z, &d.ssm.ba};
     const DMat* out = &d.ssm.out;
     if (!d.recurrent) {

@@ -73,8 +73,8 @@ const char* routing_name(Routing r);
 
 struct LayerPlan {
   bool recurrent = false;
-  // The fast tier: the routing (and, once they run in it, the mixers' own kernels) in fp32.
-  bool fast = false;
+  // The fast tier's routing, attention and DeltaNet kernels (fp32; CudaOptions::fast_*).
+  bool fast_routing = false, fast_attention = false, fast_deltanet = false;
   // The mixer's products in the order they run: DeltaNet ssm_qkv, ssm_z (gate), ssm_ba, ssm_out;
   // attention attn_q, attn_k, attn_v, attn_output.
   Kernel mixer_in[3] = {};
