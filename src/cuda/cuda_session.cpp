@@ -22,17 +22,6 @@ class CudaSnapshot final : public SessionSnapshot {
   int position() const override { return pos; }
 };
 
-// Device bytes a session allocates: the KV cache, the DeltaNet states (and their backups for the
-// GPU-routed token) and the decode attention's split buffers.
-size_t session_bytes(const Config& c, int n_ctx) {
-  size_t recurrent = 0;
-  for (int L = 0; L < c.n_layer; L++)
-    if (c.is_recurrent[L])
-      recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
-                    (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
-  return c.kv_bytes_per_token() * n_ctx + 2 * recurrent + AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim);
-}
-
 class CudaSessionImpl final : public Session {
  public:
   CudaSessionImpl(Engine& engine, int n_ctx) : e_(engine) {
@@ -154,6 +143,15 @@ class CudaSessionImpl final : public Session {
 };
 
 }  // namespace
+
+size_t session_bytes(const Config& c, int n_ctx) {
+  size_t recurrent = 0;
+  for (int L = 0; L < c.n_layer; L++)
+    if (c.is_recurrent[L])
+      recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
+                    (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
+  return c.kv_bytes_per_token() * n_ctx + 2 * recurrent + AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim);
+}
 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {
   if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);
