@@ -10,7 +10,7 @@ socket timeout and the whole run a deadline (--deadline-s); the server is always
 Prints one JSON object per N, and their list at the end.
 
 usage: bench/server_parallel.py --bin build/redlite -m MODEL [--backend cpu] [--streams 1,4]
-       [-n 128] [--threads 0] [-- EXTRA SERVE FLAGS]
+       [--parallel P] [-n 128] [--threads 0] [-- EXTRA SERVE FLAGS]
 """
 import argparse, json, statistics, subprocess, sys, threading, time
 
@@ -20,7 +20,7 @@ from server_client import free_port, stream_completion, wait_healthy
 def run_streams(a, n_streams, deadline):
     port = free_port()
     cmd = [a.bin, "serve", "-m", a.model, "--port", str(port), "--backend", a.backend, "--threads", a.threads,
-           "--parallel", str(n_streams), "--prompt-cache-mib", "0"] + a.serve_flags
+           "--parallel", str(a.parallel or n_streams), "--prompt-cache-mib", "0"] + a.serve_flags
     srv = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(port, srv, max(1.0, deadline - time.monotonic()))
@@ -50,7 +50,7 @@ def run_streams(a, n_streams, deadline):
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     ttft = [r["ttft_s"] for r in results]
-    return {"streams": n_streams, "tokens_requested": a.n, "tokens_generated": tokens,
+    return {"streams": n_streams, "parallel": a.parallel or n_streams, "tokens_requested": a.n, "tokens_generated": tokens,
             "wall_s": round(wall, 3), "aggregate_tok_s": round(tokens / wall, 2),
             "per_stream_tok_s_median": round(statistics.median(r["client_tok_s"] for r in results), 2),
             "per_stream_tok_s_min": round(min(r["client_tok_s"] for r in results), 2),
@@ -65,6 +65,9 @@ def main():
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--threads", default="0")
     ap.add_argument("--streams", default="1,4", help="comma-separated stream counts (1-16), each with --parallel N")
+    ap.add_argument("--parallel", type=int, default=0,
+                    help="the server's --parallel for every count (default: the stream count; 1 gives the "
+                         "one-at-a-time baseline)")
     ap.add_argument("-n", type=int, default=128, help="tokens per stream")
     ap.add_argument("-p", "--prompt", default="The quick brown fox jumps over the lazy dog.")
     ap.add_argument("--request-timeout-s", type=float, default=600)
