@@ -687,7 +687,10 @@ struct Server::Impl {
     lim.body_timeout_s = cfg.body_timeout_s;
     lim.idle_timeout_s = cfg.idle_timeout_s;
     lim.max_connections = cfg.max_connections;
-    lim.handler_threads = cfg.http_threads > 0 ? cfg.http_threads : std::min(kMaxHttpThreads, std::max(16, cfg.max_queue + 8));
+    // Every running and every waiting request holds a handler thread.
+    lim.handler_threads = cfg.http_threads > 0
+                              ? cfg.http_threads
+                              : std::min(kMaxHttpThreads, std::max(16, cfg.max_queue + cfg.parallel + 8));
     return lim;
   }
 

@@ -54,7 +54,7 @@ struct ServerConfig {
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
   bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
   std::string chat_template;       // a chat format name (chat_format_names()) used instead of the file's
-  int http_threads = 0;            // handler threads; 0: max(16, max_queue + 8)
+  int http_threads = 0;            // handler threads; 0: max(16, max_queue + parallel + 8)
   // Seconds a client may take to send a request line and header, counted from its first byte (a
   // connection that sends nothing is dropped after as long), and to send the body.
   double read_timeout_s = 10;
