@@ -311,7 +311,13 @@ void Scheduler::decode_all() {
 }
 
 void Scheduler::complete(Slot& slot) {
-  GenerationResult r = slot.generation->finish();
+  GenerationResult r;
+  try {
+    r = slot.generation->finish();  // stores a snapshot in the prompt cache: may run out of memory
+  } catch (const std::exception& e) {
+    fail_slot(slot, e.what());
+    return;
+  }
   slot.generation.reset();
   std::shared_ptr<Job> job;
   {

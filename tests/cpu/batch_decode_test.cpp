@@ -1,7 +1,7 @@
 // Backend::decode_batch on the CPU backend: several sessions, each at its own position, advance by
 // one token each in one pass. In the exact tier each one's logits are bit-identical to decoding it
 // alone (the oracle's products keep every row's sum order whatever the other columns); in the
-// fast tier they stay within the tier's kernel bar. Model B (4,099-token vocabulary) keeps these fast.
+// fast tier they stay within the tier's kernel bar.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,24 +11,13 @@
 #include "cpu/forward.h"
 #include "model/model.h"
 #include "model/parity.h"
-#include "test_util.h"
+#include "model_b_test.h"
 
 namespace rl {
 namespace {
 
-const std::string kModelB = "tiny-qwen3next-q4km";
-
-class BatchDecodeTest : public ::testing::Test {
+class BatchDecodeTest : public test::ModelBTest {
  protected:
-  void SetUp() override {
-    const std::string gguf = test::fixture(kModelB + ".gguf");
-    const std::string ref = test::fixture(kModelB + ".ref-f32.json");
-    RL_REQUIRE_FIXTURE(gguf);
-    RL_REQUIRE_FIXTURE(ref);
-    model_ = Model::open(gguf);
-    tokens_ = load_reference(ref).find_prompt("medium")->token_ids;  // 174 tokens of B's vocabulary
-  }
-
   // n_seqs sessions holding prompts of different lengths (different KV rows, states, positions),
   // each started from a different offset of the prompt so no two hold the same tokens.
   std::vector<std::unique_ptr<Session>> start(Backend& backend, int n_seqs) const {
@@ -68,8 +57,6 @@ class BatchDecodeTest : public ::testing::Test {
     return worst;
   }
 
-  std::shared_ptr<const Model> model_;
-  std::vector<int32_t> tokens_;
 };
 
 TEST_F(BatchDecodeTest, ExactTierIsBitIdenticalToDecodingAlone) {
