@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -14,13 +13,11 @@
 #include "common/error.h"
 #include "generate/chat_template.h"
 #include "generate/generator.h"
-#include "generate/prompt_cache.h"
 #include "generate/tool_call_grammar.h"
-#include "model/session.h"
 #include "server/api.h"
 #include "server/http_server.h"
-#include "server/origin_policy.h"
 #include "server/job.h"
+#include "server/origin_policy.h"
 #include "server/reasoning_split.h"
 #include "server/scheduler.h"
 #include "server/tool_call_split.h"
