@@ -52,6 +52,16 @@ Scheduler::Scheduler(Backend& backend, const Tokenizer& tokenizer, SchedulerConf
     fail("--kv-mib: {:.1f} MiB holds no session (the smallest needs {:.2f} MiB)", mib(cfg_.memory_bytes),
          mib(backend_.session_bytes(2)));
   stats_.memory_bytes = cfg_.memory_bytes;
+  // The largest context whose session is a fair share of the budget (session_bytes grows with it).
+  for (int lo = 1, hi = cfg_.n_ctx; lo <= hi;) {
+    const int mid = lo + (hi - lo) / 2;
+    if (backend_.session_bytes(mid) <= cfg_.memory_bytes / cfg_.parallel) {
+      share_ctx_ = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
   for (int i = 0; i < cfg_.parallel; i++) slots_.push_back(std::make_unique<Slot>());
   thread_ = std::thread([this] { work(); });
 }
@@ -152,26 +162,26 @@ bool Scheduler::admit(std::unique_lock<std::mutex>& l) {
   while (!queue_.empty() && !stopping_) {
     std::shared_ptr<Job> job = queue_.front();
     const int ctx = job_ctx(*job);
-    // The idle slot to take: one whose session is large enough, preferring the one whose history
-    // the prompt continues; else any idle slot (its session is replaced).
+    // The idle slot to take: one whose session holds the request, the one whose history the
+    // prompt continues furthest first; else any idle slot (its session is replaced).
+    auto rank = [&](const Slot& s) {
+      const bool fits = s.session && s.session->n_ctx() >= ctx;
+      return std::pair<bool, size_t>(fits, fits ? s.reusable(job->prompt) : 0);
+    };
     Slot* best = nullptr;
-    size_t best_reuse = 0;
-    for (auto& s : slots_) {
-      if (s->job) continue;
-      const bool fits = s->session && s->session->n_ctx() >= ctx;
-      const bool best_fits = best && best->session && best->session->n_ctx() >= ctx;
-      const size_t reuse = fits ? s->reusable(job->prompt) : 0;
-      if (!best || (fits && !best_fits) || (fits && reuse > best_reuse)) {
-        best = s.get();
-        best_reuse = reuse;
-      }
-    }
+    for (auto& s : slots_)
+      if (!s->job && (!best || rank(*s) > rank(*best))) best = s.get();
     if (!best) break;  // every slot is busy
-    const bool keep_session = best->session && best->session->n_ctx() >= ctx;
+    const bool keep_session = rank(*best).first;
+    // A new session gets the budget's fair share of context when that holds the request, so the
+    // conversation can grow in it (a later turn then prefills only its new tokens); else just
+    // what the request needs, if the fair share does not fit next to the running sequences.
+    int new_ctx = std::max(ctx, share_ctx_);
     if (!keep_session) {
       // Make room: this slot's old session goes, then idle slots' sessions, largest first.
-      const size_t need = backend_.session_bytes(ctx);
       const size_t others = held_bytes() - best->bytes;
+      if (others + backend_.session_bytes(new_ctx) > cfg_.memory_bytes) new_ctx = ctx;
+      const size_t need = backend_.session_bytes(new_ctx);
       if (others + need > cfg_.memory_bytes) {
         std::vector<Slot*> idle;
         for (auto& s : slots_)
@@ -193,7 +203,7 @@ bool Scheduler::admit(std::unique_lock<std::mutex>& l) {
       job->started = true;
     }
     l.unlock();
-    start_job(*best, job, keep_session ? 0 : ctx);
+    start_job(*best, job, keep_session ? 0 : new_ctx);
     l.lock();
     admitted = true;
   }

@@ -8,9 +8,10 @@
 // constraints, streaming, cancellation and the deadline are per sequence (Generation).
 //
 // Memory: a slot's session is created (and its context reserved) when a request is admitted to
-// it, sized to the request (prompt + max_tokens, at most --ctx), and kept while it serves: an idle
-// slot keeps its session and history, so a conversation that continues in it prefills only its new
-// tokens. The sessions together stay within the budget (--kv-mib; default --parallel full
+// it, sized to the budget's fair share (budget / --parallel, at most --ctx; so with the default
+// budget every session holds the whole context) or to the request (prompt + max_tokens) when that
+// is more, and kept while it serves: an idle slot keeps its session and history, so a
+// conversation that continues in it prefills only its new tokens. The sessions together stay within the budget (--kv-mib; default --parallel full
 // contexts): a request that does not fit next to the running ones waits at the head of the queue
 // (idle slots' sessions are released first); one larger than the whole budget is refused with 400
 // when it arrives. Admission is the only place a session allocates, so a step never fails for memory.
@@ -96,6 +97,7 @@ class Scheduler {
   PromptCache prompt_cache_;               // the worker's alone
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_prefill_ = 0;                // round robin over prefilling slots
+  int share_ctx_ = 1;                      // context of a session of memory_bytes / parallel
 
   mutable std::mutex m_;  // the queue, the slots' job pointers and bytes, the stats
   std::condition_variable wake_;

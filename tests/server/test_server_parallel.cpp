@@ -127,6 +127,35 @@ TEST_F(ServerParallelTest, SecondTurnReusesItsCachedPrefixWhileAnotherSequenceRu
   EXPECT_LT(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), usage["prompt_tokens"].get<int>());
 }
 
+TEST_F(ServerParallelTest, WithTheCacheOffASecondTurnGoesToTheSlotHoldingItsConversation) {
+  ServerConfig cfg = parallel_config(2);
+  cfg.prompt_cache_bytes = 0;  // reuse can only come from a slot's own session
+  TestServer s(cfg);
+  // Slot 0 serves another conversation, the first turn goes to slot 1; when the second turn
+  // arrives both are idle and the first in order holds the other conversation. The first turn
+  // generates one token, which is never decoded: its slot's history is exactly the first prompt,
+  // which the second prompt extends (a longer reply re-tokenised need not match what was decoded).
+  auto other = std::make_unique<OpenStream>(s.port(), chat_body("Write a long poem about the sea.", 3000, true));
+  ASSERT_TRUE(other->wait_text());
+  auto c = s.client();
+  json first = chat_body("Tell me about Paris.", 1);
+  auto r1 = c.Post("/v1/chat/completions", first.dump(), "application/json");
+  ASSERT_TRUE(r1);
+  ASSERT_EQ(r1->status, 200) << r1->body;
+  EXPECT_EQ(metric(s, "redlite_requests_running"), 1) << "the other conversation must still run here";
+  other.reset();  // its client goes: it ends at its next step, and its slot is idle
+  ASSERT_EQ(wait_metric(s, "redlite_requests_cancelled_total", 1), 1);
+  json j1 = json::parse(r1->body);
+  json second = first;
+  second["messages"].push_back({{"role", "assistant"}, {"content", j1["choices"][0]["message"]["content"]}});
+  second["messages"].push_back({{"role", "user"}, {"content", "And about Lyon?"}});
+  auto r2 = c.Post("/v1/chat/completions", second.dump(), "application/json");
+  ASSERT_TRUE(r2);
+  ASSERT_EQ(r2->status, 200);
+  EXPECT_GE(json::parse(r2->body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(),
+            j1["usage"]["prompt_tokens"].get<int>());
+}
+
 TEST_F(ServerParallelTest, BeyondTheSequencesAndTheQueueRequestsGet503) {
   TestServer s(parallel_config(2, /*max_queue=*/1));
   OpenStream a(s.port(), chat_body("Write a long poem about the sea.", 2000, true));
