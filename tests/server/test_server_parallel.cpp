@@ -112,9 +112,7 @@ TEST_F(ServerParallelTest, SecondTurnReusesItsCachedPrefixWhileAnotherSequenceRu
   ASSERT_TRUE(r1);
   ASSERT_EQ(r1->status, 200) << r1->body;
   json j1 = json::parse(r1->body);
-  json second = first;
-  second["messages"].push_back({{"role", "assistant"}, {"content", j1["choices"][0]["message"]["content"]}});
-  second["messages"].push_back({{"role", "user"}, {"content", "And about Lyon?"}});
+  json second = next_turn(first, j1, "And about Lyon?");
   second["stream"] = true;
   second["stream_options"] = {{"include_usage", true}};
   auto r2 = c.Post("/v1/chat/completions", second.dump(), "application/json");
@@ -146,9 +144,7 @@ TEST_F(ServerParallelTest, WithTheCacheOffASecondTurnGoesToTheSlotHoldingItsConv
   other.reset();  // its client goes: it ends at its next step, and its slot is idle
   ASSERT_EQ(wait_metric(s, "redlite_requests_cancelled_total", 1), 1);
   json j1 = json::parse(r1->body);
-  json second = first;
-  second["messages"].push_back({{"role", "assistant"}, {"content", j1["choices"][0]["message"]["content"]}});
-  second["messages"].push_back({{"role", "user"}, {"content", "And about Lyon?"}});
+  json second = next_turn(first, j1, "And about Lyon?");
   auto r2 = c.Post("/v1/chat/completions", second.dump(), "application/json");
   ASSERT_TRUE(r2);
   ASSERT_EQ(r2->status, 200);
