@@ -9,50 +9,9 @@ object (medians over --reps).
 
 usage: bench/server_overhead.py --bin build/redlite -m MODEL [--backend cpu] [-n 64] [--reps 5]
 """
-import argparse, http.client, json, re, socket, statistics, subprocess, sys, time
+import argparse, re, statistics, subprocess, sys
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def stream_completion(port, prompt, n):
-    body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200, resp.read()
-    first = None
-    usage = None
-    buf = b""
-    while True:
-        chunk = resp.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            if not event.startswith(b"data: "):
-                continue
-            data = event[6:]
-            if data == b"[DONE]":
-                continue
-            j = json.loads(data)
-            if j.get("usage"):
-                usage = j["usage"]
-            if any(c.get("text") for c in j.get("choices", [])) and first is None:
-                first = time.perf_counter()
-    end = time.perf_counter()
-    conn.close()
-    tokens = usage["completion_tokens"] if usage else 0
-    return {"ttft_s": first - t0, "client_tok_s": (tokens - 1) / (end - first) if tokens > 1 else 0.0,
-            "tokens": tokens}
+from server_client import free_port, stream_completion, wait_healthy
 
 
 def main():
@@ -71,15 +30,7 @@ def main():
                             "--threads", a.threads, "--prompt-cache-mib", "0"],
                            stderr=subprocess.DEVNULL)
     try:
-        for _ in range(600):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        wait_healthy(port, srv)
         stream_completion(port, a.prompt, 4)  # warm-up
         runs = [stream_completion(port, a.prompt, a.n) for _ in range(a.reps)]
     finally:

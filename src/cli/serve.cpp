@@ -1,4 +1,4 @@
-// `redlite serve -m MODEL [--host] [--port] [--api-key] [--ctx] [--max-queue]`: the
+// `redlite serve -m MODEL [--host] [--port] [--api-key] [--ctx] [--parallel] [--max-queue]`: the
 // OpenAI-compatible HTTP server (src/server). Ctrl-C (SIGINT/SIGTERM) stops it cleanly.
 #include <csignal>
 #include <filesystem>
@@ -11,6 +11,7 @@
 #include "cli/text_generation.h"
 #include "common/error.h"
 #include "generate/chat_template.h"
+#include "server/scheduler.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -76,7 +77,16 @@ Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE st
   app.add_option("--host", a->server.host, "address to bind (default: loopback only)");
   app.add_option("--port", a->server.port, "port (0: any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--api-key", a->server.api_key, "require 'Authorization: Bearer KEY' on API calls");
-  app.add_option("--max-queue", a->server.max_queue, "requests that may wait for the model; more get 503")
+  app.add_option("--parallel", a->server.parallel,
+                 "sequences generated together, decoded in one batched pass per token (1-16)")
+      ->check(CLI::Range(1, SchedulerConfig::kMaxParallel));
+  app.add_option("--kv-mib", a->server.kv_mib,
+                 "memory for the sequences' KV caches and states, allocated as requests are admitted; a "
+                 "request that does not fit waits, one larger than it all gets 400 (default: --parallel full "
+                 "contexts)")
+      ->check(CLI::Range((size_t)1, (size_t)1 << 30));
+  app.add_option("--max-queue", a->server.max_queue,
+                 "requests that may wait for a free sequence; more get 503")
       ->check(CLI::Range(0, ServerConfig::kMaxQueue));
   app.add_option("--timeout", a->server.request_timeout_s, "seconds a request may run")
       ->check(CLI::Range(1e-3, ServerConfig::kMaxTimeoutSeconds));

@@ -68,14 +68,27 @@ class CpuSession final : public Session {
     if (s->state.position > n_ctx_)
       fail("restore: the snapshot is at position {}, past this session's context of {} tokens",
            s->state.position, n_ctx_);
-    state_ = s->state;
+    state_ = s->state;  // a copy holds only the snapshot's rows
+    if (reserved_) reserve_context();
   }
 
-  void reset() override { state_ = initial_state(config()); }
+  void reset() override {
+    state_ = initial_state(config());
+    if (reserved_) reserve_context();
+  }
   void set_trace(TraceSink* sink) override { trace_ = sink; }
 
- private:
-  const Config& config() const { return shared_->weights.model->config(); }
+  void reserve_context() override {
+    try {
+      reserve_positions(config(), state_, n_ctx_);
+    } catch (const std::bad_alloc&) {
+      fail("cannot allocate {:.1f} MiB for a session of {} tokens", state_bytes(config(), n_ctx_) / 1048576.0, n_ctx_);
+    }
+    reserved_ = true;
+  }
+
+  const Shared* shared() const { return shared_.get(); }
+  State& state() { return state_; }
 
   // Everything is checked before any state changes, so a refused call leaves the session as it was.
   void check_tokens(std::span<const int32_t> tokens) const {
@@ -89,10 +102,14 @@ class CpuSession final : public Session {
              config().n_vocab);
   }
 
+ private:
+  const Config& config() const { return shared_->weights.model->config(); }
+
   std::shared_ptr<Shared> shared_;
   int n_ctx_;
   State state_;
   TraceSink* trace_ = nullptr;
+  bool reserved_ = false;  // reserve_context() was called: restore() and reset() keep the capacity
 };
 
 class CpuBackend final : public Backend {
@@ -103,6 +120,31 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Session> new_session(int n_ctx) override {
     if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);
     return std::make_unique<CpuSession>(shared_, n_ctx);
+  }
+  size_t session_bytes(int n_ctx) const override { return state_bytes(shared_->weights.model->config(), n_ctx); }
+
+  // One pass over every session's token: the products read each weight once for the whole batch
+  // (forward.h); the sessions' states stay their own.
+  std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
+                                               std::span<const int32_t> tokens) override {
+    check_decode_batch(sessions, tokens);
+    if (sessions.empty()) return {};
+    if (sessions.size() > (size_t)kMaxBatch) fail("decode_batch: {} sessions, at most {}", sessions.size(), kMaxBatch);
+    std::vector<SequenceTokens> seqs;
+    for (size_t i = 0; i < sessions.size(); i++) {
+      auto* s = dynamic_cast<CpuSession*>(sessions[i]);
+      if (!s || s->shared() != shared_.get())
+        fail("decode_batch: session {} does not belong to this cpu backend", i);
+      s->check_tokens(tokens.subspan(i, 1));
+      seqs.push_back({&s->state(), tokens.subspan(i, 1)});
+    }
+    const size_t n_vocab = (size_t)shared_->weights.model->config().n_vocab;
+    std::vector<float> all(seqs.size() * n_vocab);
+    forward(shared_->weights, *shared_->products, seqs, false, all.data(), nullptr);
+    shared_->weights.model->gguf().check_intact();  // as prefill(): weights from a truncated file
+    std::vector<std::vector<float>> logits(seqs.size());
+    for (size_t i = 0; i < seqs.size(); i++) logits[i].assign(all.begin() + i * n_vocab, all.begin() + (i + 1) * n_vocab);
+    return logits;
   }
 
  private:

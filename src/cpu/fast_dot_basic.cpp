@@ -1,5 +1,7 @@
 // The fast tier's decoder table, its one integer dot kernel, the Q8_0 decoder and the float
 // kernels.
+#include <cmath>
+
 #include "cpu/activation_quant.h"
 #include "cpu/fast_dot.h"
 #include "cpu/fast_simd.h"
@@ -46,12 +48,14 @@ void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t
       }
     }
     if (w[b].dmin != 0.0f) {
-      // The min term: dmin * m * (sum of the 32 activations it multiplies).
+      // The min term: dmin * m * (sum of the 32 activations it multiplies). Explicit fma, so the
+      // compiler cannot contract it differently for different token counts: a token's dot is
+      // then the same whatever else the call computes.
       for (int t = 0; t < kTokens; t++) {
         float sum = 0.0f;
         for (int s = 0; s < 8; s++)
-          sum += a[t][b].d[s] * (float)(w[b].min[s] * (a[t][b].bsums[2 * s] + a[t][b].bsums[2 * s + 1]));
-        mins[t] += w[b].dmin * sum;
+          sum = std::fma(a[t][b].d[s], (float)(w[b].min[s] * (a[t][b].bsums[2 * s] + a[t][b].bsums[2 * s + 1])), sum);
+        mins[t] = std::fma(w[b].dmin, sum, mins[t]);
       }
     }
   }

@@ -48,15 +48,57 @@ State initial_state(const Config& c) {
   return s;
 }
 
+size_t state_bytes(const Config& c, int n_positions) {
+  size_t recurrent = 0;
+  for (int L = 0; L < c.n_layer; L++)
+    if (c.is_recurrent[L])
+      recurrent += (size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
+                   (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim;
+  return sizeof(State) + recurrent * sizeof(float) + c.kv_bytes_per_token() * (size_t)n_positions;
+}
+
+void reserve_positions(const Config& c, State& state, int n_positions) {
+  for (int L = 0; L < c.n_layer; L++) {
+    if (c.is_recurrent[L]) continue;
+    state.layers[L].k_cache.reserve((size_t)n_positions * c.kv_dim());
+    state.layers[L].v_cache.reserve((size_t)n_positions * c.kv_dim());
+  }
+}
+
 namespace {
 
 using Buf = std::vector<float>;
 
+// The rows of a pass: the sequences' tokens one after another, sequence s owning rows
+// [first[s], first[s + 1]). Positions are read before the pass advances any state.
+struct PassRows {
+  explicit PassRows(std::span<const SequenceTokens> sequences) : seqs(sequences), first(sequences.size() + 1, 0) {
+    for (size_t s = 0; s < seqs.size(); s++) first[s + 1] = first[s] + (int)seqs[s].tokens.size();
+  }
+  int n_rows() const { return first.back(); }
+  int n_seqs() const { return (int)seqs.size(); }
+  int n_rows_of(int s) const { return first[s + 1] - first[s]; }
+  int sequence_of(int row) const {
+    return (int)(std::upper_bound(first.begin(), first.end(), row) - first.begin()) - 1;
+  }
+  int position(int row) const {
+    const int s = sequence_of(row);
+    return seqs[s].state->position + row - first[s];
+  }
+  LayerState& layer(int s, int L) const { return seqs[s].state->layers[L]; }
+
+  std::span<const SequenceTokens> seqs;
+  std::vector<int> first;  // [n_seqs + 1]
+};
+
 // x[t] = token_embd[token[t]]                                    x: [T][n_embd]
-void embed(const Model& m, std::span<const int32_t> tokens, float* x) {
+void embed(const Model& m, const PassRows& rows, float* x) {
   const int64_t n_embd = m.config().n_embd;
-  for (size_t t = 0; t < tokens.size(); t++)
-    dequantize_row(m.token_embd.type, m.token_embd.row(tokens[t]), x + t * n_embd, n_embd);
+  for (int s = 0; s < rows.n_seqs(); s++)
+    for (int i = 0; i < rows.n_rows_of(s); i++) {
+      const int32_t token = rows.seqs[s].tokens[i];
+      dequantize_row(m.token_embd.type, m.token_embd.row(token), x + (size_t)(rows.first[s] + i) * n_embd, n_embd);
+    }
 }
 
 // y[t] = RMSNorm(x[t]) * weight                                  x, y: [T][n]
@@ -85,8 +127,9 @@ void rope_neox(float* head, int rope_dim, int pos, float base) {
 //   [q | gate] = attn_q h  (per head: head_dim query, head_dim gate); k = attn_k h; v = attn_v h
 //   q, k: per-head RMSNorm, then RoPE; softmax(q k^T / sqrt(head_dim)) v over positions <= own
 //   out = attn_output (attention * sigmoid(gate))
+// Each row attends to its own sequence's cache (layer L of its state).
 void attention_layer(const Products& mm, const Config& c, const AttentionWeights& w,
-                     const LayerVectors& vec, LayerState& st, int pos0, const float* h, int T,
+                     const LayerVectors& vec, const PassRows& rows, int L, const float* h, int T,
                      float* out) {
   const int hd = c.head_dim, n_head = c.n_head, kv_dim = c.kv_dim(), q_dim = c.q_dim();
   const int group = n_head / c.n_head_kv;  // query heads per KV head
@@ -97,7 +140,7 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
 
   Buf q((size_t)T * q_dim), gate((size_t)T * q_dim);  // [T][n_head][hd]
   for (int t = 0; t < T; t++) {
-    const int pos = pos0 + t;
+    const int pos = rows.position(t);
     for (int hh = 0; hh < n_head; hh++) {
       const float* src = qg.data() + ((size_t)t * n_head + hh) * 2 * hd;
       float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
@@ -112,16 +155,22 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
     }
   }
 
-  // Append this batch's keys and values: the cache then holds positions [0, pos0 + T).
-  st.k_cache.resize((size_t)(pos0 + T) * kv_dim);
-  st.v_cache.resize((size_t)(pos0 + T) * kv_dim);
-  std::copy(k.begin(), k.end(), st.k_cache.begin() + (size_t)pos0 * kv_dim);
-  std::copy(v.begin(), v.end(), st.v_cache.begin() + (size_t)pos0 * kv_dim);
+  // Append each sequence's keys and values: its cache then holds positions [0, pos0 + n).
+  for (int s = 0; s < rows.n_seqs(); s++) {
+    LayerState& st = rows.layer(s, L);
+    const size_t pos0 = (size_t)rows.seqs[s].state->position, n = (size_t)rows.n_rows_of(s);
+    const size_t row0 = (size_t)rows.first[s] * kv_dim;
+    st.k_cache.resize((pos0 + n) * kv_dim);
+    st.v_cache.resize((pos0 + n) * kv_dim);
+    std::copy(k.begin() + row0, k.begin() + row0 + n * kv_dim, st.k_cache.begin() + pos0 * kv_dim);
+    std::copy(v.begin() + row0, v.begin() + row0 + n * kv_dim, st.v_cache.begin() + pos0 * kv_dim);
+  }
 
   Buf attn((size_t)T * q_dim);  // [T][n_head][hd]
   const double scale = 1.0 / std::sqrt((double)hd);
   mm.pool().run(T, [&](int64_t t) {
-    const int n_keys = pos0 + (int)t + 1;  // causal: positions 0..pos
+    const LayerState& st = rows.layer(rows.sequence_of((int)t), L);
+    const int n_keys = rows.position((int)t) + 1;  // causal: positions 0..pos
     std::vector<double> p(n_keys);
     std::vector<double> acc(hd);
     for (int hh = 0; hh < n_head; hh++) {
@@ -198,8 +247,9 @@ void causal_conv_silu(const Config& c, const std::vector<float>& taps, std::vect
 }
 
 // Gated DeltaNet.                                                h, out: [T][n_embd]
+// The conv window and the recurrence run per sequence, on layer L of its state, in token order.
 void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& w,
-                    const LayerVectors& vec, LayerState& st, const float* h, int T, float* out) {
+                    const LayerVectors& vec, const PassRows& rows, int L, const float* h, int T, float* out) {
   const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, r = c.ssm_v_per_k();
   const int dk = c.ssm_head_dim, dv = c.ssm_head_dim;
   const int key_dim = c.ssm_key_dim(), value_dim = c.ssm_value_dim(), conv_dim = c.ssm_conv_dim();
@@ -220,7 +270,9 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
       decay_log[(size_t)t * nv + j] = softplus(a + vec.dt_bias[j]) * vec.ssm_a[j];
     }
 
-  causal_conv_silu(c, vec.conv1d, st.conv, qkv.data(), T);
+  for (int s = 0; s < rows.n_seqs(); s++)
+    causal_conv_silu(c, vec.conv1d, rows.layer(s, L).conv, qkv.data() + (size_t)rows.first[s] * conv_dim,
+                     rows.n_rows_of(s));
 
   // q, k: L2-normalised per key head; q scaled by 1/sqrt(dk).
   const float q_scale = (float)(1.0 / std::sqrt((double)dk));
@@ -233,15 +285,16 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
       for (int i = 0; i < dk; i++) q[i] *= q_scale;
     }
 
-  // The recurrence, one task per value head j (key head j / r), tokens in order:
+  // The recurrence, one task per sequence and value head j (key head j / r), tokens in order:
   //   S = S * exp(g_t);  S += outer((v_t - S k_t) * beta_t, k_t);  o_t = S q_t     S: [dv][dk]
   // then o_t = RMSNorm(o_t) * ssm_norm * SiLU(z_t).
   Buf o((size_t)T * value_dim);  // [T][nv][dv]
-  mm.pool().run(nv, [&](int64_t j) {
-    float* S = st.ssm.data() + (size_t)j * dv * dk;
-    const int g = (int)j / r;
+  mm.pool().run((int64_t)rows.n_seqs() * nv, [&](int64_t task) {
+    const int s = (int)(task / nv), j = (int)(task % nv);
+    float* S = rows.layer(s, L).ssm.data() + (size_t)j * dv * dk;
+    const int g = j / r;
     std::vector<double> d(dv);
-    for (int t = 0; t < T; t++) {
+    for (int t = rows.first[s]; t < rows.first[s + 1]; t++) {
       const float* q = qkv.data() + (size_t)t * conv_dim + g * dk;
       const float* k = qkv.data() + (size_t)t * conv_dim + key_dim + g * dk;
       const float* v = qkv.data() + (size_t)t * conv_dim + 2 * key_dim + j * dv;
@@ -363,16 +416,16 @@ void add_into(float* x, const float* y, size_t n) {
 
 }  // namespace
 
-void forward(const OracleWeights& w, const Products& mm, State& state, std::span<const int32_t> tokens,
+void forward(const OracleWeights& w, const Products& mm, std::span<const SequenceTokens> sequences,
              bool all_logits, float* logits, TraceSink* trace) {
   const Model& m = *w.model;
   const Config& c = m.config();
-  const int T = (int)tokens.size(), n_embd = c.n_embd;
-  const int pos0 = state.position;
+  const PassRows rows(sequences);
+  const int T = rows.n_rows(), n_embd = c.n_embd;
   const size_t act = (size_t)T * n_embd;
 
   Buf x(act), h(act), mix(act);  // residual stream, normed input, block output: [T][n_embd]
-  embed(m, tokens, x.data());
+  embed(m, rows, x.data());
 
   for (int L = 0; L < c.n_layer; L++) {
     const LayerWeights& lw = m.layers[L];
@@ -380,9 +433,9 @@ void forward(const OracleWeights& w, const Products& mm, State& state, std::span
     // x += Mixer(RMSNorm(x) * attn_norm)
     rmsnorm_rows(x.data(), vec.attn_norm, c.rms_eps, T, n_embd, h.data());
     if (lw.recurrent)
-      deltanet_layer(mm, c, lw.ssm, vec, state.layers[L], h.data(), T, mix.data());
+      deltanet_layer(mm, c, lw.ssm, vec, rows, L, h.data(), T, mix.data());
     else
-      attention_layer(mm, c, lw.attn, vec, state.layers[L], pos0, h.data(), T, mix.data());
+      attention_layer(mm, c, lw.attn, vec, rows, L, h.data(), T, mix.data());
     add_into(x.data(), mix.data(), act);
     if (trace) trace->tensor(fmt::format("attn_residual-{}", L), T, n_embd, x.data());
 
@@ -393,14 +446,25 @@ void forward(const OracleWeights& w, const Products& mm, State& state, std::span
     if (trace) trace->tensor(fmt::format("l_out-{}", L), T, n_embd, x.data());
   }
 
-  // logits = output (RMSNorm(x) * output_norm), for every token or only the last one.
+  // logits = output (RMSNorm(x) * output_norm), for every token or the last one of each sequence.
   rmsnorm_rows(x.data(), w.output_norm, c.rms_eps, T, n_embd, h.data());
   if (trace) trace->tensor("result_norm", T, n_embd, h.data());
-  if (all_logits)
+  if (all_logits) {
     mm.matmul(m.output, h.data(), T, logits);
-  else
-    mm.matmul(m.output, h.data() + (size_t)(T - 1) * n_embd, 1, logits);
-  state.position = pos0 + T;
+  } else {
+    Buf last((size_t)rows.n_seqs() * n_embd);  // [n_seqs][n_embd]
+    for (int s = 0; s < rows.n_seqs(); s++)
+      std::copy(h.data() + (size_t)(rows.first[s + 1] - 1) * n_embd, h.data() + (size_t)rows.first[s + 1] * n_embd,
+                last.data() + (size_t)s * n_embd);
+    mm.matmul(m.output, last.data(), rows.n_seqs(), logits);
+  }
+  for (int s = 0; s < rows.n_seqs(); s++) sequences[s].state->position += rows.n_rows_of(s);
+}
+
+void forward(const OracleWeights& w, const Products& mm, State& state, std::span<const int32_t> tokens,
+             bool all_logits, float* logits, TraceSink* trace) {
+  const SequenceTokens one{&state, tokens};
+  forward(w, mm, std::span(&one, 1), all_logits, logits, trace);
 }
 
 }  // namespace rl::cpu

@@ -47,14 +47,33 @@ struct State {
 // Zero recurrent states, empty KV caches, position 0.
 State initial_state(const Config& c);
 
+// What a state holding n_positions tokens takes (State::bytes() of it), and the KV capacity for
+// that many reserved now (std::bad_alloc when the memory is not there).
+size_t state_bytes(const Config& c, int n_positions);
+void reserve_positions(const Config& c, State& state, int n_positions);
+
 // Tokens processed in one pass at most (bounds activation memory; a longer prefill is split, which
 // gives identical results because every stage is computed per token or in token order).
 constexpr int kMaxBatch = 512;
 
-// Runs `tokens` (at most kMaxBatch) at positions state.position.. and advances the state; the
-// matrix products are mm's (the oracle's for the exact tier, the fast tier's otherwise).
-// logits: [n_tokens][n_vocab] when all_logits, else [n_vocab] of the last token.
-// The caller has checked token ids and the context limit.
+// One sequence's share of a forward pass: its state and its next tokens (at state->position..).
+struct SequenceTokens {
+  State* state;
+  std::span<const int32_t> tokens;
+};
+
+// Runs every sequence's tokens (at most kMaxBatch in all, each sequence's state distinct) and
+// advances their states. The matrix products take all the sequences' tokens as one set of columns
+// (mm's: the oracle's for the exact tier, the fast tier's otherwise), so each weight is read once
+// per pass; attention and the DeltaNet recurrence run per sequence on its own state. Every stage
+// computes a token's row alone or in its own sequence's order, so a sequence's results do not
+// depend on what else is in the pass (bit for bit in the exact tier).
+// logits: [n_tokens in all][n_vocab] when all_logits, else [n_sequences][n_vocab] (the last token
+// of each). The caller has checked token ids and the context limits.
+void forward(const OracleWeights& w, const Products& mm, std::span<const SequenceTokens> sequences,
+             bool all_logits, float* logits, TraceSink* trace);
+
+// One sequence: forward(w, mm, {{&state, tokens}}, ...).
 void forward(const OracleWeights& w, const Products& mm, State& state,
              std::span<const int32_t> tokens, bool all_logits, float* logits, TraceSink* trace);
 

@@ -30,17 +30,6 @@ size_t split_bytes(const Config& c, int n_ctx, bool fast) {
               : AttentionSplits::bytes(n_ctx, c.n_head, c.head_dim);
 }
 
-// Device bytes a session allocates: the KV cache, the DeltaNet states (and their backups for the
-// GPU-routed token) and the decode attention's split buffers.
-size_t session_bytes(const Config& c, int n_ctx, bool fast) {
-  size_t recurrent = 0;
-  for (int L = 0; L < c.n_layer; L++)
-    if (c.is_recurrent[L])
-      recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
-                    (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
-  return c.kv_bytes_per_token() * n_ctx + 2 * recurrent + split_bytes(c, n_ctx, fast);
-}
-
 class CudaSessionImpl final : public Session {
  public:
   CudaSessionImpl(Engine& engine, int n_ctx) : e_(engine) {
@@ -50,7 +39,7 @@ class CudaSessionImpl final : public Session {
     st_.v_cache.resize(c.n_layer);
     st_.conv.resize(c.n_layer);
     st_.ssm.resize(c.n_layer);
-    const size_t need = session_bytes(c, n_ctx, fast_attention(e_.opts));
+    const size_t need = session_bytes(c, e_.opts, n_ctx);
     size_t free_bytes = 0, total_bytes = 0;
     RL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (need > free_bytes)
@@ -165,6 +154,15 @@ class CudaSessionImpl final : public Session {
 };
 
 }  // namespace
+
+size_t session_bytes(const Config& c, const CudaOptions& o, int n_ctx) {
+  size_t recurrent = 0;
+  for (int L = 0; L < c.n_layer; L++)
+    if (c.is_recurrent[L])
+      recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
+                    (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
+  return c.kv_bytes_per_token() * n_ctx + 2 * recurrent + split_bytes(c, n_ctx, fast_attention(o));
+}
 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {
   if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);

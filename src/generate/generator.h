@@ -95,12 +95,15 @@ using TextSink = std::function<void(std::string_view)>;
 
 class Generator {
  public:
-  Generator(Session& session, const Tokenizer& tokenizer);
+  // `trie`: the tokenizer's token trie for constrained generation, shared by the generators of one
+  // tokenizer (built on the first constrained generation when not given).
+  Generator(Session& session, const Tokenizer& tokenizer, std::shared_ptr<const TokenTrie> trie = nullptr);
 
   // Generates after `prompt` (the whole conversation's tokens, not only the new ones). Reuses the
   // session when history() is a prefix of the prompt, else a snapshot from `cache` (when given),
   // else starts over. With a cache, the state right after the prompt and at the end are stored.
   // `cancel` is polled before every token; a cancelled call keeps a consistent history().
+  // The steps of a Generation (generation.h) run back to back.
   GenerationResult generate(std::span<const int32_t> prompt, const GenerationConfig& config,
                             const TextSink& on_text, const std::atomic<bool>* cancel = nullptr,
                             PromptCache* cache = nullptr);
@@ -111,15 +114,18 @@ class Generator {
 
   Session& session() { return session_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
+  const TokenTrie& token_trie();
 
  private:
+  friend class Generation;  // the steps of one generation update history() and the logits after it
+
   // Brings the session to a prefix of `prompt` (at most prompt.size()-1 tokens unless the logits
   // of the whole prompt are known) and returns how many tokens it already holds.
   int reuse_prefix(std::span<const int32_t> prompt, PromptCache* cache);
 
   Session& session_;
   const Tokenizer& tokenizer_;
-  std::unique_ptr<TokenTrie> trie_;  // built on the first constrained generation
+  std::shared_ptr<const TokenTrie> trie_;
   std::vector<int32_t> history_;
   std::vector<float> last_logits_;  // logits after history_ (empty: unknown)
 };

@@ -51,6 +51,12 @@ class Session {
 
   // Optional observation of intermediate tensors and router selections (nullptr: off).
   virtual void set_trace(TraceSink* sink) = 0;
+
+  // Allocates now the memory the state needs for all n_ctx() positions, so that no later call
+  // allocates for it (the server does this when it admits a request, so a request that does not
+  // fit fails there, not in the middle of a step). Throws rl::Error when the memory is not there.
+  // Backends that allocate at construction need nothing.
+  virtual void reserve_context() {}
 };
 
 // A loaded model on one backend; sessions share its weights.
@@ -59,6 +65,26 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
   virtual std::unique_ptr<Session> new_session(int n_ctx) = 0;
+  // Bytes a session of n_ctx positions holds once its context is reserved (KV rows of every
+  // position, recurrent states): what the server counts against its budget at admission.
+  virtual size_t session_bytes(int n_ctx) const = 0;
+
+  // Advances several sequences by one token each in one pass: sessions[i] (distinct sessions of
+  // this backend) decodes tokens[i] at its own position, and the result's [i] is its logits
+  // [n_vocab], as sessions[i]->decode(tokens[i]) would give them. Throws rl::Error, with no
+  // session changed, when a session is full, an id is out of range, a session is given twice,
+  // the spans differ in length, or (where the backend can tell: cpu) a session is another's.
+  virtual std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
+                                                       std::span<const int32_t> tokens) = 0;
 };
+
+// decode_batch for a backend without a batched pass: the sessions decode one after another.
+// Checks the arguments as decode_batch promises before any session runs.
+std::vector<std::vector<float>> decode_one_after_another(std::span<Session* const> sessions,
+                                                         std::span<const int32_t> tokens);
+
+// The checks decode_batch makes on its arguments, common to every backend: equal lengths, no
+// session twice, each session with room for one more token and its id in range.
+void check_decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
 
 }  // namespace rl

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -14,13 +13,13 @@
 #include "common/error.h"
 #include "generate/chat_template.h"
 #include "generate/generator.h"
-#include "generate/prompt_cache.h"
 #include "generate/tool_call_grammar.h"
-#include "model/session.h"
 #include "server/api.h"
 #include "server/http_server.h"
+#include "server/job.h"
 #include "server/origin_policy.h"
 #include "server/reasoning_split.h"
+#include "server/scheduler.h"
 #include "server/tool_call_split.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,8 +33,6 @@ namespace {
 
 // How often a waiting HTTP thread wakes to check its client and deadline.
 constexpr auto kPollInterval = std::chrono::milliseconds(100);
-// Alternatives reported per token at most (OpenAI's limit for top_logprobs).
-constexpr int kMaxTopLogprobs = 20;
 constexpr double kMaxTimeoutSeconds = ServerConfig::kMaxTimeoutSeconds;
 constexpr int kMaxQueue = ServerConfig::kMaxQueue;
 constexpr int kMaxHttpThreads = 512;  // HTTP threads at most when sized from max_queue
@@ -46,51 +43,6 @@ int64_t unix_now() {
       .count();
 }
 
-struct TokenLogprob {
-  int32_t token;
-  float logprob;
-  std::vector<std::pair<int32_t, float>> top;  // most probable first
-};
-
-// log-softmax of the model's logits for `token` and the `top_n` most probable alternatives.
-TokenLogprob token_logprob(int32_t token, std::span<const float> logits, int top_n) {
-  float mx = -INFINITY;
-  for (float v : logits) mx = std::max(mx, v);
-  double sum = 0;
-  for (float v : logits) sum += std::exp((double)v - mx);
-  const float log_z = mx + (float)std::log(sum);
-  TokenLogprob t{token, logits[token] - log_z, {}};
-  if (top_n > 0) {
-    std::vector<int32_t> idx(logits.size());
-    for (size_t i = 0; i < idx.size(); i++) idx[i] = (int32_t)i;
-    const size_t n = std::min<size_t>(top_n, idx.size());
-    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    for (size_t i = 0; i < n; i++) t.top.emplace_back(idx[i], logits[idx[i]] - log_z);
-  }
-  return t;
-}
-
-// One generation request, shared between its HTTP thread and the model worker.
-struct Job {
-  std::vector<int32_t> prompt;
-  GenerationConfig gen;
-  int top_logprobs = -1;
-  Clock::time_point enqueued = Clock::now();
-  Clock::time_point deadline;
-  std::atomic<bool> cancel{false};
-
-  std::mutex m;
-  std::condition_variable cv;
-  std::string text;                    // streamed text not yet taken by the HTTP thread
-  std::vector<TokenLogprob> logprobs;  // per generated token, not yet taken
-  bool started = false;
-  bool done = false;
-  std::optional<GenerationResult> result;
-  std::optional<ApiError> error;
-};
-
 }  // namespace
 
 struct Server::Impl {
@@ -98,7 +50,7 @@ struct Server::Impl {
   ModelLoader loader;
   std::unique_ptr<http::HttpServer> http;
   OriginPolicy origins;
-  std::thread load_thread, worker_thread;
+  std::thread load_thread;
 
   // Model state (set once by the loader).
   std::atomic<bool> is_ready{false};
@@ -110,27 +62,14 @@ struct Server::Impl {
   std::string chat_template_error;
   SamplingParams default_sampling;
 
-  // The worker's session and its prompt cache.
-  std::unique_ptr<Session> session;
-  std::unique_ptr<Generator> generator;
-  std::unique_ptr<PromptCache> prompt_cache;
-
-  // Queue.
-  std::mutex qm;
-  std::condition_variable qcv;
-  std::deque<std::shared_ptr<Job>> queue;
-  bool stopping = false;
-  bool running_job = false;
-  std::shared_ptr<Job> current;  // the job the worker runs, for stop()
+  // The model worker: sessions, their prompt cache, the queue (scheduler.h).
+  std::unique_ptr<Scheduler> scheduler;
+  bool stopping = false;  // under stop_m
 
   // Metrics.
   std::mutex metrics_m;
   std::map<std::pair<std::string, int>, uint64_t> requests;  // (endpoint, status) -> count
-  uint64_t rejected_busy = 0, cancelled = 0, timed_out = 0;
-  uint64_t prompt_tokens = 0, prefill_tokens = 0, cached_tokens = 0, generated_tokens = 0;
-  double prefill_seconds = 0, decode_seconds = 0;
-  double last_decode_tok_s = 0, last_prefill_tok_s = 0;
-  uint64_t cache_hits = 0, cache_misses = 0, cache_bytes = 0;  // copied from prompt_cache by the worker
+  uint64_t timed_out = 0;
   std::atomic<uint64_t> next_id{1};
 
   std::mutex stop_m;
@@ -164,13 +103,22 @@ struct Server::Impl {
       }
       int n_ctx = cfg.n_ctx;
       if (model.n_ctx_train > 0) n_ctx = std::min(n_ctx, model.n_ctx_train);
-      session = model.backend->new_session(n_ctx);
-      generator = std::make_unique<Generator>(*session, *model.tokenizer);
-      prompt_cache = std::make_unique<PromptCache>(cfg.prompt_cache_bytes);
+      SchedulerConfig sc;
+      sc.parallel = cfg.parallel;
+      sc.n_ctx = n_ctx;
+      sc.max_queue = cfg.max_queue;
+      sc.memory_bytes = cfg.kv_mib * (size_t)1048576;
+      sc.prompt_cache_bytes = cfg.prompt_cache_bytes;
+      {
+        std::lock_guard<std::mutex> l(stop_m);
+        if (stopping) return;
+        scheduler = std::make_unique<Scheduler>(*model.backend, *model.tokenizer, sc);
+      }
       load_progress = 1;
       is_ready = true;
-      worker_thread = std::thread([this] { work(); });
-      fmt::print(stderr, "redlite serve: model '{}' ready, context {} tokens\n", model.id, n_ctx);
+      const SchedulerStats st = scheduler->stats();
+      fmt::print(stderr, "redlite serve: model '{}' ready, context {} tokens, {} parallel sequences in {:.1f} MiB\n",
+                 model.id, n_ctx, cfg.parallel, st.memory_bytes / 1048576.0);
     } catch (const std::exception& e) {
       load_error = e.what();
       load_failed = true;
@@ -178,94 +126,8 @@ struct Server::Impl {
     }
   }
 
-  void work() {
-    for (;;) {
-      std::shared_ptr<Job> job;
-      {
-        std::unique_lock<std::mutex> l(qm);
-        qcv.wait(l, [&] { return stopping || !queue.empty(); });
-        if (stopping) return;
-        job = queue.front();
-        queue.pop_front();
-        running_job = true;
-        current = job;
-      }
-      run(*job);
-      std::lock_guard<std::mutex> l(qm);
-      running_job = false;
-      current.reset();
-    }
-  }
-
-  void run(Job& job) {
-    {
-      std::lock_guard<std::mutex> l(job.m);
-      job.started = true;
-    }
-    GenerationConfig gen = job.gen;
-    if (job.top_logprobs >= 0) {
-      const int top = std::min(job.top_logprobs, kMaxTopLogprobs);
-      gen.on_token = [&job, top, this](int32_t token, std::span<const float> logits) {
-        if (model.tokenizer->is_eog(token)) return;  // the end token is not part of the reply
-        TokenLogprob t = token_logprob(token, logits, top);
-        std::lock_guard<std::mutex> l(job.m);
-        job.logprobs.push_back(std::move(t));
-      };
-    }
-    try {
-      GenerationResult r = generator->generate(
-          job.prompt, gen,
-          [&job](std::string_view piece) {
-            std::lock_guard<std::mutex> l(job.m);
-            job.text += piece;
-            job.cv.notify_all();
-          },
-          &job.cancel, prompt_cache.get());
-      {
-        std::lock_guard<std::mutex> l(metrics_m);
-        prompt_tokens += r.prompt_tokens;
-        prefill_tokens += r.prefill_tokens;
-        cached_tokens += r.reused_tokens;
-        generated_tokens += r.decode_passes + (r.tokens.empty() ? 0 : 1);
-        prefill_seconds += r.prefill_seconds;
-        decode_seconds += r.decode_seconds;
-        if (r.prefill_tokens > 0) last_prefill_tok_s = r.prefill_tok_s();
-        if (r.decode_passes > 0) last_decode_tok_s = r.decode_tok_s();
-        if (r.finish == FinishReason::Cancelled) cancelled++;
-        cache_hits = prompt_cache->hits();
-        cache_misses = prompt_cache->misses();
-        cache_bytes = prompt_cache->bytes();
-      }
-      std::lock_guard<std::mutex> l(job.m);
-      job.result = std::move(r);
-    } catch (const std::exception& e) {
-      // The session may be mid-token: start over, so the next request sees a clean state.
-      try {
-        generator->reset();
-      } catch (...) {
-      }
-      std::lock_guard<std::mutex> l(job.m);
-      job.error = ApiError(500, fmt::format("generation failed: {}", e.what()), "server_error");
-    }
-    std::lock_guard<std::mutex> l(job.m);
-    job.done = true;
-    job.cv.notify_all();
-  }
-
-  // Admits a job to the queue or refuses it with 503 (the caller sets Retry-After).
-  void enqueue(const std::shared_ptr<Job>& job) {
-    std::lock_guard<std::mutex> l(qm);
-    if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
-    const bool idle = queue.empty() && !running_job;
-    if ((int)queue.size() >= cfg.max_queue && !idle) {
-      std::lock_guard<std::mutex> m(metrics_m);
-      rejected_busy++;
-      throw ApiError(503, fmt::format("the server is busy: {} requests are waiting; retry later", queue.size()),
-                     "server_busy", {}, "queue_full");
-    }
-    queue.push_back(job);
-    qcv.notify_one();
-  }
+  void enqueue(const std::shared_ptr<Job>& job) { scheduler->submit(job); }
+  void abandon(const std::shared_ptr<Job>& job) { scheduler->abandon(job); }
 
   // ---- request helpers ----------------------------------------------------------------------
 
@@ -291,7 +153,7 @@ struct Server::Impl {
 
   // Fits the prompt and max_tokens into the context; 400 when the prompt alone does not fit.
   void fit_context(Job& job, bool max_tokens_given) {
-    const int n_ctx = session->n_ctx();
+    const int n_ctx = scheduler->n_ctx();
     const int n_prompt = (int)job.prompt.size();
     if (n_prompt == 0) throw ApiError(400, "the prompt is empty", "invalid_request_error", "prompt");
     if (n_prompt >= n_ctx)
@@ -326,18 +188,6 @@ struct Server::Impl {
       return false;
     }
     return true;
-  }
-
-  // Cancels a job: removes it from the queue if it has not started, else flags it.
-  void abandon(const std::shared_ptr<Job>& job) {
-    job->cancel = true;
-    std::lock_guard<std::mutex> l(qm);
-    auto it = std::find(queue.begin(), queue.end(), job);
-    if (it != queue.end()) {
-      queue.erase(it);
-      std::lock_guard<std::mutex> m(metrics_m);
-      cancelled++;
-    }
   }
 
   // Blocks until the job ends; 504 when it runs past its deadline. A client that closes its
@@ -740,7 +590,7 @@ struct Server::Impl {
     json data = json::array();
     if (is_ready)
       data.push_back({{"id", model.id}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "redlite"},
-                      {"meta", {{"n_ctx", session->n_ctx()}, {"n_vocab", model.tokenizer->n_vocab()}}}});
+                      {"meta", {{"n_ctx", scheduler->n_ctx()}, {"n_vocab", model.tokenizer->n_vocab()}}}});
     res.set_content(api::dump(json{{"object", "list"}, {"data", data}}), "application/json");
   }
 
@@ -758,13 +608,7 @@ struct Server::Impl {
 
   void metrics(http::Response& res) {
     std::string out;
-    size_t depth;
-    bool busy;
-    {
-      std::lock_guard<std::mutex> l(qm);
-      depth = queue.size();
-      busy = running_job;
-    }
+    const SchedulerStats st = scheduler ? scheduler->stats() : SchedulerStats{};
     std::lock_guard<std::mutex> l(metrics_m);
     auto metric = [&](const char* name, const char* type, const char* help) {
       out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
@@ -773,36 +617,45 @@ struct Server::Impl {
     for (auto& [k, v] : requests)
       out += fmt::format("redlite_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", k.first, k.second, v);
     metric("redlite_requests_rejected_busy_total", "counter", "requests refused with 503 because the queue was full");
-    out += fmt::format("redlite_requests_rejected_busy_total {}\n", rejected_busy);
+    out += fmt::format("redlite_requests_rejected_busy_total {}\n", st.rejected_busy);
     metric("redlite_requests_cancelled_total", "counter", "generations cancelled by a client that went away");
-    out += fmt::format("redlite_requests_cancelled_total {}\n", cancelled);
+    out += fmt::format("redlite_requests_cancelled_total {}\n", st.cancelled);
     metric("redlite_requests_timed_out_total", "counter", "generations that ran past the request timeout");
     out += fmt::format("redlite_requests_timed_out_total {}\n", timed_out);
     metric("redlite_prompt_tokens_total", "counter", "prompt tokens of finished generations");
-    out += fmt::format("redlite_prompt_tokens_total {}\n", prompt_tokens);
+    out += fmt::format("redlite_prompt_tokens_total {}\n", st.prompt_tokens);
     metric("redlite_prompt_tokens_cached_total", "counter", "prompt tokens reused from a kept session state");
-    out += fmt::format("redlite_prompt_tokens_cached_total {}\n", cached_tokens);
+    out += fmt::format("redlite_prompt_tokens_cached_total {}\n", st.cached_tokens);
     metric("redlite_prefill_tokens_total", "counter", "prompt tokens the model processed");
-    out += fmt::format("redlite_prefill_tokens_total {}\n", prefill_tokens);
+    out += fmt::format("redlite_prefill_tokens_total {}\n", st.prefill_tokens);
     metric("redlite_generated_tokens_total", "counter", "tokens generated");
-    out += fmt::format("redlite_generated_tokens_total {}\n", generated_tokens);
+    out += fmt::format("redlite_generated_tokens_total {}\n", st.generated_tokens);
     metric("redlite_prefill_seconds_total", "counter", "time spent in prefill");
-    out += fmt::format("redlite_prefill_seconds_total {:.6f}\n", prefill_seconds);
+    out += fmt::format("redlite_prefill_seconds_total {:.6f}\n", st.prefill_seconds);
     metric("redlite_decode_seconds_total", "counter", "time spent generating");
-    out += fmt::format("redlite_decode_seconds_total {:.6f}\n", decode_seconds);
+    out += fmt::format("redlite_decode_seconds_total {:.6f}\n", st.decode_seconds);
     metric("redlite_decode_tokens_per_second", "gauge", "decode speed of the last generation");
-    out += fmt::format("redlite_decode_tokens_per_second {:.3f}\n", last_decode_tok_s);
+    out += fmt::format("redlite_decode_tokens_per_second {:.3f}\n", st.last_decode_tok_s);
     metric("redlite_prefill_tokens_per_second", "gauge", "prefill speed of the last prompt");
-    out += fmt::format("redlite_prefill_tokens_per_second {:.3f}\n", last_prefill_tok_s);
+    out += fmt::format("redlite_prefill_tokens_per_second {:.3f}\n", st.last_prefill_tok_s);
     metric("redlite_queue_depth", "gauge", "requests waiting for the model");
-    out += fmt::format("redlite_queue_depth {}\n", depth);
+    out += fmt::format("redlite_queue_depth {}\n", st.queue_depth);
     metric("redlite_requests_running", "gauge", "generations running now");
-    out += fmt::format("redlite_requests_running {}\n", busy ? 1 : 0);
+    out += fmt::format("redlite_requests_running {}\n", st.running);
+    metric("redlite_decode_batch_size_mean", "gauge", "sequences advanced per batched decode pass, on average");
+    out += fmt::format("redlite_decode_batch_size_mean {:.3f}\n",
+                       st.batched_steps ? (double)st.batched_tokens / (double)st.batched_steps : 0.0);
+    metric("redlite_session_bytes", "gauge", "bytes held by the sequences' KV caches and states");
+    out += fmt::format("redlite_session_bytes {}\n", st.session_bytes);
+    metric("redlite_session_budget_bytes", "gauge", "budget for the sequences' KV caches and states (--kv-mib)");
+    out += fmt::format("redlite_session_budget_bytes {}\n", st.memory_bytes);
     metric("redlite_prompt_cache_hit_rate", "gauge", "share of lookups that found a reusable session state");
     out += fmt::format("redlite_prompt_cache_hit_rate {:.4f}\n",
-                       cache_hits + cache_misses ? (double)cache_hits / (double)(cache_hits + cache_misses) : 0.0);
+                       st.cache_hits + st.cache_misses
+                           ? (double)st.cache_hits / (double)(st.cache_hits + st.cache_misses)
+                           : 0.0);
     metric("redlite_prompt_cache_bytes", "gauge", "bytes held by kept session states");
-    out += fmt::format("redlite_prompt_cache_bytes {}\n", cache_bytes);
+    out += fmt::format("redlite_prompt_cache_bytes {}\n", st.cache_bytes);
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
@@ -833,7 +686,10 @@ struct Server::Impl {
     lim.body_timeout_s = cfg.body_timeout_s;
     lim.idle_timeout_s = cfg.idle_timeout_s;
     lim.max_connections = cfg.max_connections;
-    lim.handler_threads = cfg.http_threads > 0 ? cfg.http_threads : std::min(kMaxHttpThreads, std::max(16, cfg.max_queue + 8));
+    // Every running and every waiting request holds a handler thread.
+    lim.handler_threads = cfg.http_threads > 0
+                              ? cfg.http_threads
+                              : std::min(kMaxHttpThreads, std::max(16, cfg.max_queue + cfg.parallel + 8));
     return lim;
   }
 
@@ -914,6 +770,8 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
     fail("--chat-template and --chat-template-file: give one");
   if (!(impl_->cfg.request_timeout_s > 0) || impl_->cfg.request_timeout_s > kMaxTimeoutSeconds)
     fail("--timeout: must be between 0 and {} seconds, got {}", kMaxTimeoutSeconds, impl_->cfg.request_timeout_s);
+  if (impl_->cfg.parallel < 1 || impl_->cfg.parallel > SchedulerConfig::kMaxParallel)
+    fail("--parallel: must be between 1 and {}, got {}", SchedulerConfig::kMaxParallel, impl_->cfg.parallel);
   if (impl_->cfg.max_queue > kMaxQueue) fail("--max-queue: at most {}, got {}", kMaxQueue, impl_->cfg.max_queue);
   if (impl_->cfg.max_connections < 1 || impl_->cfg.max_connections > kMaxConnections)
     fail("--max-connections: must be between 1 and {}, got {}", kMaxConnections, impl_->cfg.max_connections);
@@ -923,7 +781,7 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
 Server::~Server() {
   stop();
   if (impl_->load_thread.joinable()) impl_->load_thread.join();
-  if (impl_->worker_thread.joinable()) impl_->worker_thread.join();
+  impl_->scheduler.reset();  // joins the worker
 }
 
 void Server::start() {
@@ -943,19 +801,10 @@ void Server::wait() {
 void Server::stop() {
   Impl& s = *impl_;
   {
-    std::lock_guard<std::mutex> l(s.qm);
+    // Queued requests end with 503; the running ones stop at their next token.
+    std::lock_guard<std::mutex> l(s.stop_m);
     s.stopping = true;
-    // Queued requests end with 503; the running one stops at its next token.
-    for (auto& job : s.queue) {
-      std::lock_guard<std::mutex> j(job->m);
-      job->cancel = true;
-      job->error = ApiError(503, "the server is shutting down", "server_error");
-      job->done = true;
-      job->cv.notify_all();
-    }
-    s.queue.clear();
-    if (s.current) s.current->cancel = true;
-    s.qcv.notify_all();
+    if (s.scheduler) s.scheduler->stop();
   }
   if (s.http) s.http->stop();
   std::lock_guard<std::mutex> l(s.stop_m);

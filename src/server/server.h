@@ -1,16 +1,16 @@
 // `redlite serve`: an OpenAI-compatible HTTP server (http_server.h, on Boost.Beast, + nlohmann-json).
 //
 // Threads: the HTTP layer reads and writes every connection on one I/O thread and hands complete
-// requests to a pool of handler threads (http_server.h has its limits); one worker thread owns the model
-// session and runs queued generations one at a time (batched decode of several sequences is
-// future work, DESIGN.md §7). A request waits in a bounded queue; past --max-queue it is refused
+// requests to a pool of handler threads (http_server.h has its limits); one worker thread owns the
+// model's sessions and runs up to --parallel generations together, decoding them in one batched
+// pass per token (scheduler.h). A request waits in a bounded queue; past --max-queue it is refused
 // with 503 and Retry-After. A client that goes away cancels its generation (a streaming one at the
 // next token, one waiting for a whole answer within 0.1 s); every request has a deadline. Browser
 // pages are refused unless their origin is allowed (origin_policy.h).
 //
-// State reuse: the worker keeps one session and a PromptCache of snapshots taken at prompt
-// boundaries, so a request whose prompt extends an earlier conversation prefills only its new
-// tokens (usage.prompt_tokens_details.cached_tokens says how many were reused).
+// State reuse: every slot keeps its session and history, and the worker a PromptCache of snapshots
+// taken at prompt boundaries, so a request whose prompt extends an earlier conversation prefills
+// only its new tokens (usage.prompt_tokens_details.cached_tokens says how many were reused).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -46,14 +46,16 @@ struct ServerConfig {
   static constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600.0;
   static constexpr int kMaxConnections = 65536;
 
-  int max_queue = 16;              // requests waiting for the model beyond the one running (<= kMaxQueue)
+  int parallel = 1;                // sequences generating together (scheduler.h; 1..16)
+  size_t kv_mib = 0;               // the sequences' KV caches and states, MiB; 0: `parallel` full contexts
+  int max_queue = 16;              // requests waiting for the model beyond those running (<= kMaxQueue)
   double request_timeout_s = 600;  // a generation that runs longer ends with an error (<= kMaxTimeoutSeconds)
   size_t max_body_bytes = 8u << 20;
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
   bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
   std::string chat_template;       // a chat format name (chat_format_names()) used instead of the file's
   std::string chat_template_text;  // a Jinja chat template used instead of the file's (--chat-template-file)
-  int http_threads = 0;            // handler threads; 0: max(16, max_queue + 8)
+  int http_threads = 0;            // handler threads; 0: max(16, max_queue + parallel + 8)
   // Seconds a client may take to send a request line and header, counted from its first byte (a
   // connection that sends nothing is dropped after as long), and to send the body.
   double read_timeout_s = 10;

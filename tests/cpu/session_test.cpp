@@ -13,30 +13,22 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "model/parity.h"
+#include "model_b_test.h"
 #include "test_util.h"
 
 namespace rl {
 namespace {
 
-const std::string kModelB = "tiny-qwen3next-q4km";
-
-class SessionTest : public ::testing::Test {
+class SessionTest : public test::ModelBTest {
  protected:
   void SetUp() override {
-    const std::string gguf = test::fixture(kModelB + ".gguf");
-    const std::string ref = test::fixture(kModelB + ".ref-f32.json");
-    RL_REQUIRE_FIXTURE(gguf);
-    RL_REQUIRE_FIXTURE(ref);
-    model_ = Model::open(gguf);
+    ModelBTest::SetUp();
+    if (IsSkipped()) return;
     backend_ = cpu::make_cpu_backend(model_, 0);
-    const Reference r = load_reference(ref);
-    tokens_ = r.find_prompt("medium")->token_ids;  // 174 tokens, ids of B's vocabulary
   }
   std::span<const int32_t> first(size_t n) const { return std::span(tokens_).first(n); }
 
-  std::shared_ptr<const Model> model_;
   std::unique_ptr<Backend> backend_;
-  std::vector<int32_t> tokens_;
 };
 
 bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
@@ -190,7 +182,7 @@ TEST_F(SessionTest, RestoreRejectsSnapshotsOfAnotherModelAndOversizedOnes) {
   EXPECT_THROW(small->restore(*snap), Error);
   EXPECT_EQ(small->position(), 0);
 
-  auto other_backend = cpu::make_cpu_backend(Model::open(test::fixture(kModelB + ".gguf")), 1);
+  auto other_backend = cpu::make_cpu_backend(Model::open(test::model_b_gguf()), 1);
   auto foreign = other_backend->new_session(64);
   EXPECT_THROW(foreign->restore(*snap), Error);
 }
@@ -209,7 +201,7 @@ namespace {
 // an error naming the file (mapped_file.h) instead of SIGBUS; a session of another, intact model
 // in the same process still works.
 TEST(TruncatedModel, APassOverATruncatedFileFailsNamingTheFile) {
-  const std::string fixture = test::fixture(kModelB + ".gguf");
+  const std::string fixture = test::model_b_gguf();
   RL_REQUIRE_FIXTURE(fixture);
   const std::string copy = (std::filesystem::temp_directory_path() /
                             ("redlite-truncated-" + std::to_string(::getpid()) + ".gguf")).string();

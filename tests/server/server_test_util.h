@@ -191,6 +191,14 @@ inline nlohmann::json chat_body(const std::string& user, int max_tokens, bool st
                         {"stream", stream}};
 }
 
+// The next turn of a chat request: its messages, the reply a whole answer `answer` gave, then `user`.
+inline nlohmann::json next_turn(const nlohmann::json& request, const nlohmann::json& answer, const std::string& user) {
+  nlohmann::json next = request;
+  next["messages"].push_back({{"role", "assistant"}, {"content", answer["choices"][0]["message"]["content"]}});
+  next["messages"].push_back({{"role", "user"}, {"content", user}});
+  return next;
+}
+
 // Tests that need the server's fixture model skip, naming it, without it.
 class ServerModelTest : public ::testing::Test {
  protected:

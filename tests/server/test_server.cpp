@@ -197,9 +197,7 @@ TEST_F(ServerTest, SecondTurnReusesTheFirstTurnsState) {
   json j1 = json::parse(r1->body);
   EXPECT_EQ(j1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 
-  json second = first;
-  second["messages"].push_back({{"role", "assistant"}, {"content", j1["choices"][0]["message"]["content"]}});
-  second["messages"].push_back({{"role", "user"}, {"content", "And about Lyon?"}});
+  json second = next_turn(first, j1, "And about Lyon?");
   auto r2 = c.Post("/v1/chat/completions", second.dump(), "application/json");
   ASSERT_TRUE(r2);
   ASSERT_EQ(r2->status, 200);

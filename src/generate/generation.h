@@ -1,0 +1,93 @@
+// One generation as a sequence of steps, so a scheduler can interleave several: the prompt's
+// prefill in chunks, then per token a sample and a decode that the caller runs (alone, or in one
+// batched pass with other sequences: Backend::decode_batch). Generator::generate is these steps
+// run back to back:
+//
+//   Generation g(generator, prompt, config, on_text, cancel, cache);  // reuses a prefix
+//   while (g.prefilling()) g.prefill_chunk();
+//   while (std::optional<int32_t> t = g.next_token()) g.decoded(session.decode(*t));
+//   GenerationResult r = g.finish();
+//
+// Sampling, stop strings, the token limit, constraints and streaming are per generation; the
+// Generator's history and the PromptCache are updated as generate() updates them.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "generate/generator.h"
+#include "tokenizer/tokenizer.h"  // StreamDecoder
+
+namespace rl {
+
+class Generation {
+ public:
+  // Brings the generator's session to the longest reusable prefix of `prompt` (its history, else
+  // `cache`). Throws rl::Error for an empty prompt, one that fills the context, max_tokens < 0.
+  Generation(Generator& generator, std::span<const int32_t> prompt, const GenerationConfig& config,
+             TextSink on_text, const std::atomic<bool>* cancel = nullptr, PromptCache* cache = nullptr);
+  ~Generation();
+  Generation(const Generation&) = delete;
+  Generation& operator=(const Generation&) = delete;
+
+  // Prompt tokens not yet in the session (0 once the prompt is in, or the generation ended).
+  bool prefilling() const { return !ended_ && next_prompt_ < prompt_.size(); }
+  size_t prompt_left() const { return ended_ ? 0 : prompt_.size() - next_prompt_; }
+  // Prefills the next chunk of at most kPrefillChunk prompt tokens (a cancel request ends the
+  // generation instead).
+  void prefill_chunk();
+
+  // Samples the next token. Returns it when the session must decode it next (then decoded() is
+  // called with its logits); nullopt when the generation has ended (end of generation, a stop
+  // string, the token limit or a full context, a cancel request).
+  std::optional<int32_t> next_token();
+  // The logits of decoding the token next_token() returned.
+  void decoded(std::vector<float> logits);
+
+  // Ends the generation (flushes held-back text, stores the final state in the cache).
+  GenerationResult finish();
+
+  Session& session() { return g_.session(); }
+  bool cancelled() const { return cancel_ && cancel_->load(std::memory_order_relaxed); }
+
+  // Prompt tokens per Session::prefill call: bounds the activations a backend allocates, lets a
+  // cancel request land between chunks, and bounds how long one sequence's prefill holds up the
+  // others' decode steps in the server (the CUDA backend's own chunk is 512 too, DESIGN.md §5).
+  static constexpr size_t kPrefillChunk = 512;
+
+ private:
+  void end_prefill();
+  void compute_mask(int budget);
+  void emit(const std::string& piece);
+
+  Generator& g_;
+  std::vector<int32_t> prompt_;
+  GenerationConfig config_;
+  TextSink on_text_;
+  const std::atomic<bool>* cancel_;
+  PromptCache* cache_;
+
+  GenerationResult r_;
+  std::chrono::steady_clock::time_point prefill_start_, decode_start_;
+  size_t next_prompt_ = 0;
+  bool ended_ = false;           // no more tokens: finish() is next
+  bool sampling_started_ = false;
+  std::vector<float> logits_;    // the logits the next sample is drawn from
+  std::optional<int32_t> to_decode_;  // returned by next_token(), its logits not yet given
+
+  Sampler sampler_;
+  std::optional<TokenConstraint> constraint_;
+  TokenMask mask_;
+  // The next step's mask is computed on another thread while the session decodes (a GPU backend
+  // leaves this thread waiting), so only what is left of it delays sampling.
+  std::future<void> next_mask_;
+  StreamDecoder decoder_;
+  StopMatcher stop_;
+  int generated_ = 0;
+};
+
+}  // namespace rl

@@ -1,0 +1,34 @@
+#include "model/session.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace rl {
+
+void check_decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) {
+  if (sessions.size() != tokens.size())
+    fail("decode_batch: {} sessions but {} tokens", sessions.size(), tokens.size());
+  for (size_t i = 0; i < sessions.size(); i++) {
+    Session* s = sessions[i];
+    if (!s) fail("decode_batch: session {} is null", i);
+    if (std::find(sessions.begin(), sessions.begin() + i, s) != sessions.begin() + i)
+      fail("decode_batch: session {} is given twice (each sequence advances once per pass)", i);
+    if (s->position() + 1 > s->n_ctx())
+      fail("context full: session {} of the batch is at position {} of its context of {} tokens (--ctx)", i,
+           s->position(), s->n_ctx());
+    if (tokens[i] < 0 || tokens[i] >= s->n_vocab())
+      fail("token id {} (batch index {}) is out of range: the vocabulary has {} tokens", tokens[i], i, s->n_vocab());
+  }
+}
+
+std::vector<std::vector<float>> decode_one_after_another(std::span<Session* const> sessions,
+                                                         std::span<const int32_t> tokens) {
+  check_decode_batch(sessions, tokens);
+  std::vector<std::vector<float>> logits;
+  logits.reserve(sessions.size());
+  for (size_t i = 0; i < sessions.size(); i++) logits.push_back(sessions[i]->decode(tokens[i]));
+  return logits;
+}
+
+}  // namespace rl

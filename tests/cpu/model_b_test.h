@@ -1,0 +1,33 @@
+// Model B (4,099-token vocabulary, fast on two cores) and the 174 tokens of its reference's
+// "medium" prompt: the fixture of the CPU session tests. Skips, naming the file, without it.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/parity.h"
+#include "test_util.h"
+
+namespace rl::test {
+
+inline std::string model_b_gguf() { return fixture("tiny-qwen3next-q4km.gguf"); }
+
+class ModelBTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string gguf = model_b_gguf();
+    const std::string ref = fixture("tiny-qwen3next-q4km.ref-f32.json");
+    RL_REQUIRE_FIXTURE(gguf);
+    RL_REQUIRE_FIXTURE(ref);
+    model_ = Model::open(gguf);
+    tokens_ = load_reference(ref).find_prompt("medium")->token_ids;
+  }
+
+  std::shared_ptr<const Model> model_;
+  std::vector<int32_t> tokens_;
+};
+
+}  // namespace rl::test

@@ -1,0 +1,144 @@
+// The scheduler's order of work, seen through a backend that records every call (over the CPU
+// backend of fixture model B): a long prompt arriving while another sequence generates is
+// prefilled in chunks of at most 512 tokens with a decode step of the running sequence between
+// every two chunks, and decode passes never hold more sequences than --parallel.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "model/session.h"
+#include "server/scheduler.h"
+#include "server_test_util.h"
+
+using namespace rl;
+using namespace rl::test;
+
+namespace {
+
+// One call the scheduler made: a prefill of `tokens` tokens, or a decode pass of `tokens` sequences.
+struct Call {
+  bool prefill;
+  int tokens;
+};
+
+class RecordingSession final : public Session {
+ public:
+  RecordingSession(std::unique_ptr<Session> inner, std::vector<Call>& log, std::mutex& m)
+      : inner_(std::move(inner)), log_(log), m_(m) {}
+  std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all) override {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      log_.push_back({true, (int)tokens.size()});
+    }
+    return inner_->prefill(tokens, all);
+  }
+  std::vector<float> decode(int32_t token) override { return inner_->decode(token); }
+  int position() const override { return inner_->position(); }
+  int n_ctx() const override { return inner_->n_ctx(); }
+  int n_vocab() const override { return inner_->n_vocab(); }
+  std::unique_ptr<SessionSnapshot> snapshot() const override { return inner_->snapshot(); }
+  void restore(const SessionSnapshot& s) override { inner_->restore(s); }
+  void reset() override { inner_->reset(); }
+  void set_trace(TraceSink* t) override { inner_->set_trace(t); }
+  void reserve_context() override { inner_->reserve_context(); }
+  Session* inner() { return inner_.get(); }
+
+ private:
+  std::unique_ptr<Session> inner_;
+  std::vector<Call>& log_;
+  std::mutex& m_;
+};
+
+class RecordingBackend final : public Backend {
+ public:
+  explicit RecordingBackend(Backend& inner) : inner_(inner) {}
+  std::string name() const override { return "recording"; }
+  std::unique_ptr<Session> new_session(int n_ctx) override {
+    return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), log, m);
+  }
+  size_t session_bytes(int n_ctx) const override { return inner_.session_bytes(n_ctx); }
+  std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
+                                               std::span<const int32_t> tokens) override {
+    std::vector<Session*> inner;
+    for (Session* s : sessions) inner.push_back(static_cast<RecordingSession*>(s)->inner());
+    {
+      std::lock_guard<std::mutex> l(m);
+      log.push_back({false, (int)sessions.size()});
+    }
+    return inner_.decode_batch(inner, tokens);
+  }
+  std::vector<Call> calls() {
+    std::lock_guard<std::mutex> l(m);
+    return log;
+  }
+
+  std::vector<Call> log;
+  std::mutex m;
+
+ private:
+  Backend& inner_;
+};
+
+std::shared_ptr<Job> greedy_job(std::vector<int32_t> prompt, int max_tokens) {
+  auto job = std::make_shared<Job>();
+  job->prompt = std::move(prompt);
+  job->gen.sampling.temperature = 0;
+  job->gen.max_tokens = max_tokens;
+  job->gen.stop_at_eog = false;  // random weights may pick the end token early; the lengths matter here
+  return job;
+}
+
+bool wait_done(Job& job) {
+  std::unique_lock<std::mutex> l(job.m);
+  return job.cv.wait_for(l, std::chrono::seconds(120), [&] { return job.done; });
+}
+
+class SchedulerTest : public ServerModelTest {};
+
+TEST_F(SchedulerTest, ALongPromptIsPrefilledAChunkPerStepBetweenTheOthersDecodeSteps) {
+  ServedModel model = fixture_loader(server_model())([](float) {});
+  RecordingBackend backend(*model.backend);
+  SchedulerConfig cfg;
+  cfg.parallel = 2;
+  Scheduler scheduler(backend, *model.tokenizer, cfg);
+
+  auto running = greedy_job({1, 2, 3, 4, 5, 6, 7, 8}, 200);
+  scheduler.submit(running);
+  for (int i = 0; i < 6000; i++) {  // until it generates
+    {
+      std::lock_guard<std::mutex> l(running->m);
+      if (!running->text.empty() || running->done) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::vector<int32_t> long_prompt(1500);
+  for (size_t i = 0; i < long_prompt.size(); i++) long_prompt[i] = (int32_t)(10 + (i * 37) % 4000);
+  auto arriving = greedy_job(long_prompt, 4);
+  scheduler.submit(arriving);
+  ASSERT_TRUE(wait_done(*arriving));
+  ASSERT_TRUE(wait_done(*running));
+  ASSERT_TRUE(arriving->result && running->result);
+  EXPECT_EQ(arriving->result->prefill_tokens, 1500);
+  EXPECT_EQ((int)running->result->tokens.size(), 200);
+
+  const std::vector<Call> calls = backend.calls();
+  std::vector<size_t> long_chunks;  // indices of the long prompt's chunks (every prefill after the first)
+  for (size_t i = 1; i < calls.size(); i++)
+    if (calls[i].prefill) long_chunks.push_back(i);
+  ASSERT_EQ(long_chunks.size(), 3u) << "1500 tokens in chunks of at most 512";
+  EXPECT_EQ(calls[long_chunks[0]].tokens, 512);
+  EXPECT_EQ(calls[long_chunks[1]].tokens, 512);
+  EXPECT_EQ(calls[long_chunks[2]].tokens, 476);
+  // Between two chunks the running sequence made its decode step, alone in the pass.
+  for (size_t k = 0; k + 1 < long_chunks.size(); k++) {
+    ASSERT_EQ(long_chunks[k + 1], long_chunks[k] + 2) << "chunk " << k;
+    EXPECT_FALSE(calls[long_chunks[k] + 1].prefill);
+    EXPECT_EQ(calls[long_chunks[k] + 1].tokens, 1);
+  }
+  // After its prompt the arriving sequence decodes in the same passes as the running one.
+  ASSERT_LT(long_chunks[2] + 1, calls.size());
+  EXPECT_EQ(calls[long_chunks[2] + 1].tokens, 2);
+  for (const Call& c : calls) EXPECT_LE(c.tokens, c.prefill ? 512 : cfg.parallel);
+}
+
+}  // namespace
