@@ -40,14 +40,14 @@ struct Scores {
   double mean_rms() const { return rms_sum / positions; }
 };
 
-struct Run {
+struct Logits {
   std::vector<float> prompt_logits;
   std::vector<std::vector<float>> decode_logits;
 };
 
-Run run(Backend& b, std::span<const int32_t> toks, std::span<const int32_t> feed) {
+Logits run(Backend& b, std::span<const int32_t> toks, std::span<const int32_t> feed) {
   auto s = b.new_session(kPromptTokens + kDecodeSteps + 1);
-  Run r;
+  Logits r;
   s->prefill(toks, &r.prompt_logits);
   for (int32_t t : feed) r.decode_logits.push_back(s->decode(t));
   return r;
@@ -67,7 +67,7 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
   // The oracle's run; its greedy tokens are fed to every run (teacher forcing).
   auto oracle = cpu::make_cpu_backend(model, 0, Numerics::kExact);
   auto so = oracle->new_session(kPromptTokens + kDecodeSteps + 1);
-  Run want;
+  Logits want;
   const std::vector<float> last = so->prefill(toks, &want.prompt_logits);
   std::vector<int32_t> feed{argmax_token(last)};
   for (int i = 0; i < kDecodeSteps; i++) {
@@ -90,7 +90,7 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
     opts.fast_products = v.products, opts.fast_routing = v.routing;
     opts.fast_attention = v.attention, opts.fast_deltanet = v.deltanet;
     auto backend = cuda::make_cuda_backend(model, opts);
-    const Run got = run(*backend, toks, feed);
+    const Logits got = run(*backend, toks, feed);
     Scores prefill, decode;
     for (int i = 0; i < kPromptTokens; i++)
       prefill.add(std::span(got.prompt_logits).subspan((size_t)i * n_vocab, n_vocab),
