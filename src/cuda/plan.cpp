@@ -14,8 +14,6 @@ NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const
   f.x24 = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
   f.fast = opts.numerics == Numerics::kFast && opts.fast_products;
   f.bf16 = f.fast && device_info().cc_major >= 8;
-  // The fast tier has no X24 / X32 products (none of their buffers are made).
-  if (f.fast) f.x24 = false;
   f.x32_always = opts.x32_always;
   for (const LayerDev& d : w.layers) {
     for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
@@ -76,8 +74,8 @@ const char* routing_name(Routing r) {
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec();
-  if (forms.fast) return forms.fast_matmul();
-  return forms.use_x32(w, rows) ? Kernel::kMatmulX32 : Kernel::kMatmulF64;
+  if (forms.use_x32(w, rows)) return Kernel::kMatmulX32;
+  return forms.fast ? forms.fast_matmul() : Kernel::kMatmulF64;
 }
 
 namespace {
@@ -87,18 +85,18 @@ namespace {
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
   if (T == 1 && gate.type == up.type && gate.cols == up.cols) return {forms.matvec(), forms.matvec(), true};
   if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows && gate.row_bytes == up.row_bytes) {
-    const Kernel k = forms.fast                                              ? forms.fast_matmul()
-                     : forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24
+    const Kernel k = forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24
+                     : forms.fast                                         ? forms.fast_matmul()
                                                                           : Kernel::kMatmulF64;
     return {k, k, true};
   }
   return {dense_kernel(forms, gate, T), dense_kernel(forms, up, T), false};
 }
 
-// A routed expert matrix in prefill: X24 for its type, else the fp64 products.
+// A routed expert matrix in prefill: X24 for its type, else the fp64 products (the fast tier: bf16).
 Kernel expert_kernel(const NumericForms& forms, GgmlType t) {
-  if (forms.fast) return forms.fast_matmul();
-  return forms.use_x24(t) ? Kernel::kMatmulX24 : Kernel::kMatmulF64;
+  if (forms.use_x24(t)) return Kernel::kMatmulX24;
+  return forms.fast ? forms.fast_matmul() : Kernel::kMatmulF64;
 }
 
 }  // namespace
