@@ -37,8 +37,8 @@ cuda::CudaOptions cuda_options(const CommonOptions& opts);
 // The backend a plain command uses when --backend is not given.
 std::string default_backend_name();
 
-// The numeric tier a backend runs in for these options; throws rl::Error for a tier the backend
-// does not have (the CUDA backend computes only the exact tier so far).
+// The numeric tier the backends run in for these options (--numerics; fast when not given);
+// throws rl::Error naming the flag for an unknown tier.
 Numerics resolve_numerics(const CommonOptions& opts);
 
 struct LoadedModel {

@@ -52,6 +52,7 @@ int run_serve(ServeArgs& a) {
     m.backend = owned->loaded.backend.get();
     m.tokenizer = owned->tokenizer.get();
     m.n_ctx_train = owned->loaded.n_ctx;
+    m.numerics = numerics_name(owned->loaded.numerics);
     m.owner = owned;
     return m;
   });

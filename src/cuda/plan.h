@@ -47,9 +47,10 @@ struct NumericForms {
   // The decode product of the tier: kMatvec or kMatvecF32.
   Kernel matvec() const;
   // A prefill product of the fast tier without an X24 / X32 form: kMatmulBf16 (kMatmulF64 below
-  // 8.0). Where X24 / X32 apply the fast tier takes them too: on the 80B seed-mix they prefilled
-  // 3,175 tok/s where bf16 products did 2,298, with logits 4.9e-5 from the oracle instead of
-  // 3.7e-2 (H200, 2026-12-01; CudaFastTier.EachPartOnThe80BShape).
+  // 8.0). Where X24 / X32 apply the fast tier takes them too: on the 80B seed-mix the exact
+  // tier's products prefilled 3,175 tok/s where bf16 products everywhere did 2,298, and at the 80B's
+  // widths they left the logits 4.9e-5 from the oracle where bf16 everywhere left 3.7e-2 (H200,
+  // 2026-12-01; CudaFastTier.EachPartOnThe80BShape).
   Kernel fast_matmul() const;
   bool use_x24(GgmlType t) const;
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte

@@ -590,7 +590,11 @@ struct Server::Impl {
     json data = json::array();
     if (is_ready)
       data.push_back({{"id", model.id}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "redlite"},
-                      {"meta", {{"n_ctx", scheduler->n_ctx()}, {"n_vocab", model.tokenizer->n_vocab()}}}});
+                      {"meta",
+                       {{"n_ctx", scheduler->n_ctx()},
+                        {"n_vocab", model.tokenizer->n_vocab()},
+                        {"backend", model.backend->name()},
+                        {"numerics", model.numerics}}}});
     res.set_content(api::dump(json{{"object", "list"}, {"data", data}}), "application/json");
   }
 

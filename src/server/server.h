@@ -30,6 +30,7 @@ struct ServedModel {
   Backend* backend = nullptr;
   const Tokenizer* tokenizer = nullptr;
   int n_ctx_train = 0;
+  std::string numerics = "exact";  // the backend's numeric tier (--numerics), shown by /v1/models
 };
 
 // Loads the model; `progress` takes 0..1. Throws rl::Error on failure (the server then reports
