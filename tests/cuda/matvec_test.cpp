@@ -72,6 +72,27 @@ TEST_F(CudaKernels, MatvecMatchesCpuForEveryTypeAndShape) {
   }
 }
 
+// n experts' SwiGLU pairs in one device pool: slot e holds gate_e at +0 and up_e at +mat (mat
+// bytes each, random rows of seeds gate_seed + e, up_seed + e); the host copies for the reference.
+struct ExpertPairs {
+  std::vector<std::vector<uint8_t>> gate, up;
+  cuda::DeviceBuffer pool, ptrs;  // ptrs: n device pointers to the slots
+  ExpertPairs(GgmlType t, int rows, int cols, int n, int gate_seed, int up_seed) {
+    const size_t mat = row_size(t, cols) * rows;
+    std::vector<uint8_t> host((size_t)n * 2 * mat);
+    for (int e = 0; e < n; e++) {
+      gate.push_back(random_rows(t, rows, cols, gate_seed + e)), up.push_back(random_rows(t, rows, cols, up_seed + e));
+      std::memcpy(host.data() + (size_t)e * 2 * mat, gate[e].data(), mat);
+      std::memcpy(host.data() + (size_t)e * 2 * mat + mat, up[e].data(), mat);
+    }
+    pool = to_device(host);
+    std::vector<const uint8_t*> p(n);
+    for (int e = 0; e < n; e++) p[e] = pool.get<uint8_t>() + (size_t)e * 2 * mat;
+    ptrs = to_device(p);
+  }
+  const uint8_t* const* slots() { return ptrs.get<const uint8_t*>(); }
+};
+
 // Normalised mean squared error Σ(y − ref)² / Σ ref² of outputs against their references.
 struct Nmse {
   double err = 0, ref = 0;
@@ -122,22 +143,13 @@ TEST_F(CudaKernels, FastExpertSwigluWithinTheTierBound) {
     SCOPED_TRACE(type_name(t));
     const int rows = 96, cols = 512, n = 3;
     const size_t rb = row_size(t, cols), mat = rb * rows;
-    std::vector<uint8_t> pool((size_t)n * 2 * mat);
-    std::vector<std::vector<uint8_t>> gs, us;
-    for (int e = 0; e < n; e++) {
-      gs.push_back(random_rows(t, rows, cols, 80 + e)), us.push_back(random_rows(t, rows, cols, 90 + e));
-      std::memcpy(pool.data() + (size_t)e * 2 * mat, gs[e].data(), mat);
-      std::memcpy(pool.data() + (size_t)e * 2 * mat + mat, us[e].data(), mat);
-    }
-    auto dpool = to_device(pool);
-    std::vector<const uint8_t*> ptrs(n);
-    for (int e = 0; e < n; e++) ptrs[e] = dpool.get<uint8_t>() + (size_t)e * 2 * mat;
-    auto dptrs = to_device(ptrs);
+    ExpertPairs pairs(t, rows, cols, n, 80, 90);
+    const auto &gs = pairs.gate, &us = pairs.up;
     auto x = random_floats(cols, 44);
     auto dx = to_device(x);
     cuda::DeviceBuffer da((size_t)n * rows * 4), du((size_t)n * rows * 4);
-    cuda::matvec_experts_gate_up(t, t, dptrs.get<const uint8_t*>(), mat, rb, rb, rows, cols, dx.f(), da.f(), du.f(), n,
-                                 nullptr, cuda::Sums::kFast);
+    cuda::matvec_experts_gate_up(t, t, pairs.slots(), mat, rb, rb, rows, cols, dx.f(), da.f(), du.f(), n, nullptr,
+                                 cuda::Sums::kFast);
     const auto act = to_host<float>(da, (size_t)n * rows);
     Nmse m;
     for (int e = 0; e < n; e++)
@@ -276,17 +288,7 @@ TEST_F(CudaKernels, GateUpProductsEqualTwoProductsAndSwiglu) {
       for (size_t i = 0; i < fused.size(); i++) ASSERT_EQ(fused[i], two[i]) << "dense, value " << i;
 
       // Experts: slot e holds gate_e at +0 and up_e at +mat; groups of T tokens each.
-      std::vector<uint8_t> pool((size_t)n * 2 * mat);
-      std::vector<std::vector<uint8_t>> gs, us;
-      for (int e = 0; e < n; e++) {
-        gs.push_back(random_rows(t, rows, cols, 60 + e)), us.push_back(random_rows(t, rows, cols, 70 + e));
-        std::memcpy(pool.data() + (size_t)e * 2 * mat, gs[e].data(), mat);
-        std::memcpy(pool.data() + (size_t)e * 2 * mat + mat, us[e].data(), mat);
-      }
-      auto dpool = to_device(pool);
-      std::vector<const uint8_t*> ptrs(n);
-      for (int e = 0; e < n; e++) ptrs[e] = dpool.get<uint8_t>() + (size_t)e * 2 * mat;
-      auto dptrs = to_device(ptrs);
+      ExpertPairs pairs(t, rows, cols, n, 60, 70);
       std::vector<int> offcnt;
       for (int e = 0; e < n; e++) offcnt.push_back(e * T);
       for (int e = 0; e < n; e++) offcnt.push_back(T);
@@ -295,7 +297,7 @@ TEST_F(CudaKernels, GateUpProductsEqualTwoProductsAndSwiglu) {
       auto dxe = to_device(xe);
       const size_t out = (size_t)n * T * rows;
       cuda::DeviceBuffer ea(out * 4), eb(out * 4), ec(out * 4);
-      const auto* p = dptrs.get<const uint8_t*>();
+      const auto* p = pairs.slots();
       const int* oc = doc.get<int>();
       cuda::matmul_experts_gate_up(t, p, 0, mat, rb, rows, cols, dxe.f(), oc, oc + n, n, T, ea.f(), nullptr);
       cuda::matmul_experts(t, p, 0, rb, rows, cols, dxe.f(), oc, oc + n, n, T, eb.f(), nullptr);
