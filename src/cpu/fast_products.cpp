@@ -101,9 +101,9 @@ void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
   }
 }
 
-// quantize_inputs false: fp32 activations for every weight type (dequantised rows where the
-// type's tuned kernel takes 8-bit ones).
-void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs, bool quantize_inputs) {
+// A job's fp32_input: fp32 activations for every weight type (dequantised rows where the type's
+// tuned kernel takes 8-bit ones).
+void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
   std::vector<PreparedJob> prepared(jobs.size());
   int64_t n_tiles = 0, work = 0;
   for (size_t j = 0; j < jobs.size(); j++) {
@@ -111,7 +111,7 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs, bool quantize
     const ProductJob& job = jobs[j];
     const int64_t n_in = job.W.row_length();
     p.job = &job;
-    p.path = row_path(job.W, quantize_inputs);
+    p.path = row_path(job.W, !job.fp32_input);
     if (p.path == RowPath::kDecoded) {
       p.kernels = fast_kernels(job.W.type);
       // A gate and an up product share their input: quantise it once.
@@ -153,11 +153,7 @@ class FastProducts final : public Products {
   void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const override {
     fast_matmul(pool(), W, x, n_tokens, out);
   }
-  void matmul_fp32_input(const TensorView& W, const float* x, int n_tokens, float* out) const override {
-    const ProductJob job{W, x, n_tokens, out};
-    run_batch(pool(), std::span(&job, 1), false);
-  }
-  void matmul_batch(std::span<const ProductJob> jobs) const override { run_batch(pool(), jobs, true); }
+  void matmul_batch(std::span<const ProductJob> jobs) const override { run_batch(pool(), jobs); }
 };
 
 }  // namespace
@@ -166,7 +162,7 @@ std::unique_ptr<Products> make_fast_products(ThreadPool& pool) { return std::mak
 
 void fast_matmul(ThreadPool& pool, const TensorView& W, const float* x, int n_tokens, float* out) {
   const ProductJob job{W, x, n_tokens, out};
-  run_batch(pool, std::span(&job, 1), true);
+  run_batch(pool, std::span(&job, 1));
 }
 
 }  // namespace rl::cpu
