@@ -3,10 +3,14 @@
 //
 //   build-x/bench_fast_decode MODEL.gguf [THREADS]
 //
+// Last, the thread pool's cost: the time of a run of 64 tasks of about 1 us each (ideal:
+// 64 / THREADS us), what a decode step pays a few hundred times.
+//
 // Made for the 80B's widths (`redlite synth --preset 80b --recipe seed-mix --n-layer 4`): layer 0
 // is a DeltaNet layer with IQ2_XS experts, layer 1 has IQ1_M gate/up experts, layer 3 is an
 // attention layer. A layer's matrices (a few MB) stay in the last-level cache between repetitions,
 // so those rows are compute-bound figures; the LM head (214 MB) is read from memory every time.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +64,21 @@ void run(const Case& c, const rl::cpu::Products& products) {
               bytes / 1e6, seconds / reps * 1e3, bytes * (double)reps / seconds / 1e9);
 }
 
+void pool_runs(rl::cpu::ThreadPool& pool) {
+  std::atomic<int64_t> sink{0};
+  const auto task = [&](int64_t t) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(1);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    sink.fetch_add(t, std::memory_order_relaxed);
+  };
+  constexpr int kRuns = 5000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < kRuns; r++) pool.run(64, task);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kRuns;
+  std::printf("thread pool: %.1f us per run of 64 tasks of 1 us (ideal %.1f)\n", us, 64.0 / pool.size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -86,6 +105,7 @@ int main(int argc, char** argv) try {
   };
   std::printf("%d thread(s)\n", pool.size());
   for (const Case& c : cases) run(c, *products);
+  pool_runs(pool);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_fast_decode: %s\n", e.what());
