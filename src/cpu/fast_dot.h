@@ -12,36 +12,53 @@
 
 namespace rl::cpu {
 
-// Weights of the tuned types are first decoded, 256 values at a time, to one common integer
-// form (a 32-byte vector of int8 per 32 values and small integer scales), which is then dotted
-// with the 8-bit activations by one AVX2 kernel. A prefill decodes a tile of rows once for every
-// token; the form makes each type's whole cost its decoder.
+// Weights of the tuned types are read in one common integer form: per 32 values a 32-byte vector
+// of int8 and small integer scales per 16 values, dotted with the 8-bit activations by one AVX2
+// kernel (cpu/fast_kernel.h). Each type's cost is then its decoder.
 //   w[i] = d[i / 32] * scale(i / 16) * q[i] - dmin * min[i / 32]
-// The scales are stored as the kernel multiplies by them: per 32 values one vector of 16 int16,
-// eight copies of the first 16 values' scale, then eight of the second's (set_scale).
+// A decode step decodes each block into registers and dots it at once (DotRowFn); a prefill
+// decodes a tile of rows once to DecodedBlocks and dots them with every token (DecodeBlockFn,
+// dot_decoded).
+
+// The scales of one block of 256 values (a decoder's header).
+struct BlockHeader {
+  float d[8];
+  int16_t scale[16];  // per 16 values
+  int16_t min[8];     // per 32 values
+  float dmin;         // 0: no min term (every type but Q4_K and Q5_K)
+};
+
+// A block decoded to memory. The scales are stored as the kernel multiplies by them: per 32
+// values one vector of 16 int16, eight copies of the first 16 values' scale, then eight of the
+// second's.
 struct DecodedBlock {
   int8_t q[256];
   int16_t scale[8][16];
   float d[8];
   int16_t min[8];
-  float dmin;  // 0: no min term (every type but Q4_K and Q5_K)
+  float dmin;
 };
-
-// Sets the scale of values [16 s, 16 s + 16) of a decoded block.
-inline void set_scale(DecodedBlock* out, int s, int16_t value) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out->scale[s / 2] + 8 * (s % 2)), _mm_set1_epi16(value));
-}
 
 // Decodes values [256 b, 256 b + 256) of a weight row.
 using DecodeBlockFn = void (*)(const uint8_t* row, int64_t b, DecodedBlock* out);
 
-// nullptr: the type has no decoder; its rows are dequantised to fp32 (the reference dequantiser)
-// and dotted with fp32 activations. F32 rows are read in place, F16 converted on the fly.
-DecodeBlockFn fast_decoder(GgmlType type);
+// One packed row [n_blocks * 256 values] against the activations [n_blocks] of n_tokens tokens
+// (1 to kDotTokens): out[t], fp32.
+struct ActivationQ8K;
+using DotRowFn = void (*)(const uint8_t* row, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks,
+                          float* out);
+
+struct FastKernels {
+  DecodeBlockFn decode;
+  DotRowFn dot_row;
+};
+
+// nullptr: the type has no integer kernels; its rows are dequantised to fp32 (the reference
+// dequantiser) and dotted with fp32 activations. F32 rows are read in place, F16 converted on the fly.
+const FastKernels* fast_kernels(GgmlType type);
 
 // The decoded blocks of one row [n / 256] against the activations [n / 256] of n_tokens tokens
 // (1 to 4: a prefill reuses each loaded weight vector for four tokens): out[t], fp32.
-struct ActivationQ8K;
 void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out);
 constexpr int kDotTokens = 4;
 
@@ -50,13 +67,8 @@ float fast_dot_f32(const float* a, const float* b, int64_t n);
 // An F16 row against fp32 values.
 float fast_dot_f16(const uint16_t* row, const float* x, int64_t n);
 
-// The decoders of the tuned types (fast_dot_k.cpp, fast_dot_iq.cpp, fast_dot_basic.cpp).
-void decode_q8_0(const uint8_t* row, int64_t b, DecodedBlock* out);
-void decode_q4_K(const uint8_t* row, int64_t b, DecodedBlock* out);
-void decode_q5_K(const uint8_t* row, int64_t b, DecodedBlock* out);
-void decode_q6_K(const uint8_t* row, int64_t b, DecodedBlock* out);
-void decode_iq2_xxs(const uint8_t* row, int64_t b, DecodedBlock* out);
-void decode_iq2_xs(const uint8_t* row, int64_t b, DecodedBlock* out);
-void decode_iq1_m(const uint8_t* row, int64_t b, DecodedBlock* out);
+// The kernels of the tuned types (fast_dot_k.cpp, fast_dot_iq.cpp, fast_dot_basic.cpp).
+extern const FastKernels kQ8_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels, kIQ2_XXSKernels, kIQ2_XSKernels,
+    kIQ1_MKernels;
 
 }  // namespace rl::cpu

@@ -1,9 +1,10 @@
-// The fast tier's decoder table, its one integer dot kernel, the Q8_0 decoder and the float
-// kernels.
+// The fast tier's kernel table, the dot kernel over decoded blocks, the Q8_0 decoder and the
+// float kernels.
 #include <cmath>
 
 #include "cpu/activation_quant.h"
 #include "cpu/fast_dot.h"
+#include "cpu/fast_kernel.h"
 #include "cpu/fast_simd.h"
 #include "quant/blocks.h"
 
@@ -11,15 +12,15 @@ namespace rl::cpu {
 
 using namespace simd;
 
-DecodeBlockFn fast_decoder(GgmlType type) {
+const FastKernels* fast_kernels(GgmlType type) {
   switch (type) {
-    case GgmlType::Q8_0: return decode_q8_0;
-    case GgmlType::Q4_K: return decode_q4_K;
-    case GgmlType::Q5_K: return decode_q5_K;
-    case GgmlType::Q6_K: return decode_q6_K;
-    case GgmlType::IQ2_XXS: return decode_iq2_xxs;
-    case GgmlType::IQ2_XS: return decode_iq2_xs;
-    case GgmlType::IQ1_M: return decode_iq1_m;
+    case GgmlType::Q8_0: return &kQ8_0Kernels;
+    case GgmlType::Q4_K: return &kQ4_KKernels;
+    case GgmlType::Q5_K: return &kQ5_KKernels;
+    case GgmlType::Q6_K: return &kQ6_KKernels;
+    case GgmlType::IQ2_XXS: return &kIQ2_XXSKernels;
+    case GgmlType::IQ2_XS: return &kIQ2_XSKernels;
+    case GgmlType::IQ1_M: return &kIQ1_MKernels;
     default: return nullptr;
   }
 }
@@ -32,37 +33,34 @@ void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t
   float mins[kTokens];
   for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = 0.0f;
   for (int64_t b = 0; b < n_blocks; b++) {
-    const __m256 wd = _mm256_loadu_ps(w[b].d);
-    __m256 dd[kTokens];  // weight scale times activation scale, per 32 values
-    for (int t = 0; t < kTokens; t++) dd[t] = _mm256_mul_ps(wd, _mm256_loadu_ps(a[t][b].d));
-    for (int ib32 = 0; ib32 < 8; ib32++) {
-      // |w| (<= 128 for every decoder) times x with w's sign: maddubs cannot saturate.
-      const __m256i q = load32(w[b].q + 32 * ib32);
-      const __m256i magnitude = _mm256_abs_epi8(q);
-      const __m256i scale = load32(w[b].scale[ib32]);
-      const __m256i lane = _mm256_set1_epi32(ib32);
-      for (int t = 0; t < kTokens; t++) {
-        const __m256i x = _mm256_sign_epi8(load32(a[t][b].qs + 32 * ib32), q);
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), scale);
-        acc[t] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd[t], lane), _mm256_cvtepi32_ps(p), acc[t]);
-      }
-    }
-    if (w[b].dmin != 0.0f) {
-      // The min term: dmin * m * (sum of the 32 activations it multiplies). Explicit fma, so the
-      // compiler cannot contract it differently for different token counts: a token's dot is
-      // then the same whatever else the call computes.
-      for (int t = 0; t < kTokens; t++) {
-        float sum = 0.0f;
-        for (int s = 0; s < 8; s++)
-          sum = std::fma(a[t][b].d[s], (float)(w[b].min[s] * (a[t][b].bsums[2 * s] + a[t][b].bsums[2 * s + 1])), sum);
-        mins[t] = std::fma(w[b].dmin, sum, mins[t]);
-      }
-    }
+    __m256 dd[kTokens];
+    kernel::block_scales<kTokens>(_mm256_loadu_ps(w[b].d), a, b, dd);
+    for (int ib32 = 0; ib32 < 8; ib32++)
+      kernel::accumulate_group<kTokens>(load32(w[b].q + 32 * ib32), load32(w[b].scale[ib32]), dd, a, b, ib32, acc);
+    if (w[b].dmin != 0.0f) kernel::accumulate_min<kTokens>(w[b].dmin, w[b].min, a, b, mins);
   }
   for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - mins[t];
 }
 
+// Eight Q8_0 blocks of 32: x = d * q, one fp16 scale per block.
+struct Q8_0Decoder {
+  static const BlockQ8_0* blocks(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockQ8_0*>(row) + 8 * b; }
+  static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
+    const BlockQ8_0* w = blocks(row, b);
+    for (int i = 0; i < 8; i++) h->d[i] = half_to_f32(w[i].d), h->min[i] = 0;
+    for (int s = 0; s < 16; s++) h->scale[s] = 1;
+    h->dmin = 0.0f;
+  }
+  template <class Emit>
+  static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
+    const BlockQ8_0* w = blocks(row, b);
+    for (int i = 0; i < 8; i++) emit(i, load32(w[i].qs));
+  }
+};
+
 }  // namespace
+
+const FastKernels kQ8_0Kernels = kernel::kernels_of<Q8_0Decoder>();
 
 void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
   switch (n_tokens) {
@@ -71,17 +69,6 @@ void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tok
     case 3: return dot_decoded_n<3>(w, a, n_blocks, out);
     default: return dot_decoded_n<4>(w, a, n_blocks, out);
   }
-}
-
-// Eight Q8_0 blocks of 32: x = d * q, one fp16 scale per block.
-void decode_q8_0(const uint8_t* row, int64_t b, DecodedBlock* out) {
-  const BlockQ8_0* w = reinterpret_cast<const BlockQ8_0*>(row) + 8 * b;
-  for (int i = 0; i < 8; i++) {
-    store32(out->q + 32 * i, load32(w[i].qs));
-    out->d[i] = half_to_f32(w[i].d);
-  }
-  for (int s = 0; s < 16; s++) set_scale(out, s, 1);
-  out->dmin = 0.0f;
 }
 
 float fast_dot_f32(const float* a, const float* b, int64_t n) {

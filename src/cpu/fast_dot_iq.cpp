@@ -1,5 +1,5 @@
 // Decoders of the IQ codebook types of the project's files (IQ2_XXS, IQ2_XS, IQ1_M) to the fast
-// tier's integer form (cpu/fast_dot.h, DecodedBlock). Each group of 8 weights is a grid point
+// tier's integer form (cpu/fast_kernel.h). Each group of 8 weights is a grid point
 // (8 bytes, quant/iq_grids.h); four groups make one 32-byte vector:
 //   IQ2: magnitudes with the group's signs applied, x = d * (2s + 1) / 8 * value;
 //   IQ1: 8 * grid + the delta's sign (grid bytes are -1, 0, +1), so the grid's shift by ±1/8 is
@@ -7,7 +7,7 @@
 // Layouts: quant/blocks_iq.h and the dequantisers in quant/quant_iq.cpp.
 #include "common/fp16.h"
 #include "cpu/fast_dot.h"
-#include "cpu/fast_simd.h"
+#include "cpu/fast_kernel.h"
 #include "quant/blocks_iq.h"
 #include "quant/iq_grids.h"
 
@@ -34,73 +34,104 @@ inline __m256i four_points(uint64_t p0, uint64_t p1, uint64_t p2, uint64_t p3) {
   return _mm256_set_epi64x((int64_t)p3, (int64_t)p2, (int64_t)p1, (int64_t)p0);
 }
 
-void set_super_scale(float d, DecodedBlock* out) {
-  for (int i = 0; i < 8; i++) out->d[i] = d * 0.125f;
-  out->dmin = 0.0f;
+void set_super_scale(float d, BlockHeader* h) {
+  for (int i = 0; i < 8; i++) h->d[i] = d * 0.125f, h->min[i] = 0;
+  h->dmin = 0.0f;
 }
+
+struct IQ2_XXSDecoder {
+  static const BlockIQ2_XXS& block(const uint8_t* row, int64_t b) {
+    return reinterpret_cast<const BlockIQ2_XXS*>(row)[b];
+  }
+  // Per 32 values: 4 grid indices (bytes), then 4 x 7 sign bits and the 4-bit scale s in the top bits.
+  static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
+    const BlockIQ2_XXS& w = block(row, b);
+    set_super_scale(fp16_to_f32(w.d), h);
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(w.qs);
+    for (int ib32 = 0; ib32 < 8; ib32++)
+      h->scale[2 * ib32] = h->scale[2 * ib32 + 1] = (int16_t)(2 * (load_u32(q + 8 * ib32 + 4) >> 28) + 1);
+  }
+  template <class Emit>
+  static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(block(row, b).qs);
+    for (int ib32 = 0; ib32 < 8; ib32++, q += 8) {
+      const uint32_t idx = load_u32(q), ss = load_u32(q + 4);
+      const __m256i magnitudes = four_points(iq2xxs_grid[idx & 255], iq2xxs_grid[(idx >> 8) & 255],
+                                             iq2xxs_grid[(idx >> 16) & 255], iq2xxs_grid[idx >> 24]);
+      const __m256i signs = four_points(kSignBytes.of[ss & 127], kSignBytes.of[(ss >> 7) & 127],
+                                        kSignBytes.of[(ss >> 14) & 127], kSignBytes.of[(ss >> 21) & 127]);
+      emit(ib32, _mm256_sign_epi8(magnitudes, signs));
+    }
+  }
+};
+
+struct IQ2_XSDecoder {
+  static const BlockIQ2_XS& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockIQ2_XS*>(row)[b]; }
+  // One 4-bit scale per 16 values.
+  static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
+    const BlockIQ2_XS& w = block(row, b);
+    set_super_scale(fp16_to_f32(w.d), h);
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      h->scale[2 * ib32] = (int16_t)(2 * (w.scales[ib32] & 15) + 1);
+      h->scale[2 * ib32 + 1] = (int16_t)(2 * (w.scales[ib32] >> 4) + 1);
+    }
+  }
+  // Per group of 8: 9-bit grid index, 7-bit sign index.
+  template <class Emit>
+  static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
+    const BlockIQ2_XS& w = block(row, b);
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      const uint16_t* q = w.qs + 4 * ib32;
+      const __m256i magnitudes =
+          four_points(iq2xs_grid[q[0] & 511], iq2xs_grid[q[1] & 511], iq2xs_grid[q[2] & 511], iq2xs_grid[q[3] & 511]);
+      const __m256i signs = four_points(kSignBytes.of[q[0] >> 9], kSignBytes.of[q[1] >> 9], kSignBytes.of[q[2] >> 9],
+                                        kSignBytes.of[q[3] >> 9]);
+      emit(ib32, _mm256_sign_epi8(magnitudes, signs));
+    }
+  }
+};
+
+struct IQ1_MDecoder {
+  static const BlockIQ1_M& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockIQ1_M*>(row)[b]; }
+  // 3-bit scales per 16 values, the fp16 super-scale in the top nibbles of the four scale words.
+  static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
+    uint16_t words[4];
+    std::memcpy(words, block(row, b).scales, sizeof(words));
+    const uint16_t d_bits = (uint16_t)((words[0] >> 12) | ((words[1] >> 8) & 0x00f0) | ((words[2] >> 4) & 0x0f00) |
+                                       (words[3] & 0xf000));
+    set_super_scale(fp16_to_f32(d_bits), h);
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      const int shift = 6 * (ib32 % 2);
+      h->scale[2 * ib32] = (int16_t)(2 * ((words[ib32 / 2] >> shift) & 7) + 1);
+      h->scale[2 * ib32 + 1] = (int16_t)(2 * ((words[ib32 / 2] >> (shift + 3)) & 7) + 1);
+    }
+  }
+  template <class Emit>
+  static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
+    const BlockIQ1_M& w = block(row, b);
+    const __m256i eight = _mm256_set1_epi8(8);
+    constexpr uint64_t kPlusOne = 0x0101010101010101ull, kMinusOne = ~0ull;
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      const uint8_t* qs = w.qs + 4 * ib32;
+      const uint8_t* qh = w.qh + 2 * ib32;
+      uint64_t points[4], deltas[4];
+      for (int l = 0; l < 4; l++) {
+        // Group l's nibble: 3 high index bits and the delta's sign (bit 3: negative).
+        const uint8_t nibble = (uint8_t)((qh[l / 2] >> (4 * (l % 2))) & 0xf);
+        points[l] = iq1s_grid[qs[l] | ((nibble & 7) << 8)];
+        deltas[l] = (nibble & 8) ? kMinusOne : kPlusOne;
+      }
+      // 8 * grid plus the group's delta sign: values in [-9, 9].
+      emit(ib32, _mm256_add_epi8(_mm256_sign_epi8(eight, four_points(points[0], points[1], points[2], points[3])),
+                                 four_points(deltas[0], deltas[1], deltas[2], deltas[3])));
+    }
+  }
+};
 
 }  // namespace
 
-void decode_iq2_xxs(const uint8_t* row, int64_t b, DecodedBlock* out) {
-  const BlockIQ2_XXS& w = reinterpret_cast<const BlockIQ2_XXS*>(row)[b];
-  set_super_scale(fp16_to_f32(w.d), out);
-  const uint8_t* q = reinterpret_cast<const uint8_t*>(w.qs);
-  for (int ib32 = 0; ib32 < 8; ib32++, q += 8) {
-    // 4 grid indices (bytes), then 4 x 7 sign bits and the 4-bit scale s in the top bits.
-    const uint32_t idx = load_u32(q), ss = load_u32(q + 4);
-    const __m256i magnitudes = four_points(iq2xxs_grid[idx & 255], iq2xxs_grid[(idx >> 8) & 255],
-                                           iq2xxs_grid[(idx >> 16) & 255], iq2xxs_grid[idx >> 24]);
-    const __m256i signs = four_points(kSignBytes.of[ss & 127], kSignBytes.of[(ss >> 7) & 127],
-                                      kSignBytes.of[(ss >> 14) & 127], kSignBytes.of[(ss >> 21) & 127]);
-    store32(out->q + 32 * ib32, _mm256_sign_epi8(magnitudes, signs));
-    set_scale(out, 2 * ib32, (int16_t)(2 * (ss >> 28) + 1));
-    set_scale(out, 2 * ib32 + 1, (int16_t)(2 * (ss >> 28) + 1));
-  }
-}
-
-void decode_iq2_xs(const uint8_t* row, int64_t b, DecodedBlock* out) {
-  const BlockIQ2_XS& w = reinterpret_cast<const BlockIQ2_XS*>(row)[b];
-  set_super_scale(fp16_to_f32(w.d), out);
-  for (int ib32 = 0; ib32 < 8; ib32++) {
-    // Per group of 8: 9-bit grid index, 7-bit sign index; one 4-bit scale per 16 values.
-    const uint16_t* q = w.qs + 4 * ib32;
-    const __m256i magnitudes =
-        four_points(iq2xs_grid[q[0] & 511], iq2xs_grid[q[1] & 511], iq2xs_grid[q[2] & 511], iq2xs_grid[q[3] & 511]);
-    const __m256i signs = four_points(kSignBytes.of[q[0] >> 9], kSignBytes.of[q[1] >> 9], kSignBytes.of[q[2] >> 9],
-                                      kSignBytes.of[q[3] >> 9]);
-    store32(out->q + 32 * ib32, _mm256_sign_epi8(magnitudes, signs));
-    set_scale(out, 2 * ib32, (int16_t)(2 * (w.scales[ib32] & 15) + 1));
-    set_scale(out, 2 * ib32 + 1, (int16_t)(2 * (w.scales[ib32] >> 4) + 1));
-  }
-}
-
-void decode_iq1_m(const uint8_t* row, int64_t b, DecodedBlock* out) {
-  const BlockIQ1_M& w = reinterpret_cast<const BlockIQ1_M*>(row)[b];
-  uint16_t words[4];  // 3-bit scales per 16 values, the fp16 super-scale in the top nibbles
-  std::memcpy(words, w.scales, sizeof(words));
-  const uint16_t d_bits = (uint16_t)((words[0] >> 12) | ((words[1] >> 8) & 0x00f0) | ((words[2] >> 4) & 0x0f00) |
-                                     (words[3] & 0xf000));
-  set_super_scale(fp16_to_f32(d_bits), out);
-  const __m256i eight = _mm256_set1_epi8(8);
-  constexpr uint64_t kPlusOne = 0x0101010101010101ull, kMinusOne = ~0ull;
-  for (int ib32 = 0; ib32 < 8; ib32++) {
-    const uint8_t* qs = w.qs + 4 * ib32;
-    const uint8_t* qh = w.qh + 2 * ib32;
-    uint64_t points[4], deltas[4];
-    for (int l = 0; l < 4; l++) {
-      // Group l's nibble: 3 high index bits and the delta's sign (bit 3: negative).
-      const uint8_t nibble = (uint8_t)((qh[l / 2] >> (4 * (l % 2))) & 0xf);
-      points[l] = iq1s_grid[qs[l] | ((nibble & 7) << 8)];
-      deltas[l] = (nibble & 8) ? kMinusOne : kPlusOne;
-    }
-    // 8 * grid plus the group's delta sign: values in [-9, 9].
-    store32(out->q + 32 * ib32,
-            _mm256_add_epi8(_mm256_sign_epi8(eight, four_points(points[0], points[1], points[2], points[3])),
-                            four_points(deltas[0], deltas[1], deltas[2], deltas[3])));
-    const int shift = 6 * (ib32 % 2);
-    set_scale(out, 2 * ib32, (int16_t)(2 * ((words[ib32 / 2] >> shift) & 7) + 1));
-    set_scale(out, 2 * ib32 + 1, (int16_t)(2 * ((words[ib32 / 2] >> (shift + 3)) & 7) + 1));
-  }
-}
+const FastKernels kIQ2_XXSKernels = kernel::kernels_of<IQ2_XXSDecoder>();
+const FastKernels kIQ2_XSKernels = kernel::kernels_of<IQ2_XSDecoder>();
+const FastKernels kIQ1_MKernels = kernel::kernels_of<IQ1_MDecoder>();
 
 }  // namespace rl::cpu

@@ -32,7 +32,7 @@ enum class RowPath {
 struct PreparedJob {
   const ProductJob* job;
   RowPath path;
-  DecodeBlockFn decode = nullptr;
+  const FastKernels* kernels = nullptr;
   std::vector<ActivationQ8K> own_acts;  // [n_tokens][n_in / 256] when kDecoded
   const ActivationQ8K* acts = nullptr;  // own_acts, or an earlier job's of the same input
   int64_t first_tile, n_tiles;
@@ -41,7 +41,7 @@ struct PreparedJob {
 RowPath row_path(const TensorView& W, bool quantize_inputs) {
   if (W.type == GgmlType::F32) return RowPath::kF32;
   if (W.type == GgmlType::F16) return RowPath::kF16;
-  if (quantize_inputs && fast_decoder(W.type) && W.row_length() % 256 == 0) return RowPath::kDecoded;
+  if (quantize_inputs && fast_kernels(W.type) && W.row_length() % 256 == 0) return RowPath::kDecoded;
   return RowPath::kDequantised;
 }
 
@@ -51,11 +51,23 @@ void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
   const int64_t n_in = W.row_length(), n_out = W.n_rows();
   const int n_tokens = p.job->n_tokens;
   if (p.path == RowPath::kDecoded) {
-    thread_local std::vector<DecodedBlock> decoded;  // [nr][n_blocks]
     const int64_t n_blocks = n_in / 256;
+    if (n_tokens <= kDotTokens) {
+      // A decode step: each row is read once, its blocks decoded into registers and dotted.
+      const ActivationQ8K* act[kDotTokens];
+      for (int t = 0; t < n_tokens; t++) act[t] = p.acts + (size_t)t * n_blocks;
+      for (int64_t r = 0; r < nr; r++) {
+        float dots[kDotTokens];
+        p.kernels->dot_row(W.row(r0 + r), act, n_tokens, n_blocks, dots);
+        for (int t = 0; t < n_tokens; t++) p.job->out[(int64_t)t * n_out + r0 + r] = dots[t];
+      }
+      return;
+    }
+    // A prefill: the tile's rows decoded once, then dotted with every token.
+    thread_local std::vector<DecodedBlock> decoded;  // [nr][n_blocks]
     decoded.resize((size_t)(nr * n_blocks));
     for (int64_t r = 0; r < nr; r++)
-      for (int64_t b = 0; b < n_blocks; b++) p.decode(W.row(r0 + r), b, &decoded[(size_t)(r * n_blocks + b)]);
+      for (int64_t b = 0; b < n_blocks; b++) p.kernels->decode(W.row(r0 + r), b, &decoded[(size_t)(r * n_blocks + b)]);
     for (int t0 = 0; t0 < n_tokens; t0 += kDotTokens) {
       const int nt = std::min(kDotTokens, n_tokens - t0);
       const ActivationQ8K* act[kDotTokens];
@@ -89,9 +101,9 @@ void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
   }
 }
 
-// quantize_inputs false: fp32 activations for every weight type (dequantised rows where the
-// type's tuned kernel takes 8-bit ones).
-void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs, bool quantize_inputs) {
+// A job's fp32_input: fp32 activations for every weight type (dequantised rows where the type's
+// tuned kernel takes 8-bit ones).
+void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
   std::vector<PreparedJob> prepared(jobs.size());
   int64_t n_tiles = 0, work = 0;
   for (size_t j = 0; j < jobs.size(); j++) {
@@ -99,9 +111,9 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs, bool quantize
     const ProductJob& job = jobs[j];
     const int64_t n_in = job.W.row_length();
     p.job = &job;
-    p.path = row_path(job.W, quantize_inputs);
+    p.path = row_path(job.W, !job.fp32_input);
     if (p.path == RowPath::kDecoded) {
-      p.decode = fast_decoder(job.W.type);
+      p.kernels = fast_kernels(job.W.type);
       // A gate and an up product share their input: quantise it once.
       const PreparedJob* prev = j > 0 ? &prepared[j - 1] : nullptr;
       if (prev && prev->acts && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens &&
@@ -141,11 +153,7 @@ class FastProducts final : public Products {
   void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const override {
     fast_matmul(pool(), W, x, n_tokens, out);
   }
-  void matmul_fp32_input(const TensorView& W, const float* x, int n_tokens, float* out) const override {
-    const ProductJob job{W, x, n_tokens, out};
-    run_batch(pool(), std::span(&job, 1), false);
-  }
-  void matmul_batch(std::span<const ProductJob> jobs) const override { run_batch(pool(), jobs, true); }
+  void matmul_batch(std::span<const ProductJob> jobs) const override { run_batch(pool(), jobs); }
 };
 
 }  // namespace
@@ -154,7 +162,7 @@ std::unique_ptr<Products> make_fast_products(ThreadPool& pool) { return std::mak
 
 void fast_matmul(ThreadPool& pool, const TensorView& W, const float* x, int n_tokens, float* out) {
   const ProductJob job{W, x, n_tokens, out};
-  run_batch(pool, std::span(&job, 1), true);
+  run_batch(pool, std::span(&job, 1));
 }
 
 }  // namespace rl::cpu

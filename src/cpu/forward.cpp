@@ -134,9 +134,12 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
   const int hd = c.head_dim, n_head = c.n_head, kv_dim = c.kv_dim(), q_dim = c.q_dim();
   const int group = n_head / c.n_head_kv;  // query heads per KV head
   Buf qg((size_t)T * 2 * q_dim), k((size_t)T * kv_dim), v((size_t)T * kv_dim);
-  mm.matmul(w.q, h, T, qg.data());  // [T][n_head][2][hd]
-  mm.matmul(w.k, h, T, k.data());   // [T][n_kv][hd]
-  mm.matmul(w.v, h, T, v.data());   // [T][n_kv][hd]
+  const ProductJob projections[] = {
+      {w.q, h, T, qg.data()},  // [T][n_head][2][hd]
+      {w.k, h, T, k.data()},   // [T][n_kv][hd]
+      {w.v, h, T, v.data()},   // [T][n_kv][hd]
+  };
+  mm.matmul_batch(projections);
 
   Buf q((size_t)T * q_dim), gate((size_t)T * q_dim);  // [T][n_head][hd]
   for (int t = 0; t < T; t++) {
@@ -199,21 +202,25 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
 // The input projections of a DeltaNet layer, in the current layout whatever the file's:
 //   qkv: [T][conv_dim] = [q of all key heads | k of all key heads | v of all value heads]
 //   z:   [T][value_dim]
+//   ba:  [T][nk][b (r), a (r)], from fp32 inputs (ProductJob::fp32_input)
 void deltanet_projections(const Products& mm, const Config& c, const DeltaNetWeights& w,
-                          const float* h, int T, Buf& qkv, Buf& z) {
+                          const float* h, int T, Buf& qkv, Buf& z, Buf& ba) {
   const int conv_dim = c.ssm_conv_dim(), value_dim = c.ssm_value_dim(), key_dim = c.ssm_key_dim();
   qkv.resize((size_t)T * conv_dim);
   z.resize((size_t)T * value_dim);
+  ba.resize((size_t)T * 2 * c.ssm_n_v_heads);
+  const ProductJob gates{w.ba, h, T, ba.data(), true};
   if (!w.legacy_fused) {
-    mm.matmul(w.qkv, h, T, qkv.data());
-    mm.matmul(w.gate, h, T, z.data());
+    const ProductJob jobs[] = {{w.qkv, h, T, qkv.data()}, {w.gate, h, T, z.data()}, gates};
+    mm.matmul_batch(jobs);
     return;
   }
   // Legacy ssm_in: per key head g, [q_g (dk), k_g (dk), v_g (r*dv), z_g (r*dv)].
   const int dk = c.ssm_head_dim, rdv = c.ssm_v_per_k() * c.ssm_head_dim;
   const int group_width = 2 * dk + 2 * rdv;
   Buf mixed((size_t)T * c.ssm_n_k_heads * group_width);
-  mm.matmul(w.in, h, T, mixed.data());
+  const ProductJob jobs[] = {{w.in, h, T, mixed.data()}, gates};
+  mm.matmul_batch(jobs);
   for (int t = 0; t < T; t++) {
     for (int g = 0; g < c.ssm_n_k_heads; g++) {
       const float* src = mixed.data() + ((size_t)t * c.ssm_n_k_heads + g) * group_width;
@@ -254,10 +261,8 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
   const int dk = c.ssm_head_dim, dv = c.ssm_head_dim;
   const int key_dim = c.ssm_key_dim(), value_dim = c.ssm_value_dim(), conv_dim = c.ssm_conv_dim();
 
-  Buf qkv, z;
-  deltanet_projections(mm, c, w, h, T, qkv, z);
-  Buf ba((size_t)T * 2 * nv);  // [T][nk][b (r), a (r)]
-  mm.matmul_fp32_input(w.ba, h, T, ba.data());
+  Buf qkv, z, ba;
+  deltanet_projections(mm, c, w, h, T, qkv, z, ba);
 
   // beta = sigmoid(b); g = softplus(a + dt_bias) * ssm_a (log-decay, negative)   [T][nv]
   Buf beta((size_t)T * nv), decay_log((size_t)T * nv);
@@ -341,17 +346,6 @@ void route(const Config& c, const float* logits, int T, int32_t* ids, float* wei
   }
 }
 
-// SwiGLU feed-forward: y = down (SiLU(gate x) * (up x))         x: [T][n_in], y: [T][down rows]
-void swiglu(const Products& mm, const TensorView& gate, const TensorView& up, const TensorView& down,
-            const float* x, int T, float* y) {
-  const int64_t ff = gate.n_rows();
-  Buf g((size_t)T * ff), u((size_t)T * ff);
-  mm.matmul(gate, x, T, g.data());
-  mm.matmul(up, x, T, u.data());
-  for (size_t i = 0; i < g.size(); i++) g[i] = silu(g[i]) * u[i];
-  mm.matmul(down, g.data(), T, y);
-}
-
 // Mixture of experts with a shared expert.                      h2, out: [T][n_embd]
 //   out = sum_k w_k Expert_{id_k}(h2) + sigmoid(ffn_gate_inp_shexp . h2) * SharedExpert(h2)
 void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int layer, const float* h2,
@@ -368,8 +362,9 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
   }
 
   // Each selected expert runs once on all the tokens that chose it, so its weights are read once
-  // per batch; the experts' products of a stage are one batch (the fast tier spreads experts x
-  // rows over the threads). Rows of xs, gu and ys are slots grouped by expert.
+  // per batch; the experts' products of a stage, the shared expert's with them, are one batch (the
+  // fast tier spreads experts x rows over the threads). Rows of xs, gu and ys are slots grouped by
+  // expert.
   const int64_t ff = w.gate_exps.ne[1];
   std::vector<std::vector<int>> slots(E);  // expert -> slots t*K + k that selected it
   for (int i = 0; i < T * K; i++) slots[ids[i]].push_back(i);
@@ -386,18 +381,22 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
     gate_up.push_back({w.up_exps.matrix(e), xs.data() + (size_t)row * n_embd, n, up.data() + (size_t)row * ff});
     down.push_back({w.down_exps.matrix(e), gate.data() + (size_t)row * ff, n, ys.data() + (size_t)row * n_embd});
   }
+  // The shared expert: y = down (SiLU(gate h2) * (up h2)), and its scalar gate.
+  const int64_t shared_ff = w.gate_shexp.n_rows();
+  Buf shared_g((size_t)T * shared_ff), shared_u((size_t)T * shared_ff), shared((size_t)T * n_embd), shared_gate(T);
+  gate_up.push_back({w.gate_shexp, h2, T, shared_g.data()});
+  gate_up.push_back({w.up_shexp, h2, T, shared_u.data()});
+  gate_up.push_back({w.shared_gate_inp, h2, T, shared_gate.data()});
+  down.push_back({w.down_shexp, shared_g.data(), T, shared.data()});
   mm.matmul_batch(gate_up);
   for (size_t i = 0; i < gate.size(); i++) gate[i] = silu(gate[i]) * up[i];  // SwiGLU
+  for (size_t i = 0; i < shared_g.size(); i++) shared_g[i] = silu(shared_g[i]) * shared_u[i];
   mm.matmul_batch(down);
   Buf expert_out((size_t)T * K * n_embd);  // [T][K][n_embd]
   for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++)
     for (size_t i = 0; i < slots[e].size(); i++)
       std::copy(ys.data() + (size_t)(row + i) * n_embd, ys.data() + (size_t)(row + i + 1) * n_embd,
                 expert_out.data() + (size_t)slots[e][i] * n_embd);
-
-  Buf shared((size_t)T * n_embd), shared_gate(T);
-  swiglu(mm, w.gate_shexp, w.up_shexp, w.down_shexp, h2, T, shared.data());
-  mm.matmul(w.shared_gate_inp, h2, T, shared_gate.data());
 
   for (int t = 0; t < T; t++) {
     const float sg = sigmoid(shared_gate[t]);

@@ -12,9 +12,6 @@ class ExactProducts final : public Products {
   void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const override {
     cpu::matmul(pool(), W, x, n_tokens, out);
   }
-  void matmul_fp32_input(const TensorView& W, const float* x, int n_tokens, float* out) const override {
-    cpu::matmul(pool(), W, x, n_tokens, out);
-  }
   void matmul_batch(std::span<const ProductJob> jobs) const override {
     for (const ProductJob& j : jobs) cpu::matmul(pool(), j.W, j.x, j.n_tokens, j.out);
   }

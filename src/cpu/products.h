@@ -14,11 +14,14 @@
 namespace rl::cpu {
 
 // One product of a batch: out [n_tokens][W.n_rows()] = W x, x: [n_tokens][W.row_length()].
+// fp32_input: x is never quantised, for the few small products whose error the model amplifies
+// (the DeltaNet gates, whose decay is exponentiated and compounded over every later token).
 struct ProductJob {
   TensorView W;
   const float* x;
   int n_tokens;
   float* out;
+  bool fp32_input = false;
 };
 
 class Products {
@@ -27,10 +30,9 @@ class Products {
   virtual ~Products() = default;
   ThreadPool& pool() const { return pool_; }
   virtual void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const = 0;
-  // As matmul, with x never quantised: for the few small products whose error the model amplifies
-  // (the DeltaNet gates, whose decay is exponentiated and compounded over every later token).
-  virtual void matmul_fp32_input(const TensorView& W, const float* x, int n_tokens, float* out) const = 0;
-  // Independent products (the routed experts of a layer), free to run in any order or together.
+  // Independent products (the routed and shared experts of a layer, a layer's input projections),
+  // free to run in any order or together: the fast tier runs them as one set of row tiles over the
+  // threads, so a decode step waits for the pool once per batch instead of once per product.
   virtual void matmul_batch(std::span<const ProductJob> jobs) const = 0;
 
  private:

@@ -20,11 +20,9 @@ ThreadPool::ThreadPool(int n_threads) {
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  wake_.notify_all();
+  stopping_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
@@ -35,7 +33,7 @@ void ThreadPool::drain(const std::function<void(int64_t)>& fn, int64_t n_tasks) 
     try {
       fn(task);
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
       next_task_.store(n_tasks);  // stop handing out work
     }
@@ -43,25 +41,17 @@ void ThreadPool::drain(const std::function<void(int64_t)>& fn, int64_t n_tasks) 
 }
 
 void ThreadPool::worker_loop() {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t)>* fn;
-    int64_t n_tasks;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      busy_workers_++;
-      fn = fn_;
-      n_tasks = n_tasks_;
-    }
-    if (fn) drain(*fn, n_tasks);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy_workers_--;
-    }
-    done_.notify_one();
+    generation_.wait(seen);  // returns once it differs from seen
+    if (stopping_.load()) return;
+    seen = generation_.load();
+    // Sequentially consistent: either the caller's close comes after this join, and it waits for
+    // us, or we find the run closed and touch nothing. A worker late for one run that finds the
+    // next one open takes that one's tasks, which is as good.
+    active_.fetch_add(1);
+    if (open_.load()) drain(*fn_, n_tasks_);
+    if (active_.fetch_sub(1) == 1) active_.notify_all();
   }
 }
 
@@ -72,28 +62,21 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
     for (int64_t t = 0; t < n_tasks; t++) fn(t);
     return;
   }
-  {
-    // A worker that woke too late for the previous run may still be leaving it.
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return busy_workers_ == 0; });
-    fn_ = &fn;
-    n_tasks_ = n_tasks;
-    next_task_.store(0);
-    error_ = nullptr;
-    generation_++;
-  }
-  wake_.notify_all();
+  // No worker is in a run here (the last one waited for them), so these writes race with nothing.
+  fn_ = &fn;
+  n_tasks_ = n_tasks;
+  next_task_.store(0);
+  error_ = nullptr;
+  open_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
   drain(fn, n_tasks);
-  std::exception_ptr error;
-  {
-    // Every task has been handed out; wait for the workers still finishing theirs. A worker
-    // that wakes late finds no task left and leaves at once.
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return busy_workers_ == 0; });
-    fn_ = nullptr;
-    error = error_;
-  }
-  if (error) std::rethrow_exception(error);
+  // Every task has been handed out: close the run and wait for the workers still in it (one that
+  // joined late finds no task left and leaves at once).
+  open_.store(false);
+  for (int active = active_.load(); active != 0; active = active_.load()) active_.wait(active);
+  fn_ = nullptr;
+  if (error_) std::rethrow_exception(error_);
 }
 
 }  // namespace rl::cpu

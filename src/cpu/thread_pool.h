@@ -1,8 +1,10 @@
-// A small fixed pool of worker threads for the CPU oracle: run(n, fn) spreads n independent tasks
-// over the workers and the calling thread and returns when all are done.
+// A small fixed pool of worker threads for the CPU backend: run(n, fn) spreads n independent tasks
+// over the workers and the calling thread and returns when all are done. A decode step runs a few
+// hundred short runs, so a run touches no mutex: workers sleep on the generation counter itself
+// (C++20 atomic wait, a futex) and join and leave a run through atomics, instead of each one
+// taking a shared lock on waking and again on leaving, one after another.
 #pragma once
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -39,15 +41,18 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one run() at a time
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  uint64_t generation_ = 0;  // bumped by every run(); workers wake on change
-  bool stopping_ = false;
+  // fn_ and n_tasks_ are written before open_ is set and read after it is seen set.
+  std::atomic<uint32_t> generation_{0};  // bumped by every run() (and to stop); workers wait on it
+  std::atomic<bool> stopping_{false};
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t n_tasks_ = 0;
   std::atomic<int64_t> next_task_{0};
-  int busy_workers_ = 0;
+  // A worker joins a run by counting itself in active_ and then finding the run open; the caller
+  // closes it once every task is handed out and waits for the joined workers only, so a worker the
+  // OS has not scheduled yet (a loaded machine) holds nothing up.
+  std::atomic<bool> open_{false};
+  std::atomic<int> active_{0};
+  std::mutex error_mutex_;
   std::exception_ptr error_;
 };
 

@@ -113,7 +113,7 @@ INSTANTIATE_TEST_SUITE_P(EveryZooType, FastProduct, ::testing::ValuesIn(kZooType
                          [](const testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
 TEST(FastKernels, ProjectTypesHaveTunedKernels) {
-  for (GgmlType t : kTunedTypes) EXPECT_NE(fast_decoder(t), nullptr) << type_name(t);
+  for (GgmlType t : kTunedTypes) EXPECT_NE(fast_kernels(t), nullptr) << type_name(t);
 }
 
 // A batch (the routed experts of a decode step) computes each product exactly as alone.
@@ -138,4 +138,26 @@ TEST(FastProducts, BatchEqualsProductsOneByOne) {
 }
 
 }  // namespace
+// A decode step dots each packed row in registers, a prefill dots rows decoded to memory once per
+// tile; a token's outputs must be the same bits either way (a batched decode step may give an
+// expert more tokens than kDotTokens, and then takes the prefill form).
+TEST(FastProducts, PackedRowAndDecodedTileGiveTheSameBits) {
+  const std::string path = test::fixture("quant/quant-zoo.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto zoo = GgufFile::open(path);
+  ThreadPool pool(2);
+  constexpr int kTokens = 7;
+  for (const char* type : {"q8_0", "q4_K", "q5_K", "q6_K", "iq2_xxs", "iq2_xs", "iq1_m"}) {
+    const TensorView W = zoo_matrix(zoo->tensor(std::string("zoo.") + type), 1024, 32);
+    const std::vector<float> x = activations(kTokens, 1024, 11);
+    std::vector<float> tile((size_t)kTokens * 32);
+    fast_matmul(pool, W, x.data(), kTokens, tile.data());
+    for (int t = 0; t < kTokens; t++) {
+      std::vector<float> one(32);
+      fast_matmul(pool, W, x.data() + (size_t)t * 1024, 1, one.data());
+      EXPECT_EQ(one, std::vector<float>(tile.begin() + 32 * t, tile.begin() + 32 * (t + 1))) << type << " token " << t;
+    }
+  }
+}
+
 }  // namespace rl::cpu
