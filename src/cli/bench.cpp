@@ -18,6 +18,7 @@
 #include "cli/common_options.h"
 #include "common/error.h"
 #include "model/parity.h"
+#include "model/routing_record.h"
 #ifdef REDLITE_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -36,6 +37,7 @@ struct BenchOptions {
   std::vector<int> depths;  // --depths: the protocol at depth instead (DESIGN.md §6)
   int depth_decode_tokens = 128;
   bool json = false;
+  std::string record_routing;  // --record-routing: every pass's selections to this file
 };
 
 std::vector<int32_t> token_stream(int n, int n_vocab, uint64_t seed) {
@@ -125,11 +127,21 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
 }
 
 int run_bench(const BenchOptions& o) {
+  if (!o.record_routing.empty() && !o.depths.empty())
+    fail("--record-routing records the main protocol; it does not combine with --depths");
   LoadedModel lm = open_model(o.common);
   if (!o.depths.empty()) return run_depth_bench(o, lm);
   const Config& c = lm.model->config();
   const int n_ctx = std::max(o.prefill_tokens, o.prompt_tokens + o.decode_tokens) + 1;
   auto session = lm.backend->new_session(n_ctx);
+  // Recording observes every pass (the trace costs the CUDA backend a host copy per layer, so a
+  // recorded run's timings are not the bench's figures).
+  std::unique_ptr<RoutingRecorder> recorder;
+  if (!o.record_routing.empty()) {
+    recorder = std::make_unique<RoutingRecorder>(c.n_layer, c.n_expert, c.n_expert_used,
+                                                 expert_slot_bytes(*lm.model));
+    session->set_trace(recorder.get());
+  }
   const auto prompt = token_stream(o.prompt_tokens, c.n_vocab, 1);
   const auto long_prompt = token_stream(o.prefill_tokens, c.n_vocab, 2);
 
@@ -184,6 +196,10 @@ int run_bench(const BenchOptions& o) {
 #endif
   }
   const Summary dec = summarize(decode_rates), pre = summarize(prefill_rates);
+  if (recorder) {
+    session->set_trace(nullptr);
+    write_routing_recording(o.record_routing, recorder->recording());
+  }
 
   nlohmann::json j;
   j["model"] = o.common.model_path;
@@ -202,6 +218,10 @@ int run_bench(const BenchOptions& o) {
   j["prefill_tok_s_min"] = pre.min;
   j["prefill_tok_s_max"] = pre.max;
   j["cache_mib"] = o.common.cache_mib;
+  if (recorder) {
+    j["routing_recording"] = o.record_routing;
+    j["routing_passes"] = recorder->recording().passes.size();
+  }
 #ifdef REDLITE_HAVE_CUDA
   if (cuda_backend) {
     cuda::EngineStats s = cuda_backend->stats();
@@ -268,6 +288,9 @@ const Registrar registrar("bench", "decode and prefill throughput (DESIGN.md §6
   sub.add_option("--depth-decode-tokens", o->depth_decode_tokens, "greedy tokens decoded after each depth (128)")
       ->check(CLI::Range(1, 1 << 20));
   sub.add_flag("--json", o->json, "print the result as JSON");
+  sub.add_option("--record-routing", o->record_routing,
+                 "write every pass's router selections (prefill chunks and decode tokens, in order) to FILE, "
+                 "for bench/cache_policy_sim (docs/cache.md)");
   return [o] { return run_bench(*o); };
 });
 
