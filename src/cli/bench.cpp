@@ -231,6 +231,7 @@ int run_bench(const BenchOptions& o) {
     j["cache_slots"] = s.n_slots;
     j["experts_total"] = s.n_experts_total;
     j["cache_budget_mib"] = s.cache_bytes >> 20;
+    j["cache_policy"] = cache_policy_name(o.common.cuda.cache_policy);
     j["fully_resident"] = s.fully_resident;
     j["pinned_copies"] = s.pinned_copies;
     j["dense_mib"] = s.dense_bytes >> 20;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cache/expert_cache.h"
 #include "model/numerics.h"
 
 namespace rl::cuda {
@@ -16,6 +17,9 @@ struct CudaOptions {
   // Expert-cache budget in MiB (--cache-mib); 0: every expert when that fits in free device
   // memory, else what fits after the working set.
   int64_t cache_mib = 0;
+  // Which expert a miss evicts from a bounded cache (--cache-policy lru|lrfu, docs/cache.md); LRFU
+  // with a half-life of kDefaultLrfuHalfLifePasses passes.
+  CachePolicy::Kind cache_policy = CachePolicy::Kind::kLru;
   // Load every expert at open when the budget holds them all (--no-preload: load on first use).
   bool preload = true;
   // Per-stage GPU timing (--profile); the GPU-routed decode then runs without its graph.
