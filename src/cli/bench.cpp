@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
 #include "cli/command.h"
 #include "cli/common_options.h"
@@ -60,6 +61,13 @@ Summary summarize(std::vector<double> v) {
   s.max = v.back();
   s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   return s;
+}
+
+// The recording is written as PATH.tmp and renamed: refuses a path where that cannot be created.
+void check_writable(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  if (!std::ofstream(tmp, std::ios::binary | std::ios::trunc)) fail("{}: cannot create the routing recording", tmp);
+  std::remove(tmp.c_str());
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -129,6 +137,7 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
 int run_bench(const BenchOptions& o) {
   if (!o.record_routing.empty() && !o.depths.empty())
     fail("--record-routing records the main protocol; it does not combine with --depths");
+  if (!o.record_routing.empty()) check_writable(o.record_routing);  // before a run of minutes, not after
   LoadedModel lm = open_model(o.common);
   if (!o.depths.empty()) return run_depth_bench(o, lm);
   const Config& c = lm.model->config();
