@@ -74,10 +74,16 @@ void ExpertCache::push_front(int slot) {
 
 void ExpertCache::score_access(Key k, int slot) {
   if (policy_.kind != CachePolicy::Kind::kLrfu) return;
-  unorder(slot);
+  // A resident key's node is moved, not reallocated (a decode token raises n_layers * k of them).
+  auto node = by_score_.extract({log_score_[k], slot});
   const double now = (double)tick_ / policy_.half_life;
   log_score_[k] = now + std::log2(1.0 + std::exp2(log_score_[k] - now));
-  by_score_.emplace(log_score_[k], slot);
+  if (node.empty()) {
+    by_score_.emplace(log_score_[k], slot);
+  } else {
+    node.value().first = log_score_[k];
+    by_score_.insert(std::move(node));
+  }
 }
 
 void ExpertCache::unorder(int slot) {

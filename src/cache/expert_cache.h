@@ -34,7 +34,7 @@ struct CachePolicy {
 };
 // The LRFU half-life of --cache-policy lrfu, in passes (a pass = one access of every layer):
 // the best of those bench/cache_policy_sim compared on the skewed 80B's recording (docs/cache.md).
-constexpr double kDefaultLrfuHalfLifePasses = 8;
+constexpr double kDefaultLrfuHalfLifePasses = 128;
 // "lru" or "lrfu" (half_life is set by the caller); throws rl::Error naming --cache-policy.
 CachePolicy::Kind parse_cache_policy(const std::string& name);
 const char* cache_policy_name(CachePolicy::Kind kind);

@@ -61,8 +61,8 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
       ->group(group);
   app.add_option_function<std::string>(
          "--cache-policy", [&opts](const std::string& v) { opts.cache_policy = parse_cache_policy(v); },
-         "cuda: which expert a miss evicts from a bounded expert cache: lru (least recently used) or lrfu "
-         "(least recently and frequently used; docs/cache.md)")
+         "cuda: which expert a miss evicts from a bounded expert cache: lrfu (default: least recently and "
+         "frequently used) or lru (least recently used); docs/cache.md")
       ->check(CLI::IsMember({"lru", "lrfu"}))
       ->group(group);
   app.add_flag("--profile", opts.profile,

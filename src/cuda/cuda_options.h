@@ -18,8 +18,9 @@ struct CudaOptions {
   // memory, else what fits after the working set.
   int64_t cache_mib = 0;
   // Which expert a miss evicts from a bounded cache (--cache-policy lru|lrfu, docs/cache.md); LRFU
-  // with a half-life of kDefaultLrfuHalfLifePasses passes.
-  CachePolicy::Kind cache_policy = CachePolicy::Kind::kLru;
+  // with a half-life of kDefaultLrfuHalfLifePasses passes, the default: the higher hit rate at every
+  // budget cache_policy_sim replayed on the skewed 80B's recording (docs/PERF.md).
+  CachePolicy::Kind cache_policy = CachePolicy::Kind::kLrfu;
   // Load every expert at open when the budget holds them all (--no-preload: load on first use).
   bool preload = true;
   // Per-stage GPU timing (--profile); the GPU-routed decode then runs without its graph.
