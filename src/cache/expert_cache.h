@@ -33,7 +33,8 @@ struct CachePolicy {
   double half_life = 0;
 };
 // The LRFU half-life of --cache-policy lrfu, in passes (a pass = one access of every layer):
-// the best of those bench/cache_policy_sim compared on the skewed 80B's recording (docs/cache.md).
+// of those bench/cache_policy_sim compared on the skewed 80B's recordings, the best or within 0.2
+// points of it at every budget (docs/PERF.md).
 constexpr double kDefaultLrfuHalfLifePasses = 128;
 // "lru" or "lrfu" (half_life is set by the caller); throws rl::Error naming --cache-policy.
 CachePolicy::Kind parse_cache_policy(const std::string& name);
