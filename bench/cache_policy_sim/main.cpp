@@ -142,7 +142,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--slot-bytes", o.slot_bytes, "bytes of one slot (default: the recording's, from the model)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--policies", o.policies, "policies to compare: lru, lrfu (comma-separated)")->delimiter(',');
+  app.add_option("--policies", o.policies, "policies to compare: lru, lrfu (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"lru", "lrfu"}));
   app.add_option("--half-life", o.half_lives, "LRFU half-lives in passes (comma-separated; each is a row)")
       ->delimiter(',')->check(CLI::PositiveNumber);
   app.add_flag("--json", o.json, "print the results as JSON");
