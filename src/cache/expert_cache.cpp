@@ -2,10 +2,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/error.h"
 
 namespace rl {
+
+CachePolicy::Kind parse_cache_policy(const std::string& name) {
+  if (name == "lru") return CachePolicy::Kind::kLru;
+  if (name == "lrfu") return CachePolicy::Kind::kLrfu;
+  fail("--cache-policy: unknown policy '{}' (lru or lrfu)", name);
+}
+
+const char* cache_policy_name(CachePolicy::Kind kind) {
+  return kind == CachePolicy::Kind::kLrfu ? "lrfu" : "lru";
+}
 
 int ExpertCache::Reservation::n_misses() const {
   int n = 0;
@@ -14,8 +25,8 @@ int ExpertCache::Reservation::n_misses() const {
 }
 
 ExpertCache::ExpertCache(int n_layers, int n_experts, size_t slot_bytes, size_t budget_bytes,
-                         int min_slots)
-    : n_layers_(n_layers), n_experts_(n_experts), slot_bytes_(slot_bytes) {
+                         int min_slots, CachePolicy policy)
+    : n_layers_(n_layers), n_experts_(n_experts), slot_bytes_(slot_bytes), policy_(policy) {
   if (n_layers <= 0 || n_experts <= 0 || slot_bytes == 0)
     fail("expert cache: invalid shape ({} layers, {} experts, slot of {} bytes)", n_layers,
          n_experts, slot_bytes);
@@ -32,6 +43,11 @@ ExpertCache::ExpertCache(int n_layers, int n_experts, size_t slot_bytes, size_t 
   next_.assign(n_slots_, -1);
   pinned_epoch_.assign(n_slots_, 0);
   requested_epoch_.assign(n_experts, 0);
+  if (policy_.kind == CachePolicy::Kind::kLrfu) {
+    if (!(policy_.half_life > 0) || !std::isfinite(policy_.half_life))
+      fail("expert cache: the LRFU half-life must be a positive number of accesses (got {})", policy_.half_life);
+    log_score_.assign(total, -std::numeric_limits<double>::infinity());
+  }
   free_slots_.reserve(n_slots_);
   for (int s = n_slots_ - 1; s >= 0; s--) free_slots_.push_back(s);  // slot 0 is handed out first
 }
@@ -56,6 +72,36 @@ void ExpertCache::push_front(int slot) {
   if (tail_ < 0) tail_ = slot;
 }
 
+void ExpertCache::score_access(Key k, int slot) {
+  if (policy_.kind != CachePolicy::Kind::kLrfu) return;
+  // A resident key's node is moved, not reallocated (a decode token raises n_layers * k of them).
+  auto node = by_score_.extract({log_score_[k], slot});
+  const double now = (double)tick_ / policy_.half_life;
+  log_score_[k] = now + std::log2(1.0 + std::exp2(log_score_[k] - now));
+  if (node.empty()) {
+    by_score_.emplace(log_score_[k], slot);
+  } else {
+    node.value().first = log_score_[k];
+    by_score_.insert(std::move(node));
+  }
+}
+
+void ExpertCache::unorder(int slot) {
+  if (policy_.kind != CachePolicy::Kind::kLrfu || key_of_slot_[slot] == kNoKey) return;
+  by_score_.erase({log_score_[key_of_slot_[slot]], slot});
+}
+
+int ExpertCache::pick_victim() const {
+  if (policy_.kind == CachePolicy::Kind::kLrfu) {
+    for (const auto& [score, slot] : by_score_)
+      if (pinned_epoch_[slot] != epoch_) return slot;
+    return -1;
+  }
+  int slot = tail_;
+  while (slot >= 0 && pinned_epoch_[slot] == epoch_) slot = prev_[slot];
+  return slot;
+}
+
 const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const int> experts) {
   if (open_) fail("expert cache: reserve() while a reservation is open (commit or abort it first)");
   if (layer < 0 || layer >= n_layers_) fail("expert cache: layer {} out of range [0, {})", layer, n_layers_);
@@ -75,6 +121,7 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
   }
   res_.layer = layer;
   res_.entries.assign(experts.size(), Entry{});
+  tick_++;
 
   // Hits first, so that no miss evicts an expert this same request needs.
   for (size_t i = 0; i < experts.size(); i++) {
@@ -87,6 +134,7 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
     pinned_epoch_[slot] = epoch_;
     unlink(slot);
     push_front(slot);
+    score_access(key(layer, experts[i]), slot);
     stats_.hits++;
   }
   for (Entry& e : res_.entries) {
@@ -96,11 +144,11 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
       slot = free_slots_.back();
       free_slots_.pop_back();
     } else {
-      slot = tail_;
-      while (slot >= 0 && pinned_epoch_[slot] == epoch_) slot = prev_[slot];
+      slot = pick_victim();
       // Cannot happen: n_slots >= request size and only this request's slots are pinned.
       if (slot < 0) fail("expert cache: no slot to evict for layer {} expert {}", layer, e.expert);
       unlink(slot);
+      unorder(slot);
       const Key old = key_of_slot_[slot];
       e.evicted = old;
       slot_of_key_[old] = -1;
@@ -112,6 +160,7 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
     key_of_slot_[slot] = key(layer, e.expert);
     pinned_epoch_[slot] = epoch_;
     push_front(slot);
+    score_access(key(layer, e.expert), slot);
     stats_.misses++;
   }
   open_ = true;
@@ -136,6 +185,7 @@ void ExpertCache::abort() {
   for (const Entry& e : res_.entries) {
     if (e.hit) continue;
     unlink(e.slot);
+    unorder(e.slot);  // (the aborted request still counts in the key's score)
     key_of_slot_[e.slot] = kNoKey;
     free_slots_.push_back(e.slot);
   }
@@ -144,12 +194,14 @@ void ExpertCache::abort() {
 }
 
 void ExpertCache::touch(int layer, std::span<const int> experts) {
+  tick_++;
   for (int ex : experts) {
     const int slot = lookup(layer, ex);
     if (slot < 0) continue;
     stats_.hits++;
     unlink(slot);
     push_front(slot);
+    score_access(key(layer, ex), slot);
   }
 }
 
@@ -158,6 +210,15 @@ void ExpertCache::count_hits(uint64_t n) {
     fail("expert cache: count_hits() on a cache that does not hold every expert ({} slots for {} experts)", n_slots_,
          n_layers_ * n_experts_);
   stats_.hits += n;
+}
+
+std::vector<int> ExpertCache::layer_request(std::span<const int32_t> ids, int n_tokens, int k) {
+  std::vector<int> request(ids.begin(), ids.begin() + (size_t)n_tokens * k);
+  if (n_tokens > 1) {
+    std::sort(request.begin(), request.end());
+    request.erase(std::unique(request.begin(), request.end()), request.end());
+  }
+  return request;
 }
 
 void ExpertCache::record_copy(size_t bytes, double seconds) {

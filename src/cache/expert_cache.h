@@ -1,5 +1,5 @@
 // ExpertCache: the host-side policy that maps routed experts (layer, expert) to fixed-size GPU
-// slots under a byte budget, with LRU replacement (DESIGN.md §4). It owns no device memory and
+// slots under a byte budget, with LRU or LRFU replacement (DESIGN.md §4, docs/cache.md). It owns no device memory and
 // makes no copies: a backend asks it which slot each selected expert lives in (or must be copied
 // into), copies the misses, then commits (or aborts) the reservation. Pure CPU, unit-tested in CI.
 //
@@ -10,10 +10,35 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace rl {
+
+// Which resident expert a miss evicts (among those the open reservation does not pin).
+struct CachePolicy {
+  enum class Kind {
+    kLru,   // lru: the least recently used
+    kLrfu,  // lrfu: the lowest combined recency and frequency (below)
+  };
+  Kind kind = Kind::kLru;
+  // LRFU: every access of a key (a reservation that requests it, a touch of a resident one) adds
+  // 1 to its score, and scores halve every half_life accesses of the cache (one access = one
+  // reserve() or touch() call, so a decode token is n_layers of them). The score is kept for keys
+  // that are evicted too, so an expert often used comes back with its history. A small half-life
+  // approaches LRU, a large one LFU.
+  double half_life = 0;
+};
+// The LRFU half-life of --cache-policy lrfu, in passes (a pass = one access of every layer):
+// of those bench/cache_policy_sim compared on the skewed 80B's recordings, the best or within 0.2
+// points of it at every budget (docs/PERF.md).
+constexpr double kDefaultLrfuHalfLifePasses = 128;
+// "lru" or "lrfu" (half_life is set by the caller); throws rl::Error naming --cache-policy.
+CachePolicy::Kind parse_cache_policy(const std::string& name);
+const char* cache_policy_name(CachePolicy::Kind kind);
 
 class ExpertCache {
  public:
@@ -50,13 +75,16 @@ class ExpertCache {
   using ResidencyListener = std::function<void(Key key, int slot)>;
 
   // slots = min(budget_bytes / slot_bytes, n_layers * n_experts). Throws rl::Error when the budget
-  // holds fewer than min_slots slots (min_slots = experts one layer selects per token).
-  ExpertCache(int n_layers, int n_experts, size_t slot_bytes, size_t budget_bytes, int min_slots);
+  // holds fewer than min_slots slots (min_slots = experts one layer selects per token), or an LRFU
+  // policy with a half-life that is not positive.
+  ExpertCache(int n_layers, int n_experts, size_t slot_bytes, size_t budget_bytes, int min_slots,
+              CachePolicy policy = {});
 
   int n_layers() const { return n_layers_; }
   int n_experts() const { return n_experts_; }
   int n_slots() const { return n_slots_; }
   size_t slot_bytes() const { return slot_bytes_; }
+  const CachePolicy& policy() const { return policy_; }
   // True when every expert of the model has a slot (the whole model can be resident).
   bool holds_all() const { return n_slots_ == n_layers_ * n_experts_; }
   int n_resident() const { return n_resident_; }
@@ -68,9 +96,10 @@ class ExpertCache {
   // Slot of a resident expert, or -1. Does not touch the LRU order.
   int lookup(int layer, int expert) const;
 
-  // Reserves slots for `experts` of `layer` (distinct ids). Hits move to most-recently-used;
-  // each miss takes a free slot or evicts the least-recently-used key that is not in this
-  // request. Throws rl::Error on an id out of range, a duplicate, or a reservation already open.
+  // Reserves slots for `experts` of `layer` (distinct ids). Hits move to most-recently-used (and,
+  // with LRFU, every requested key's score is raised); each miss takes a free slot or evicts the
+  // policy's victim among the keys not in this request (LRU: the least recently used; LRFU: the
+  // lowest score, ties to the lower slot). Throws rl::Error on an id out of range, a duplicate, or a reservation already open.
   const Reservation& reserve(int layer, std::span<const int> experts);
   // The copies into the miss slots are enqueued: the misses become resident (listener called).
   void commit();
@@ -79,8 +108,8 @@ class ExpertCache {
   void abort();
   bool reservation_open() const { return open_; }
 
-  // Refreshes the LRU stamps of experts used without a reservation (GPU-routed tokens); each
-  // resident one counts as a hit. Experts not resident are skipped.
+  // Refreshes the LRU stamps (and LRFU scores) of experts used without a reservation (GPU-routed
+  // tokens); each resident one counts as a hit. Experts not resident are skipped.
   void touch(int layer, std::span<const int> experts);
   // Counts n hits of experts used without a reservation on a cache that holds every expert (the
   // GPU-grouped prefill): nothing is ever evicted, so the LRU order does not matter and is left as
@@ -93,15 +122,25 @@ class ExpertCache {
 
   void set_listener(ResidencyListener fn) { listener_ = std::move(fn); }
 
+  // The experts one layer of a pass requests, in the order the CUDA backend reserves them (in
+  // batches of at most n_slots): a token's k selections as routed (n_tokens = 1), else the
+  // distinct ids ascending. ids: [n_tokens][k].
+  static std::vector<int> layer_request(std::span<const int32_t> ids, int n_tokens, int k);
+
  private:
   void unlink(int slot);
   void push_front(int slot);  // most recently used
+  // LRFU: the key's score raised by one access at the current tick; its slot re-ordered.
+  void score_access(Key k, int slot);
+  void unorder(int slot);  // LRFU: the slot leaves the victim order
+  int pick_victim() const;  // the policy's victim among unpinned occupied slots, -1 when none
   void notify(Key k, int slot) {
     if (listener_) listener_(k, slot);
   }
 
   int n_layers_, n_experts_, n_slots_;
   size_t slot_bytes_;
+  CachePolicy policy_;
   int n_resident_ = 0;
   std::vector<int> slot_of_key_;   // [n_layers * n_experts] → slot, -1 when absent
   std::vector<Key> key_of_slot_;   // [n_slots] → key, kNoKey when free
@@ -112,6 +151,11 @@ class ExpertCache {
   std::vector<uint32_t> pinned_epoch_;  // [n_slots]: == epoch_ while pinned by the open reservation
   std::vector<uint32_t> requested_epoch_;  // [n_experts]: == epoch_ once reserve() has seen the expert
   uint32_t epoch_ = 0;
+  // LRFU: a key's score at tick t is 2^(log_score - t / half_life); storing the time-free
+  // log_score (-inf: never accessed) keeps the order of the occupied slots fixed as time passes.
+  std::vector<double> log_score_;              // [n_layers * n_experts]
+  std::set<std::pair<double, int>> by_score_;  // (log_score, slot) of occupied slots, lowest first
+  uint64_t tick_ = 0;                          // reserve() and touch() calls so far
   bool open_ = false;
   Reservation res_;
   Stats stats_;

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
 #include "cli/command.h"
 #include "cli/common_options.h"
 #include "common/error.h"
 #include "model/parity.h"
+#include "model/routing_record.h"
 #ifdef REDLITE_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #endif
@@ -36,6 +38,7 @@ struct BenchOptions {
   std::vector<int> depths;  // --depths: the protocol at depth instead (DESIGN.md §6)
   int depth_decode_tokens = 128;
   bool json = false;
+  std::string record_routing;  // --record-routing: every pass's selections to this file
 };
 
 std::vector<int32_t> token_stream(int n, int n_vocab, uint64_t seed) {
@@ -58,6 +61,13 @@ Summary summarize(std::vector<double> v) {
   s.max = v.back();
   s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   return s;
+}
+
+// The recording is written as PATH.tmp and renamed: refuses a path where that cannot be created.
+void check_writable(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  if (!std::ofstream(tmp, std::ios::binary | std::ios::trunc)) fail("{}: cannot create the routing recording", tmp);
+  std::remove(tmp.c_str());
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -125,11 +135,22 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
 }
 
 int run_bench(const BenchOptions& o) {
+  if (!o.record_routing.empty() && !o.depths.empty())
+    fail("--record-routing records the main protocol; it does not combine with --depths");
+  if (!o.record_routing.empty()) check_writable(o.record_routing);  // before a run of minutes, not after
   LoadedModel lm = open_model(o.common);
   if (!o.depths.empty()) return run_depth_bench(o, lm);
   const Config& c = lm.model->config();
   const int n_ctx = std::max(o.prefill_tokens, o.prompt_tokens + o.decode_tokens) + 1;
   auto session = lm.backend->new_session(n_ctx);
+  // Recording observes every pass (the trace costs the CUDA backend a host copy per layer, so a
+  // recorded run's timings are not the bench's figures).
+  std::unique_ptr<RoutingRecorder> recorder;
+  if (!o.record_routing.empty()) {
+    recorder = std::make_unique<RoutingRecorder>(c.n_layer, c.n_expert, c.n_expert_used,
+                                                 expert_slot_bytes(*lm.model));
+    session->set_trace(recorder.get());
+  }
   const auto prompt = token_stream(o.prompt_tokens, c.n_vocab, 1);
   const auto long_prompt = token_stream(o.prefill_tokens, c.n_vocab, 2);
 
@@ -184,6 +205,10 @@ int run_bench(const BenchOptions& o) {
 #endif
   }
   const Summary dec = summarize(decode_rates), pre = summarize(prefill_rates);
+  if (recorder) {
+    session->set_trace(nullptr);
+    write_routing_recording(o.record_routing, recorder->recording());
+  }
 
   nlohmann::json j;
   j["model"] = o.common.model_path;
@@ -202,6 +227,10 @@ int run_bench(const BenchOptions& o) {
   j["prefill_tok_s_min"] = pre.min;
   j["prefill_tok_s_max"] = pre.max;
   j["cache_mib"] = o.common.cache_mib;
+  if (recorder) {
+    j["routing_recording"] = o.record_routing;
+    j["routing_passes"] = recorder->recording().passes.size();
+  }
 #ifdef REDLITE_HAVE_CUDA
   if (cuda_backend) {
     cuda::EngineStats s = cuda_backend->stats();
@@ -211,6 +240,7 @@ int run_bench(const BenchOptions& o) {
     j["cache_slots"] = s.n_slots;
     j["experts_total"] = s.n_experts_total;
     j["cache_budget_mib"] = s.cache_bytes >> 20;
+    j["cache_policy"] = cache_policy_name(o.common.cuda.cache_policy);
     j["fully_resident"] = s.fully_resident;
     j["pinned_copies"] = s.pinned_copies;
     j["dense_mib"] = s.dense_bytes >> 20;
@@ -268,6 +298,9 @@ const Registrar registrar("bench", "decode and prefill throughput (DESIGN.md §6
   sub.add_option("--depth-decode-tokens", o->depth_decode_tokens, "greedy tokens decoded after each depth (128)")
       ->check(CLI::Range(1, 1 << 20));
   sub.add_flag("--json", o->json, "print the result as JSON");
+  sub.add_option("--record-routing", o->record_routing,
+                 "write every pass's router selections (prefill chunks and decode tokens, in order) to FILE, "
+                 "for bench/cache_policy_sim (docs/cache.md)");
   return [o] { return run_bench(*o); };
 });
 

@@ -59,6 +59,12 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
          "resident), warm (also after a pass that loaded no expert), always (every token)")
       ->check(CLI::IsMember(speculation))
       ->group(group);
+  app.add_option_function<std::string>(
+         "--cache-policy", [&opts](const std::string& v) { opts.cache_policy = parse_cache_policy(v); },
+         "cuda: which expert a miss evicts from a bounded expert cache: lru (default: least recently used) "
+         "or lrfu (least recently and frequently used); docs/cache.md")
+      ->check(CLI::IsMember({"lru", "lrfu"}))
+      ->group(group);
   app.add_flag("--profile", opts.profile,
                "cuda: per-stage GPU times (the GPU-routed decode then runs kernel by kernel, not as a graph)")
       ->group(group);

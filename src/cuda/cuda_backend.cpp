@@ -34,7 +34,7 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
       weights(upload_weights(*model)),
       forms(NumericForms::choose(model->config(), weights, opts)),
       ws(model->config(), forms),
-      residency(*model, weights, streams, opts.cache_mib, ws.bytes()),
+      residency(*model, weights, streams, opts.cache_mib, opts.cache_policy, ws.bytes()),
       products(model->config(), ws, streams.compute, &stats.x32_products) {
   profiler.on = opts.profile;
   const ExpertCache& cache = residency.cache();

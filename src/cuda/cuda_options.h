@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "cache/expert_cache.h"
 #include "model/numerics.h"
 
 namespace rl::cuda {
@@ -16,6 +17,12 @@ struct CudaOptions {
   // Expert-cache budget in MiB (--cache-mib); 0: every expert when that fits in free device
   // memory, else what fits after the working set.
   int64_t cache_mib = 0;
+  // Which expert a miss evicts from a bounded cache (--cache-policy lru|lrfu, docs/cache.md). LRU
+  // stays the default: LRFU (half-life kDefaultLrfuHalfLifePasses passes) hit 1.1-2.3 points more
+  // in cache_policy_sim's replays of the skewed 80B's recordings at 8 GiB (docs/PERF.md) but costs
+  // ~86 us more host time a token (dev), and the two have not been timed against each other on the
+  // GPU.
+  CachePolicy::Kind cache_policy = CachePolicy::Kind::kLru;
   // Load every expert at open when the budget holds them all (--no-preload: load on first use).
   bool preload = true;
   // Per-stage GPU timing (--profile); the GPU-routed decode then runs without its graph.

@@ -14,7 +14,7 @@
 namespace rl::cuda {
 
 ExpertResidency::ExpertResidency(const Model& model, const DeviceWeights& weights, const Streams& streams,
-                                 int64_t cache_mib, size_t working_bytes)
+                                 int64_t cache_mib, CachePolicy::Kind policy, size_t working_bytes)
     : model_(model), weights_(weights), streams_(streams) {
   const Config& c = model.config();
   n_layer_ = c.n_layer;
@@ -37,7 +37,9 @@ ExpertResidency::ExpertResidency(const Model& model, const DeviceWeights& weight
   } else {
     budget = std::min(usable, n_total * slot_bytes);
   }
-  cache_ = std::make_unique<ExpertCache>(c.n_layer, c.n_expert, slot_bytes, budget, c.n_expert_used);
+  // The half-life counts cache accesses: one a layer, so a pass is n_layer of them.
+  cache_ = std::make_unique<ExpertCache>(c.n_layer, c.n_expert, slot_bytes, budget, c.n_expert_used,
+                                         CachePolicy{policy, kDefaultLrfuHalfLifePasses * c.n_layer});
   slots_.allocate((size_t)cache_->n_slots() * slot_bytes);
   residency_table_.allocate(n_total * sizeof(uint64_t));
   RL_CUDA_CHECK(cudaMemset(residency_table_.get(), 0, n_total * sizeof(uint64_t)));

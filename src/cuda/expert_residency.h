@@ -26,8 +26,9 @@ class ExpertResidency {
   // Sizes the cache: cache_mib > 0 is the budget (refused, naming --cache-mib, when it exceeds
   // free memory minus kFreeMemoryReserve); 0 holds every expert when that fits, else what fits.
   // dense_bytes and working_bytes only name the rest of the memory plan in that message.
+  // policy: the cache's replacement policy (LRFU with kDefaultLrfuHalfLifePasses passes).
   ExpertResidency(const Model& model, const DeviceWeights& weights, const Streams& streams, int64_t cache_mib,
-                  size_t working_bytes);
+                  CachePolicy::Kind policy, size_t working_bytes);
   ~ExpertResidency();
   ExpertResidency(const ExpertResidency&) = delete;
   ExpertResidency& operator=(const ExpertResidency&) = delete;

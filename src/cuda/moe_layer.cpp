@@ -135,12 +135,8 @@ void run_host_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, i
   // With copy overlap (and all the layer's experts in one reservation): reserve first, start the
   // copies, and order the experts resident ones first, so their kernels run while the misses are
   // copied; the missed experts' kernels wait for the copies.
-  std::vector<int> distinct;
-  for (int i = 0; i < (T == 1 ? K : T * K); i++) distinct.push_back(ids_h[i]);
-  if (T > 1) {
-    std::sort(distinct.begin(), distinct.end());
-    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  }
+  const std::vector<int> distinct =
+      ExpertCache::layer_request(std::span<const int32_t>(ids_h, (size_t)T * K), T, K);
   const bool overlap = e.opts.overlap_copies && (int)distinct.size() <= residency.cache().n_slots();
   std::vector<char> resident;
   if (overlap) residency.reserve_and_copy(L, distinct, false, &resident);

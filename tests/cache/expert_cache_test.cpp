@@ -1,10 +1,12 @@
 // ExpertCache policy tests (CPU only): slot assignment, LRU order, pins, commit/abort, listener,
-// statistics, and a randomized comparison against a plain reference LRU that tracks slots.
+// statistics, and randomized comparisons against plain reference LRU and LRFU caches that track
+// slots.
 #include "cache/expert_cache.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <list>
 #include <map>
 #include <random>
@@ -214,9 +216,14 @@ TEST(ExpertCache, ListenerTracksResidency) {
 // Reference: a textbook LRU over keys (list + maps) that also keeps the slot of every key: a miss
 // with a victim takes the victim's slot, a miss without one any free slot (the reference does not
 // prescribe which), aborted misses free their slots, the experts of a request are pinned.
+// With an LRFU policy the victim is instead the resident key of least score, computed as the
+// definition reads: the sum over the key's accesses (every reserve or touch call is one tick; a
+// request raises every key it names, a touch the resident ones) of 2^(-(now - tick) / half_life),
+// ties to the lower slot.
 class ReferenceLru {
  public:
-  ReferenceLru(int n_slots, int n_keys) : n_slots_(n_slots), resident_slot_(n_keys, -1) {
+  ReferenceLru(int n_slots, int n_keys, CachePolicy policy = {})
+      : n_slots_(n_slots), resident_slot_(n_keys, -1), policy_(policy), accesses_(n_keys) {
     for (int s = 0; s < n_slots; s++) free_.insert(s);
   }
 
@@ -226,6 +233,8 @@ class ReferenceLru {
     ASSERT_EQ(r.entries.size(), req.size()) << "step " << step;
     std::set<int> wanted;
     for (int e : req) wanted.insert(c.key(layer, e));
+    tick_++;
+    for (int key : wanted) accesses_[key].push_back(tick_);
     // Hits first, in request order, each becoming the most recent.
     for (size_t i = 0; i < req.size(); i++) {
       const int key = c.key(layer, req[i]);
@@ -254,11 +263,21 @@ class ReferenceLru {
         free_.erase(e.slot);
       } else {
         int victim = ExpertCache::kNoKey;
-        for (auto it = lru_.rbegin(); it != lru_.rend(); ++it)
-          if (!wanted.count(*it)) {
-            victim = *it;
-            break;
-          }
+        if (policy_.kind == CachePolicy::Kind::kLrfu) {
+          double least = 0;
+          for (int key : lru_)
+            if (!wanted.count(key) && (victim == ExpertCache::kNoKey || score(key) < least ||
+                                       (score(key) == least && slot_of(key) < slot_of(victim)))) {
+              victim = key;
+              least = score(key);
+            }
+        } else {
+          for (auto it = lru_.rbegin(); it != lru_.rend(); ++it)
+            if (!wanted.count(*it)) {
+              victim = *it;
+              break;
+            }
+        }
         ASSERT_NE(victim, ExpertCache::kNoKey) << "step " << step << ": the reference has no victim";
         ASSERT_EQ(e.evicted, victim) << "step " << step;
         ASSERT_EQ(e.slot, slot_of(victim)) << "step " << step << ": a miss must take its victim's slot";
@@ -283,9 +302,11 @@ class ReferenceLru {
     pending_slot_.clear();
   }
   void touch(const ExpertCache& c, int layer, const std::vector<int>& experts) {
+    tick_++;
     for (int e : experts) {
       const int key = c.key(layer, e);
       if (resident_slot_[key] < 0) continue;
+      accesses_[key].push_back(tick_);
       lru_.remove(key);
       lru_.push_front(key);
       hits++;
@@ -311,6 +332,11 @@ class ReferenceLru {
   uint64_t hits = 0, misses = 0, evictions = 0;
 
  private:
+  double score(int key) const {
+    double sum = 0;
+    for (uint64_t t : accesses_[key]) sum += std::pow(2.0, -double(tick_ - t) / policy_.half_life);
+    return sum;
+  }
   int slot_of(int key) const {
     if (auto it = pending_slot_.find(key); it != pending_slot_.end()) return it->second;
     return resident_slot_[key];
@@ -325,19 +351,22 @@ class ReferenceLru {
   std::map<int, int> pending_slot_;  // misses of the open reservation -> their slots
   std::list<int> lru_;               // front = most recent; resident and pending keys
   std::set<int> free_;
+  CachePolicy policy_;
+  std::vector<std::vector<uint64_t>> accesses_;  // [key] -> ticks of its accesses
+  uint64_t tick_ = 0;
 };
 
 // Random reservations (skewed popularity, so there are hits, misses and evictions), commits and
 // aborts, and touches, at a cache of exactly k slots, a bounded one and one that holds every
 // expert: every entry (hit, slot, victim), the statistics and the residency of every key after
 // every step equal the reference's.
-TEST(ExpertCache, MatchesReferenceLruSlotForSlot) {
+void expect_matches_reference(CachePolicy policy) {
   const int n_layers = 3, n_experts = 20, k = 4;
   for (int n_slots : {k, 12, n_layers * n_experts}) {
     SCOPED_TRACE("slots " + std::to_string(n_slots));
-    ExpertCache c(n_layers, n_experts, kSlot, n_slots * kSlot, k);
+    ExpertCache c(n_layers, n_experts, kSlot, n_slots * kSlot, k, policy);
     ASSERT_EQ(c.n_slots(), n_slots);
-    ReferenceLru ref(n_slots, n_layers * n_experts);
+    ReferenceLru ref(n_slots, n_layers * n_experts, policy);
     std::mt19937 rng(11 + n_slots);
     std::discrete_distribution<int> skew({8, 6, 5, 4, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
     int aborts = 0;
@@ -375,6 +404,59 @@ TEST(ExpertCache, MatchesReferenceLruSlotForSlot) {
     if (n_slots < n_layers * n_experts) EXPECT_GT(ref.evictions, 0u);
     else EXPECT_EQ(ref.evictions, 0u);
   }
+}
+
+TEST(ExpertCache, MatchesReferenceLruSlotForSlot) { expect_matches_reference(CachePolicy{}); }
+
+// Half-lives of a few accesses (recency dominates) and of many (frequency dominates).
+TEST(ExpertCache, MatchesReferenceLrfuSlotForSlot) {
+  for (double half_life : {3.7, 41.3}) {
+    SCOPED_TRACE("half-life " + std::to_string(half_life));
+    expect_matches_reference(CachePolicy{CachePolicy::Kind::kLrfu, half_life});
+  }
+}
+
+// Hand-computed: one layer, 2 slots, half-life 4 accesses. Expert 0 is requested at ticks 1 and 2,
+// expert 1 at tick 3; at tick 4 expert 2 misses. Scores then: expert 0 (2^-3/4 + 2^-2/4) = 1.30,
+// expert 1 2^-1/4 = 0.84, so LRFU evicts expert 1 where LRU evicts expert 0 (least recent).
+TEST(ExpertCache, LrfuKeepsTheFrequentExpertLruEvicts) {
+  for (auto kind : {CachePolicy::Kind::kLru, CachePolicy::Kind::kLrfu}) {
+    ExpertCache c(1, 4, kSlot, 2 * kSlot, 1, CachePolicy{kind, 4});
+    for (int e : {0, 0, 1}) {
+      auto one = ids({e});
+      c.reserve(0, one);
+      c.commit();
+    }
+    auto two = ids({2});
+    const auto& r = c.reserve(0, two);
+    ASSERT_EQ(r.entries.size(), 1u);
+    EXPECT_EQ(r.entries[0].evicted, kind == CachePolicy::Kind::kLrfu ? c.key(0, 1) : c.key(0, 0))
+        << cache_policy_name(kind);
+    c.commit();
+  }
+}
+
+TEST(ExpertCache, PolicyNamesAndBadHalfLife) {
+  EXPECT_EQ(parse_cache_policy("lru"), CachePolicy::Kind::kLru);
+  EXPECT_EQ(parse_cache_policy("lrfu"), CachePolicy::Kind::kLrfu);
+  EXPECT_STREQ(cache_policy_name(CachePolicy::Kind::kLrfu), "lrfu");
+  try {
+    parse_cache_policy("arc");
+    FAIL() << "expected rl::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cache-policy"), std::string::npos) << e.what();
+  }
+  for (double bad : {0.0, -1.0, std::nan("")})
+    EXPECT_THROW(ExpertCache(1, 4, kSlot, 4 * kSlot, 1, CachePolicy{CachePolicy::Kind::kLrfu, bad}), Error);
+}
+
+// The request of one layer of a pass: a decode token's selections in routed order, a prefill
+// chunk's distinct ids ascending.
+TEST(ExpertCache, LayerRequestAsTheEngineReserves) {
+  const std::vector<int32_t> one = {7, 2, 5};
+  EXPECT_EQ(ExpertCache::layer_request(one, 1, 3), ids({7, 2, 5}));
+  const std::vector<int32_t> chunk = {7, 2, 5, 2, 9, 7};
+  EXPECT_EQ(ExpertCache::layer_request(chunk, 2, 3), ids({2, 5, 7, 9}));
 }
 
 TEST(ExpertCache, CopyStatistics) {

@@ -21,7 +21,7 @@ rl::test::ShellRun run_redlite(const std::string& args) {
 TEST(CudaFlags, HelpListsThem) {
   const auto r = run_redlite("bench --help");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib"})
+  for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib", "--cache-policy"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
 }
 
@@ -34,6 +34,11 @@ TEST(CudaFlags, DocumentedValuesAreAccepted) {
                                     "' --no-preload --profile --x32-always --speculation " + speculation);
     EXPECT_EQ(r.exit_code, 0) << speculation << ": " << r.out;
   }
+  for (const char* policy : {"lru", "lrfu"}) {
+    const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
+                               "' --cache-policy " + policy);
+    EXPECT_EQ(r.exit_code, 0) << policy << ": " << r.out;
+  }
   rl::test::remove_temp(out);
 }
 
@@ -42,6 +47,14 @@ TEST(CudaFlags, UnknownSpeculationIsRefusedNamingTheFlag) {
     const auto r = run_redlite(std::string("bench -m none.gguf --speculation ") + bad);
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.out.find("--speculation"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+TEST(CudaFlags, UnknownCachePolicyIsRefusedNamingTheFlag) {
+  for (const char* bad : {"arc", "LRU", "1"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --cache-policy ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--cache-policy"), std::string::npos) << bad << ": " << r.out;
   }
 }
 

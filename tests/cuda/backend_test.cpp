@@ -95,10 +95,18 @@ TEST(CudaBackend, MatchesOracleAtSeveralBudgets) {
     auto model = Model::open(path);
     const int n_vocab = model->config().n_vocab;
     auto cpu = cpu::make_cpu_backend(model, 0);
-    for (double fraction : {1.0, 0.5, 0.1}) {
-      SCOPED_TRACE(std::string(name) + " budget fraction " + std::to_string(fraction));
+    // Each replacement policy on the bounded caches: the policy picks slots, never values.
+    const std::pair<double, CachePolicy::Kind> runs[] = {{1.0, CachePolicy::Kind::kLru},
+                                                         {0.5, CachePolicy::Kind::kLru},
+                                                         {0.1, CachePolicy::Kind::kLru},
+                                                         {0.5, CachePolicy::Kind::kLrfu},
+                                                         {0.1, CachePolicy::Kind::kLrfu}};
+    for (const auto& [fraction, policy] : runs) {
+      SCOPED_TRACE(std::string(name) + " budget fraction " + std::to_string(fraction) + " policy " +
+                   cache_policy_name(policy));
       cuda::CudaOptions o;
       o.cache_mib = fraction == 1.0 ? 0 : budget_mib(*model, fraction);
+      o.cache_policy = policy;
       auto gpu = cuda::make_cuda_backend(model, o);
       EXPECT_EQ(gpu->stats().fully_resident, fraction == 1.0);
       auto a = cpu->new_session(256), b = gpu->new_session(256);
