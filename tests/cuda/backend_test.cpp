@@ -132,9 +132,8 @@ TEST(CudaBackend, AllTypesSynthModelMatchesTheOracle) {
   synth::Options so;
   so.preset = "tiny";
   so.recipe = "all-types";
-  const std::string path = test::temp_path("cuda-all-types", "tiny-all-types.gguf");
-  synth::write_model(synth::make_plan(so), path);
-  auto model = Model::open(path);
+  const test::SynthModelFile file("cuda-all-types", so);
+  const auto& model = file.model;
   const int n_vocab = model->config().n_vocab;
   auto cpu = cpu::make_cpu_backend(model, 0);
   for (double fraction : {1.0, 0.3}) {
@@ -146,7 +145,6 @@ TEST(CudaBackend, AllTypesSynthModelMatchesTheOracle) {
     auto a = cpu->new_session(256), b = gpu->new_session(256);
     ASSERT_NO_FATAL_FAILURE(expect_matches_oracle(*a, *b, prompt(41, n_vocab, 2), n_vocab, 8, 1e-5));
   }
-  test::remove_temp(path);
 }
 
 // The dense Q4_K products on X32 (x32_always: every product of the type, since the

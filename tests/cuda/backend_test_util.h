@@ -13,6 +13,8 @@
 #include "model/model.h"
 #include "model/parity.h"
 #include "model/session.h"
+#include "synth/synth.h"
+#include "test_util.h"
 
 namespace rl::test {
 
@@ -22,6 +24,22 @@ inline std::vector<int32_t> prompt(int n, int n_vocab, int seed) {
   for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + seed * 104729) % n_vocab);
   return t;
 }
+
+// A model `redlite synth` writes for a test into a temp dir, opened; the file goes with the object.
+struct SynthModelFile {
+  std::string path;
+  std::shared_ptr<const Model> model;
+  SynthModelFile(const std::string& tag, const synth::Options& o) : path(temp_path(tag, "model.gguf")) {
+    synth::write_model(synth::make_plan(o), path);
+    model = Model::open(path);
+  }
+  ~SynthModelFile() {
+    model.reset();
+    remove_temp(path);
+  }
+  SynthModelFile(const SynthModelFile&) = delete;
+  SynthModelFile& operator=(const SynthModelFile&) = delete;
+};
 
 // Budget in MiB for a fraction of the model's experts (at least one layer's k experts).
 inline int64_t budget_mib(const Model& m, double fraction) {

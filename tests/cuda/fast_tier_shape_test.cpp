@@ -58,9 +58,8 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
   synth::Options o;
   o.preset = "80b";
   o.dim_overrides = {{"n_layer", 4}, {"n_vocab", 4096}};
-  const std::string path = test::temp_path("fast-tier", "shape-80b.gguf");
-  synth::write_model(synth::make_plan(o), path);
-  auto model = Model::open(path);
+  const test::SynthModelFile file("fast-tier", o);
+  const auto& model = file.model;
   const int n_vocab = model->config().n_vocab;
   const auto toks = test::prompt(kPromptTokens, n_vocab, 5);
 
@@ -104,8 +103,6 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
     EXPECT_GE(decode.top1_share(), kMinTop1);
     EXPECT_LE(decode.mean_rms(), kMaxMeanRelRms);
   }
-  model.reset();
-  test::remove_temp(path);
 }
 
 }  // namespace

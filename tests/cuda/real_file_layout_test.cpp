@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "backend_test_util.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
 #include "gguf_split_writer.h"
@@ -20,27 +21,20 @@
 namespace rl {
 namespace {
 
-std::vector<int32_t> tokens(int n, int n_vocab) {
-  std::vector<int32_t> t(n);
-  for (int i = 0; i < n; i++) t[i] = (int32_t)((i * 7919 + 13) % n_vocab);
-  return t;
-}
-
 TEST(CudaRealLayouts, F16SharedExpertGateMatchesTheOracle) {
   RL_REQUIRE_GPU();
   synth::Options o;
   o.preset = "tiny";
   o.recipe = "q4km-shexp-f16";
-  const std::string path = test::temp_path("cuda-layouts", "shexp-f16.gguf");
-  synth::write_model(synth::make_plan(o), path);
-  auto model = Model::open(path);
+  const test::SynthModelFile file("cuda-layouts", o);
+  const auto& model = file.model;
   const int n_vocab = model->config().n_vocab;
   auto cpu_backend = cpu::make_cpu_backend(model, 0);
   auto gpu_backend = cuda::make_cuda_backend(model, cuda::CudaOptions{});
   auto cpu = cpu_backend->new_session(128);
   auto gpu = gpu_backend->new_session(128);
   std::vector<float> a, b;
-  const auto toks = tokens(29, n_vocab);
+  const auto toks = test::prompt(29, n_vocab, 1);
   cpu->prefill(toks, &a);
   gpu->prefill(toks, &b);
   EXPECT_LE(relative_rms(b, a), 1e-3);
@@ -48,7 +42,6 @@ TEST(CudaRealLayouts, F16SharedExpertGateMatchesTheOracle) {
     EXPECT_EQ(argmax_token(std::span(b).subspan(p * n_vocab, n_vocab)),
               argmax_token(std::span(a).subspan(p * n_vocab, n_vocab)))
         << "position " << p;
-  test::remove_temp(path);
 }
 
 TEST(CudaRealLayouts, SplitModelGivesTheUnsplitLogits) {
@@ -61,18 +54,14 @@ TEST(CudaRealLayouts, SplitModelGivesTheUnsplitLogits) {
   auto split = Model::open(test::shard_path(prefix, 0, 3));
   // A cache of a tenth of the experts: misses on every layer, so experts are copied from all
   // three shards' mappings.
-  const Config& c = whole->config();
-  const TensorView g = whole->layers[0].moe.gate_exps.matrix(0), u = whole->layers[0].moe.up_exps.matrix(0),
-                   d = whole->layers[0].moe.down_exps.matrix(0);
-  const double expert_bytes = (double)(g.nbytes + u.nbytes + d.nbytes + 3 * 256);
   cuda::CudaOptions small;
-  small.cache_mib = std::max<int64_t>(1, (int64_t)std::ceil(expert_bytes * c.n_layer * c.n_expert * 0.1 / 1048576.0));
+  small.cache_mib = test::budget_mib(*whole, 0.1);
   for (const cuda::CudaOptions& opt : {cuda::CudaOptions{}, small}) {
     auto backend_a = cuda::make_cuda_backend(whole, opt);
     auto backend_b = cuda::make_cuda_backend(split, opt);
     auto a = backend_a->new_session(128);
     auto b = backend_b->new_session(128);
-    const auto toks = tokens(23, whole->config().n_vocab);
+    const auto toks = test::prompt(23, whole->config().n_vocab, 1);
     std::vector<float> all_a, all_b;  // every position's logits
     std::vector<float> la = a->prefill(toks, &all_a), lb = b->prefill(toks, &all_b);
     EXPECT_EQ(all_a, all_b) << "cache_mib " << opt.cache_mib;
