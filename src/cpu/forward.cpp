@@ -49,12 +49,7 @@ State initial_state(const Config& c) {
 }
 
 size_t state_bytes(const Config& c, int n_positions) {
-  size_t recurrent = 0;
-  for (int L = 0; L < c.n_layer; L++)
-    if (c.is_recurrent[L])
-      recurrent += (size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
-                   (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim;
-  return sizeof(State) + recurrent * sizeof(float) + c.kv_bytes_per_token() * (size_t)n_positions;
+  return sizeof(State) + c.recurrent_state_bytes() + c.kv_bytes_per_token() * (size_t)n_positions;
 }
 
 void reserve_positions(const Config& c, State& state, int n_positions) {

@@ -71,7 +71,7 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::string name() const override { return "cuda"; }
   std::unique_ptr<Session> new_session(int n_ctx) override { return new_cuda_session(engine_, n_ctx); }
-  size_t session_bytes(int n_ctx) const override { return cuda::session_bytes(engine_.config(), engine_.opts, n_ctx); }
+  size_t session_bytes(int n_ctx) const override { return cuda::session_bytes(engine_.config(), engine_.forms, n_ctx); }
   // No batched GPU pass yet: the sessions decode one after another (each its own graph).
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
                                                std::span<const int32_t> tokens) override {

@@ -22,8 +22,6 @@ class CudaSnapshot final : public SessionSnapshot {
   int position() const override { return pos; }
 };
 
-bool fast_attention(const CudaOptions& o) { return o.numerics == Numerics::kFast && o.fast_attention; }
-
 // The decode attention's split buffers of the attention kernels in use.
 size_t split_bytes(const Config& c, int n_ctx, bool fast) {
   return fast ? AttentionSplitsF::bytes(n_ctx, c.n_head, c.head_dim)
@@ -39,7 +37,7 @@ class CudaSessionImpl final : public Session {
     st_.v_cache.resize(c.n_layer);
     st_.conv.resize(c.n_layer);
     st_.ssm.resize(c.n_layer);
-    const size_t need = session_bytes(c, e_.opts, n_ctx);
+    const size_t need = session_bytes(c, e_.forms, n_ctx);
     size_t free_bytes = 0, total_bytes = 0;
     RL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (need > free_bytes)
@@ -55,8 +53,8 @@ class CudaSessionImpl final : public Session {
         st_.v_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
       }
     }
-    st_.attn_split_storage.allocate(split_bytes(c, n_ctx, fast_attention(e_.opts)));
-    if (fast_attention(e_.opts))
+    st_.attn_split_storage.allocate(split_bytes(c, n_ctx, e_.forms.fast_attention));
+    if (e_.forms.fast_attention)
       st_.attn_splits_f = AttentionSplitsF::within(st_.attn_split_storage.get(), n_ctx, c.n_head, c.head_dim);
     else
       st_.attn_splits = AttentionSplits::within(st_.attn_split_storage.get(), n_ctx, c.n_head, c.head_dim);
@@ -155,13 +153,9 @@ class CudaSessionImpl final : public Session {
 
 }  // namespace
 
-size_t session_bytes(const Config& c, const CudaOptions& o, int n_ctx) {
-  size_t recurrent = 0;
-  for (int L = 0; L < c.n_layer; L++)
-    if (c.is_recurrent[L])
-      recurrent += ((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() +
-                    (size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim) * sizeof(float);
-  return c.kv_bytes_per_token() * n_ctx + 2 * recurrent + split_bytes(c, n_ctx, fast_attention(o));
+size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx) {
+  // The recurrent states twice: the GPU-routed token's backups.
+  return c.kv_bytes_per_token() * n_ctx + 2 * c.recurrent_state_bytes() + split_bytes(c, n_ctx, forms.fast_attention);
 }
 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {

@@ -106,7 +106,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx);
 // Device bytes such a session allocates: the KV cache, the DeltaNet states (and their backups for
 // the GPU-routed token) and the decode attention's split buffers.
-size_t session_bytes(const Config& c, const CudaOptions& o, int n_ctx);
+size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx);
 
 // ---- decode_graph.cpp -----------------------------------------------------------------------
 // One decode token on the GPU-routed path. False (state unchanged) when the token must be

@@ -39,27 +39,24 @@ void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, c
                             {&w.ba, plan.mixer_in[2], h, v.ba}},
                            T);
   e.profiler.mark(kDeltaNet, stream);
-  const L2Norm qk_norm{1e-6f, (float)(1.0 / std::sqrt((double)dk))};
-  if (plan.fast_deltanet) {  // fp32 conv, gates and recurrence; the recurrence normalises q and k at any T when dk is 128
-    deltanet_conv_gates_fast(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
-                             w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
-    const bool fused = dk == 128;
-    if (!fused) l2_norm(v.conv, T, 2 * nk, dk, conv_dim, qk_norm.eps, qk_norm.q_scale, stream, nk);
-    deltanet_recurrence_fast(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(),
-                             v.o, T, nk, nv, dk, dv, stream, fused ? &qk_norm : nullptr);
-    gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
-    e.profiler.mark(kProjections, stream);
-    e.products.project(w.out, plan.mixer_out, v.o, T, out);
-    return;
-  }
-  deltanet_conv_gates(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
-                      w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
+  // The fast tier's kernels are fp32 (deltanet_fast.cu), the exact tier's the oracle's arithmetic.
+  const bool fast = e.forms.fast_deltanet;
+  (fast ? deltanet_conv_gates_fast : deltanet_conv_gates)(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T,
+                                                          conv_dim, c.ssm_conv_kernel, v.ba, w.dt_bias, w.a, v.beta,
+                                                          v.g, nk, nv, stream);
   // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch;
-  // a decode step normalises inside the recurrence instead (the same values).
-  const bool fuse_norm = T == 1 && dk == 128;
+  // the recurrence normalises them itself instead (the same values) where it can: heads of 128,
+  // at any T in the fast tier, a decode step in the exact.
+  const L2Norm qk_norm{1e-6f, (float)(1.0 / std::sqrt((double)dk))};
+  const bool fuse_norm = dk == 128 && (fast || T == 1);
   if (!fuse_norm) l2_norm(v.conv, T, 2 * nk, dk, conv_dim, qk_norm.eps, qk_norm.q_scale, stream, nk);
-  deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
-                      nk, nv, dk, dv, stream, fuse_norm ? &qk_norm : nullptr);
+  const L2Norm* norm = fuse_norm ? &qk_norm : nullptr;
+  if (fast)
+    deltanet_recurrence_fast(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(),
+                             v.o, T, nk, nv, dk, dv, stream, norm);
+  else
+    deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
+                        nk, nv, dk, dv, stream, norm);
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
@@ -82,7 +79,7 @@ void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, 
   attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv,
                  hd, c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
-  if (plan.fast_attention)
+  if (e.forms.fast_attention)
     gated_attention_fast(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream,
                          pos_d, &st.attn_splits_f);
   else

@@ -284,15 +284,16 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   e.products.project_group({{&moe.router, plan.router, h2, router},
                             {&moe.shared_gate_inp, plan.shared_gate_inp, h2, ws.shared_scalar.f()}},
                            T);
+  const Sums routing_sums = e.forms.fast_routing ? Sums::kFast : Sums::kExact;
   if (routing == Routing::kGpuRouted) {
     int32_t* io = ws.routed_io.get<int32_t>();
     route_topk(router, E, K, c.expert_weights_scale, e.residency.residency_row(L), e.residency.slots(),
                io + (size_t)L * K, ws.routed_weights.f() + (size_t)L * K,
                ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, io + (size_t)c.n_layer * K + L, stream,
-               plan.fast_routing ? Sums::kFast : Sums::kExact);
+               routing_sums);
   } else {
     route_tokens(router, T, E, K, c.expert_weights_scale, ws.route_ids.get<int32_t>(), ws.route_weights.f(), stream,
-                 plan.fast_routing ? Sums::kFast : Sums::kExact);
+                 routing_sums);
     if (routing == Routing::kHostRouted || trace) {
       RL_CUDA_CHECK(cudaMemcpyAsync(ws.route_ids_host.get<int32_t>(), ws.route_ids.get(),
                                     (size_t)T * K * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));

@@ -14,6 +14,10 @@ NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const
   f.x24 = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
   f.fast = opts.numerics == Numerics::kFast && opts.fast_products;
   f.bf16 = f.fast && device_info().cc_major >= 8;
+  const bool fast_tier = opts.numerics == Numerics::kFast;
+  f.fast_routing = fast_tier && opts.fast_routing;
+  f.fast_attention = fast_tier && opts.fast_attention;
+  f.fast_deltanet = fast_tier && opts.fast_deltanet;
   f.x32_always = opts.x32_always;
   for (const LayerDev& d : w.layers) {
     for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})
@@ -39,7 +43,7 @@ bool NumericForms::use_x24(GgmlType t) const { return x24 && x24_supported(t); }
 
 Kernel NumericForms::matvec() const { return fast ? Kernel::kMatvecF32 : Kernel::kMatvec; }
 
-Kernel NumericForms::fast_matmul() const { return bf16 ? Kernel::kMatmulBf16 : Kernel::kMatmulF64; }
+Kernel NumericForms::prefill_matmul() const { return bf16 ? Kernel::kMatmulBf16 : Kernel::kMatmulF64; }
 
 bool NumericForms::use_x32(const DMat& w, int T) const {
   return x32 && x32_supported(w.type) && w.cols % 256 == 0 && w.cols <= x32_cols &&
@@ -74,8 +78,7 @@ const char* routing_name(Routing r) {
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec();
-  if (forms.use_x32(w, rows)) return Kernel::kMatmulX32;
-  return forms.fast ? forms.fast_matmul() : Kernel::kMatmulF64;
+  return forms.use_x32(w, rows) ? Kernel::kMatmulX32 : forms.prefill_matmul();
 }
 
 namespace {
@@ -85,9 +88,8 @@ namespace {
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
   if (T == 1 && gate.type == up.type && gate.cols == up.cols) return {forms.matvec(), forms.matvec(), true};
   if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows && gate.row_bytes == up.row_bytes) {
-    const Kernel k = forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24
-                     : forms.fast                                         ? forms.fast_matmul()
-                                                                          : Kernel::kMatmulF64;
+    const Kernel k =
+        forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24 : forms.prefill_matmul();
     return {k, k, true};
   }
   return {dense_kernel(forms, gate, T), dense_kernel(forms, up, T), false};
@@ -95,8 +97,7 @@ PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate
 
 // A routed expert matrix in prefill: X24 for its type, else the fp64 products (the fast tier: bf16).
 Kernel expert_kernel(const NumericForms& forms, GgmlType t) {
-  if (forms.use_x24(t)) return Kernel::kMatmulX24;
-  return forms.fast ? forms.fast_matmul() : Kernel::kMatmulF64;
+  return forms.use_x24(t) ? Kernel::kMatmulX24 : forms.prefill_matmul();
 }
 
 }  // namespace
@@ -118,10 +119,6 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
   for (const LayerDev& d : w.layers) {
     LayerPlan l;
     l.recurrent = d.recurrent;
-    const bool fast = opts.numerics == Numerics::kFast;
-    l.fast_routing = fast && opts.fast_routing;
-    l.fast_attention = fast && opts.fast_attention;
-    l.fast_deltanet = fast && opts.fast_deltanet;
     const DMat* in[3] = {&d.ssm.qkv, &d.ssm.z, &d.ssm.ba};
     const DMat* out = &d.ssm.out;
     if (!d.recurrent) {

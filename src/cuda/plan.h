@@ -37,6 +37,9 @@ struct NumericForms {
   bool x32 = false;         // X32 allowed: x24 and compute capability 9.0
   bool fast = false;        // the fast tier (CudaOptions::numerics): fp32-sum kernels where it has them
   bool bf16 = false;        // the fast tier's bf16 prefill products allowed: compute capability 8.0
+  // The fast tier's routing, attention and DeltaNet kernels (fp32; CudaOptions::fast_*): the
+  // plan's, the session's split buffers and the forward pass's one choice.
+  bool fast_routing = false, fast_attention = false, fast_deltanet = false;
   bool x32_always = false;  // X32 also for products whose grid does not fill the GPU
   int x32_cols = 0;         // the widest input an X32 product takes (its buffer's width; 0: none)
   bool routed_x24 = false;  // some routed expert matrix runs on X24 (expert_in_x24, expert_act_x24)
@@ -46,12 +49,12 @@ struct NumericForms {
   static NumericForms choose(const Config& c, const DeviceWeights& w, const CudaOptions& opts);
   // The decode product of the tier: kMatvec or kMatvecF32.
   Kernel matvec() const;
-  // A prefill product of the fast tier without an X24 / X32 form: kMatmulBf16 (kMatmulF64 below
-  // 8.0). Where X24 / X32 apply the fast tier takes them too: on the 80B seed-mix the exact
+  // A prefill product without an X24 / X32 form: kMatmulBf16 in the fast tier (from compute
+  // capability 8.0), else kMatmulF64. Where X24 / X32 apply the fast tier takes them too: on the 80B seed-mix the exact
   // tier's products prefilled 3,175 tok/s where bf16 products everywhere did 2,298, and at the 80B's
   // widths they left the logits 4.9e-5 from the oracle where bf16 everywhere left 3.7e-2 (H200,
   // 2026-12-01; CudaFastTier.EachPartOnThe80BShape).
-  Kernel fast_matmul() const;
+  Kernel prefill_matmul() const;
   bool use_x24(GgmlType t) const;
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte
   // aligned rows, and a grid of a block per SM unless x32_always.
@@ -77,8 +80,6 @@ const char* routing_name(Routing r);
 
 struct LayerPlan {
   bool recurrent = false;
-  // The fast tier's routing, attention and DeltaNet kernels (fp32; CudaOptions::fast_*).
-  bool fast_routing = false, fast_attention = false, fast_deltanet = false;
   // The mixer's products in the order they run: DeltaNet ssm_qkv, ssm_z (gate), ssm_ba, ssm_out;
   // attention attn_q, attn_k, attn_v, attn_output.
   Kernel mixer_in[3] = {};

@@ -87,6 +87,13 @@ struct Config {
     for (bool r : is_recurrent) attention_layers += !r;
     return attention_layers * 2 * (size_t)kv_dim() * sizeof(float);
   }
+  // Bytes of the f32 recurrent states of every DeltaNet layer: the conv window and the SSM state.
+  size_t recurrent_state_bytes() const {
+    size_t values = 0;
+    for (bool r : is_recurrent)
+      if (r) values += (size_t)(ssm_conv_kernel - 1) * ssm_conv_dim() + (size_t)ssm_n_v_heads * ssm_head_dim * ssm_head_dim;
+    return values * sizeof(float);
+  }
 };
 
 // Full (gated) attention, layers with is_recurrent[L] == false.
