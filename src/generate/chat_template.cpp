@@ -131,7 +131,7 @@ void coder_extra_keys(std::string& out, const ojson& dict, std::initializer_list
     for (auto h : handled) skip = skip || key == h;
     if (skip) continue;
     out += "\n<" + key + ">";
-    out += (value.is_object() || value.is_array()) ? python_json_dumps(value) : py_str(value);
+    out += (value.is_object() || value.is_array()) ? py_json_dumps(value) : py_str(value);
     out += "</" + key + ">";
   }
 }
@@ -178,7 +178,7 @@ void tool_response(std::string& out, const std::string& content, bool opens_turn
 // arguments back gets the same prompt the model produced.
 std::string qwen3_tool_call(const ToolCall& call, size_t message_index) {
   return "<tool_call>\n{\"name\": \"" + call.name + "\", \"arguments\": " +
-         python_json_dumps(parse_arguments(call, message_index)) + "}\n</tool_call>";
+         py_json_dumps(parse_arguments(call, message_index)) + "}\n</tool_call>";
 }
 
 std::string coder_tool_call(const ToolCall& call, size_t message_index) {
@@ -189,7 +189,7 @@ std::string coder_tool_call(const ToolCall& call, size_t message_index) {
     // Coder-Next: `args_value | string if args_value is string else args_value | tojson`, so
     // true, null and numbers are written as JSON (the older Qwen3-Coder wrote Python's True/None;
     // its own template text, run by the interpreter, still does).
-    out += v.is_string() ? v.get<std::string>() : python_json_dumps(v);
+    out += v.is_string() ? v.get<std::string>() : py_json_dumps(v);
     out += "\n</parameter>\n";
   }
   return out + "</function>\n</tool_call>";
@@ -197,7 +197,6 @@ std::string coder_tool_call(const ToolCall& call, size_t message_index) {
 
 }  // namespace
 
-std::string python_json_dumps(const ojson& value) { return py_json_dumps(value); }
 
 ojson chat_messages_json(std::span<const ChatMessage> messages) {
   ojson out = ojson::array();
@@ -337,7 +336,7 @@ std::string ChatTemplate::render_qwen3(std::span<const ChatMessage> messages, co
     out += "<|im_start|>system\n";
     if (messages[0].role == "system") out += messages[0].content + "\n\n";
     out += kQwen3ToolsHead;
-    for (const ojson& tool : opt.tools) out += "\n" + python_json_dumps(tool);
+    for (const ojson& tool : opt.tools) out += "\n" + py_json_dumps(tool);
     out += kQwen3ToolsTail;
   } else if (messages[0].role == "system") {
     out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";

@@ -157,8 +157,4 @@ class ChatTemplate {
 // object), tool_call_id when set.
 nlohmann::ordered_json chat_messages_json(std::span<const ChatMessage> messages);
 
-// Python json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in stored order,
-// non-ASCII kept as UTF-8. What Jinja's `tojson` writes in the Hugging Face templates.
-std::string python_json_dumps(const nlohmann::ordered_json& value);
-
 }  // namespace rl

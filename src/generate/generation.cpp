@@ -35,7 +35,6 @@ Generation::Generation(Generator& generator, std::span<const int32_t> prompt, co
   prefill_start_ = std::chrono::steady_clock::now();
   r_.reused_tokens = g_.reuse_prefix(prompt_, cache_);
   next_prompt_ = (size_t)r_.reused_tokens;
-  logits_ = g_.last_logits_;
 
   if (config_.penalize_prompt) {
     const int window = config_.sampling.repeat_last_n;
@@ -59,9 +58,8 @@ void Generation::prefill_chunk() {
     return;
   }
   auto chunk = std::span(prompt_).subspan(next_prompt_, std::min(kPrefillChunk, prompt_.size() - next_prompt_));
-  logits_ = g_.session().prefill(chunk);
+  g_.last_logits_ = g_.session().prefill(chunk);
   g_.history_.insert(g_.history_.end(), chunk.begin(), chunk.end());
-  g_.last_logits_ = logits_;
   r_.prefill_tokens += (int)chunk.size();
   next_prompt_ += chunk.size();
   if (!prefilling()) end_prefill();
@@ -114,13 +112,13 @@ std::optional<int32_t> Generation::next_token() {
     r_.constraint_seconds += seconds_since(tm);
     ++r_.constrained_steps;
   }
-  const int32_t token = sampler_.sample(logits_, allowed);
+  const int32_t token = sampler_.sample(g_.last_logits_, allowed);
   if (constraint_) {
     auto ta = std::chrono::steady_clock::now();
     constraint_->accept(token);
     r_.constraint_seconds += seconds_since(ta);
   }
-  if (config_.on_token) config_.on_token(token, logits_);
+  if (config_.on_token) config_.on_token(token, g_.last_logits_);
   r_.tokens.push_back(token);
   if (config_.stop_at_eog && g_.tokenizer().is_eog(token)) {
     r_.finish = FinishReason::Stop;
@@ -154,8 +152,7 @@ void Generation::decoded(std::vector<float> logits) {
   if (!to_decode_) fail("Generation: logits given with no token to decode");
   g_.history_.push_back(*to_decode_);
   to_decode_.reset();
-  logits_ = std::move(logits);
-  g_.last_logits_ = logits_;
+  g_.last_logits_ = std::move(logits);
   ++r_.decode_passes;
 }
 

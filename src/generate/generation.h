@@ -34,9 +34,8 @@ class Generation {
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
 
-  // Prompt tokens not yet in the session (0 once the prompt is in, or the generation ended).
+  // Whether prompt tokens are not yet in the session (false once the prompt is in, or it ended).
   bool prefilling() const { return !ended_ && next_prompt_ < prompt_.size(); }
-  size_t prompt_left() const { return ended_ ? 0 : prompt_.size() - next_prompt_; }
   // Prefills the next chunk of at most kPrefillChunk prompt tokens (a cancel request ends the
   // generation instead).
   void prefill_chunk();
@@ -51,7 +50,6 @@ class Generation {
   // Ends the generation (flushes held-back text, stores the final state in the cache).
   GenerationResult finish();
 
-  Session& session() { return g_.session(); }
   bool cancelled() const { return cancel_ && cancel_->load(std::memory_order_relaxed); }
 
   // Prompt tokens per Session::prefill call: bounds the activations a backend allocates, lets a
@@ -76,7 +74,6 @@ class Generation {
   size_t next_prompt_ = 0;
   bool ended_ = false;           // no more tokens: finish() is next
   bool sampling_started_ = false;
-  std::vector<float> logits_;    // the logits the next sample is drawn from
   std::optional<int32_t> to_decode_;  // returned by next_token(), its logits not yet given
 
   Sampler sampler_;

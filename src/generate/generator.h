@@ -115,6 +115,10 @@ class Generator {
   Session& session() { return session_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const TokenTrie& token_trie();
+  // Takes a trie shared with other generators (a server's slots) if this one has none yet.
+  void use_token_trie(std::shared_ptr<const TokenTrie> trie) {
+    if (!trie_) trie_ = std::move(trie);
+  }
 
  private:
   friend class Generation;  // the steps of one generation update history() and the logits after it

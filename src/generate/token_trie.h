@@ -29,7 +29,6 @@ class TokenTrie {
   const Node& node(uint32_t id) const { return nodes_[id]; }
   const Edge* edges(const Node& n) const { return edges_.data() + n.edge_begin; }
   const int32_t* tokens(const Node& n) const { return tokens_.data() + n.token_begin; }
-  size_t node_count() const { return nodes_.size(); }
 
   int n_vocab() const { return n_vocab_; }
   size_t max_token_bytes() const { return max_token_bytes_; }

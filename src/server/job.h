@@ -32,7 +32,6 @@ struct Job {
   std::vector<int32_t> prompt;
   GenerationConfig gen;
   int top_logprobs = -1;
-  Clock::time_point enqueued = Clock::now();
   Clock::time_point deadline;
   std::atomic<bool> cancel{false};
 

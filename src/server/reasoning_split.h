@@ -94,9 +94,6 @@ class ReasoningSplitter {
     return {std::string(), std::move(held)};
   }
 
-  // finish()'s reasoning alone (for callers that never hold content).
-  std::string flush_reasoning() { return finish().first; }
-
  private:
   static constexpr std::string_view kOpen = "<think>";
   static constexpr std::string_view kEnd = "</think>";

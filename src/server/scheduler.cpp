@@ -223,10 +223,12 @@ void Scheduler::start_job(Slot& slot, const std::shared_ptr<Job>& job, int new_c
       std::lock_guard<std::mutex> l(m_);
       slot.session = std::move(session);
       slot.bytes = backend_.session_bytes(new_ctx);
-      if (job->gen.constraint && !trie_) trie_ = std::make_shared<const TokenTrie>(tokenizer_);
-      slot.generator = std::make_unique<Generator>(*slot.session, tokenizer_, trie_);
-    } else if (job->gen.constraint && !trie_) {
-      trie_ = std::make_shared<const TokenTrie>(tokenizer_);
+      slot.generator = std::make_unique<Generator>(*slot.session, tokenizer_);
+    }
+    // One token trie for every slot, made at the first constrained request.
+    if (job->gen.constraint) {
+      if (!trie_) trie_ = std::make_shared<const TokenTrie>(tokenizer_);
+      slot.generator->use_token_trie(trie_);
     }
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> l(m_);

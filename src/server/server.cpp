@@ -348,7 +348,6 @@ struct Server::Impl {
   // ---- endpoints ----------------------------------------------------------------------------
 
   void chat_completions(const http::Request& req, http::Response& res) {
-    check_auth(req);
     const nlohmann::ordered_json body = api::parse_body(req.body);
     api::ChatRequest cr = api::parse_chat_request(body, default_sampling);
     require_ready();
@@ -483,7 +482,6 @@ struct Server::Impl {
   }
 
   void completions(const http::Request& req, http::Response& res) {
-    check_auth(req);
     const nlohmann::ordered_json body = api::parse_body(req.body);
     api::CompletionRequest cr = api::parse_completion_request(body, default_sampling);
     require_ready();
@@ -540,7 +538,6 @@ struct Server::Impl {
   }
 
   void tokenize(const http::Request& req, http::Response& res) {
-    check_auth(req);
     json body = api::parse_body(req.body);
     require_ready();
     auto c = body.find("content");
@@ -566,7 +563,6 @@ struct Server::Impl {
   }
 
   void detokenize(const http::Request& req, http::Response& res) {
-    check_auth(req);
     json body = api::parse_body(req.body);
     require_ready();
     auto t = body.find("tokens");
@@ -585,8 +581,7 @@ struct Server::Impl {
     res.set_content(api::dump(json{{"content", model.tokenizer->decode(ids)}}), "application/json");
   }
 
-  void models(const http::Request& req, http::Response& res) {
-    check_auth(req);
+  void models(http::Response& res) {
     json data = json::array();
     if (is_ready)
       data.push_back({{"id", model.id}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "redlite"},
@@ -720,11 +715,8 @@ struct Server::Impl {
   void routes() {
     http->route("GET", "/health", wrap("/health", [this](const http::Request&, http::Response& res) { health(res); }));
     http->route("GET", "/v1/health", wrap("/health", [this](const http::Request&, http::Response& res) { health(res); }));
-    http->route("GET", "/metrics", wrap("/metrics", [this](const http::Request& req, http::Response& res) {
-               check_auth(req);
-               metrics(res);
-             }));
-    http->route("GET", "/v1/models", wrap("/v1/models", [this](const auto& q, auto& s) { models(q, s); }));
+    http->route("GET", "/metrics", wrap("/metrics", [this](const http::Request&, http::Response& res) { metrics(res); }));
+    http->route("GET", "/v1/models", wrap("/v1/models", [this](const auto&, auto& s) { models(s); }));
     http->route("POST", "/v1/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
     http->route("POST", "/chat/completions", wrap("/v1/chat/completions", [this](const auto& q, auto& s) { chat_completions(q, s); }));
     http->route("POST", "/v1/completions", wrap("/v1/completions", [this](const auto& q, auto& s) { completions(q, s); }));

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "generate/chat_template.h"
+#include "generate/python_text.h"
 
 namespace rl {
 namespace {
@@ -375,7 +376,7 @@ TEST(ChatTemplate, SplitsThinking) {
 // Python: json.dumps({"b": 1, "a": [1.5, True, None, "é\n\"x\""], "c": {}}, ensure_ascii=False)
 TEST(ChatTemplate, PythonJsonDumps) {
   ojson v = ojson::parse("{\"b\": 1, \"a\": [1.5, true, null, \"\xC3\xA9\\n\\\"x\\\"\", 2.0, -3], \"c\": {}}");
-  EXPECT_EQ(python_json_dumps(v), "{\"b\": 1, \"a\": [1.5, true, null, \"\xC3\xA9\\n\\\"x\\\"\", 2.0, -3], \"c\": {}}");
+  EXPECT_EQ(py_json_dumps(v), "{\"b\": 1, \"a\": [1.5, true, null, \"\xC3\xA9\\n\\\"x\\\"\", 2.0, -3], \"c\": {}}");
 }
 
 }  // namespace
