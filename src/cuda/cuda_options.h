@@ -20,7 +20,7 @@ struct CudaOptions {
   // Which expert a miss evicts from a bounded cache (--cache-policy lru|lrfu, docs/cache.md). LRU
   // stays the default: LRFU (half-life kDefaultLrfuHalfLifePasses passes) hit 1.1-2.3 points more
   // in cache_policy_sim's replays of the skewed 80B's recordings at 8 GiB (docs/PERF.md) but costs
-  // ~86 us more host time a token (dev), and the two have not been timed against each other on the
+  // ~86 us more bookkeeping a decode token in cache_policy_sim (dev), and the two have not been timed on the
   // GPU.
   CachePolicy::Kind cache_policy = CachePolicy::Kind::kLru;
   // Load every expert at open when the budget holds them all (--no-preload: load on first use).
