@@ -16,12 +16,15 @@ namespace {
 using S = Shapes80B;
 constexpr size_t kF = sizeof(float);
 
+// The numeric tier a product's sums are formed in, as the case names say it.
+const char* tier_name(cuda::Sums sums) { return sums == cuda::Sums::kFast ? "fast" : "exact"; }
+
 // The decode products of one launch (matvec_jobs): matrices of type t and width cols with the
 // given row counts, as project_group makes them (one job each, a shared input).
-CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<int> rows) {
+CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<int> rows, cuda::Sums sums) {
   std::string shape;
   for (int r : rows) shape += fmt::format("{}{}", shape.empty() ? "" : "+", r);
-  return {fmt::format("decode/matvec/{} {} {}->{}", what, type_name(t), cols, shape), [=] {
+  return {fmt::format("decode/matvec/{} {} {}->{} {}", what, type_name(t), cols, shape, tier_name(sums)), [=] {
             Case c;
             Image img;
             std::vector<size_t> off;
@@ -43,7 +46,7 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
                 jobs[i].y = out;
                 out += rows[i];
               }
-              cuda::matvec_jobs(t, cols, jobs.data(), (int)jobs.size(), s);
+              cuda::matvec_jobs(t, cols, jobs.data(), (int)jobs.size(), s, sums);
             };
             c.keep = {w, x, y};
             return c;
@@ -51,8 +54,10 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
 }
 
 // The shared expert's gate/up pair in one launch (matvec_gate_up).
-CaseDef gate_up_case(GgmlType t) {
-  return {fmt::format("decode/matvec/shexp_gate_up {} {}->{}x2", type_name(t), S::n_embd, S::n_ff_shexp), [=] {
+CaseDef gate_up_case(GgmlType t, cuda::Sums sums) {
+  return {fmt::format("decode/matvec/shexp_gate_up {} {}->{}x2 {}", type_name(t), S::n_embd, S::n_ff_shexp,
+                      tier_name(sums)),
+          [=] {
             Case c;
             Image img;
             const size_t g = img.add(random_weights(t, S::n_ff_shexp, S::n_embd, 21));
@@ -70,7 +75,7 @@ CaseDef gate_up_case(GgmlType t) {
               j.rows = S::n_ff_shexp;
               j.x = x->f();
               j.act = act->f();
-              cuda::matvec_gate_up(t, S::n_embd, &j, 1, s);
+              cuda::matvec_gate_up(t, S::n_embd, &j, 1, s, sums);
             };
             c.keep = {w, x, act};
             return c;
@@ -92,12 +97,13 @@ ExpertSlot expert_slot(GgmlType gate_up, GgmlType down) {
 
 // The ten selected experts' products of a decode token through their slot pointers: gate/up with
 // SwiGLU in one launch, or down. Each copy is another ten slots.
-CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product) {
+CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, cuda::Sums sums) {
   const GgmlType t = down_product ? down : gate_up;
   const std::string name =
-      down_product ? fmt::format("decode/experts/down {} {}->{} x{}", type_name(t), S::n_ff_exp, S::n_embd, S::n_expert_used)
-                   : fmt::format("decode/experts/gate_up {} {}->{}x2 x{}", type_name(t), S::n_embd, S::n_ff_exp,
-                                 S::n_expert_used);
+      down_product ? fmt::format("decode/experts/down {} {}->{} x{} {}", type_name(t), S::n_ff_exp, S::n_embd,
+                                 S::n_expert_used, tier_name(sums))
+                   : fmt::format("decode/experts/gate_up {} {}->{}x2 x{} {}", type_name(t), S::n_embd, S::n_ff_exp,
+                                 S::n_expert_used, tier_name(sums));
   return {name, [=] {
             Case c;
             const ExpertSlot slot = expert_slot(gate_up, down);
@@ -118,13 +124,14 @@ CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product) {
               c.bytes = (double)K * (rb_d * S::n_embd + (S::n_ff_exp + S::n_embd) * kF);
               c.run = [=](int copy, cudaStream_t s) {
                 cuda::matvec_experts(down, ptr_d->get<const uint8_t*>() + (size_t)copy * K, down_off, rb_d, S::n_embd,
-                                     S::n_ff_exp, x->f(), S::n_ff_exp, y->f(), K, s);
+                                     S::n_ff_exp, x->f(), S::n_ff_exp, y->f(), K, s, sums);
               };
             } else {
               c.bytes = (double)K * (2.0 * rb_gu * S::n_ff_exp + S::n_ff_exp * kF) + S::n_embd * kF;
               c.run = [=](int copy, cudaStream_t s) {
                 cuda::matvec_experts_gate_up(gate_up, gate_up, ptr_d->get<const uint8_t*>() + (size_t)copy * K, up_off,
-                                             rb_gu, rb_gu, S::n_ff_exp, S::n_embd, x->f(), act->f(), scratch->f(), K, s);
+                                             rb_gu, rb_gu, S::n_ff_exp, S::n_embd, x->f(), act->f(), scratch->f(), K, s,
+                                             sums);
               };
             }
             c.keep = {pool, ptr_d, x, act, scratch, y};
@@ -133,8 +140,8 @@ CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product) {
 }
 
 // The GPU-routed token's top-k over the router logits, slots from a residency row.
-CaseDef route_case() {
-  return {fmt::format("decode/route_topk E={} k={}", S::n_expert, S::n_expert_used), [] {
+CaseDef route_case(cuda::Sums sums) {
+  return {fmt::format("decode/route_topk E={} k={} {}", S::n_expert, S::n_expert_used, tier_name(sums)), [=] {
             Case c;
             const int E = S::n_expert, K = S::n_expert_used;
             auto logits = device_vector(random_values(E, 4));
@@ -146,7 +153,8 @@ CaseDef route_case() {
             c.bytes = E * (kF + 8.0) + K * (4 + kF + 8.0);
             c.run = [=](int, cudaStream_t s) {
               cuda::route_topk(logits->f(), E, K, 0.0f, residency->get<uint64_t>(), slots->get<uint8_t>(),
-                               ids->get<int32_t>(), weights->f(), ptrs->get<const uint8_t*>(), miss->get<int32_t>(), s);
+                               ids->get<int32_t>(), weights->f(), ptrs->get<const uint8_t*>(), miss->get<int32_t>(), s,
+                               sums);
             };
             c.keep = {logits, slots, residency, ids, weights, ptrs, miss};
             return c;
@@ -324,29 +332,31 @@ std::vector<CaseDef> decode_cases() {
   std::vector<CaseDef> v;
   v.push_back(embed_case());
   for (CaseDef& d : norm_cases()) v.push_back(std::move(d));
-  // DeltaNet layers (36 of 48): in projections (qkv and z in one launch, ba), the block, out.
-  v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}));
-  v.push_back(matvec_case("ssm_ba", G::Q8_0, n, {2 * S::ssm_v_heads}));
+  for (cuda::Sums sums : {cuda::Sums::kExact, cuda::Sums::kFast}) {
+    // DeltaNet layers (36 of 48): in projections (qkv and z in one launch, ba), out.
+    v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}, sums));
+    v.push_back(matvec_case("ssm_ba", G::Q8_0, n, {2 * S::ssm_v_heads}, sums));
+    v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}, sums));
+    // Attention layers (12 of 48): q and k in one launch, v, output.
+    v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}, sums));
+    v.push_back(matvec_case("attn_v", G::Q6_K, n, {S::n_kv * S::head_dim}, sums));
+    v.push_back(matvec_case("attn_output", G::Q4_K, S::n_head * S::head_dim, {n}, sums));
+    // Every layer's MoE: router with the shared expert's gate scalar, top-k, experts, shared expert.
+    v.push_back(matvec_case("router+shexp_gate_inp", G::F32, n, {S::n_expert, 1}, sums));
+    v.push_back(route_case(sums));
+    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false, sums));
+    v.push_back(experts_case(G::IQ1_M, G::IQ2_XS, false, sums));
+    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true, sums));
+    // IQ2_XXS experts (real IQ2_XXS files, fixture model A) for comparison.
+    v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, false, sums));
+    v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, true, sums));
+    v.push_back(gate_up_case(G::IQ2_XXS, sums));
+    v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, sums));
+    v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, sums));
+  }
   for (CaseDef& d : deltanet_cases()) v.push_back(std::move(d));
-  v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}));
-  // Attention layers (12 of 48): q and k in one launch, v, the block, output.
-  v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}));
-  v.push_back(matvec_case("attn_v", G::Q6_K, n, {S::n_kv * S::head_dim}));
   v.push_back(attention_prep_case());
   for (int depth : {0, 4096, 32768}) v.push_back(attention_decode_case(depth));
-  v.push_back(matvec_case("attn_output", G::Q4_K, S::n_head * S::head_dim, {n}));
-  // Every layer's MoE: router with the shared expert's gate scalar, top-k, experts, shared expert.
-  v.push_back(matvec_case("router+shexp_gate_inp", G::F32, n, {S::n_expert, 1}));
-  v.push_back(route_case());
-  v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false));
-  v.push_back(experts_case(G::IQ1_M, G::IQ2_XS, false));
-  v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true));
-  // IQ2_XXS experts (real IQ2_XXS files, fixture model A) for comparison.
-  v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, false));
-  v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, true));
-  v.push_back(gate_up_case(G::IQ2_XXS));
-  v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}));
-  v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}));
   return v;
 }
 

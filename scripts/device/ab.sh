@@ -20,7 +20,8 @@
 #     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
 #     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill)
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
-#                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier)
+#                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier);
+#                  AB_VARIANT=1 adds the variant's binary (step variant) to each round
 #     depths       `bench --depths $DEPTHS` on the tree's binary (default 0,4096,16384,32768,65536)
 #     base-depths  the same on the base binary with $BASE_DEPTHS (default: $DEPTHS); the base must
 #                  know --depths
@@ -31,6 +32,9 @@
 #                  matching $NCU_RE after the prefill of depth $NCU_DETAIL_DEPTH (default 32768)
 #     ncu          GPU time of each kernel matching $NCU_RE (default: attention) over 2 decode tokens
 #                  after each of $NCU_DEPTHS (default 0,32768), tree's binary ($OUT/ncu-*.csv)
+#     mask         issue 25's mask overhead: the 80B seed-mix with the real vocabulary of the carried
+#                  fixture model (synth --vocab-from), `redlite run --backend cuda --chat -n 256` with no
+#                  constraint and with each schema of bench/schemas (seeds 1 and 2, --temp 0.7)
 #     kernels      bench_cuda_kernels of the tree (built here if needed) with $KERNELS_FLAGS (e.g.
 #                  "--filter decode/ --reps 200"); its table in $OUT/kernels.txt
 # Results: $OUT/*.log and $OUT/summary.txt. STEP_TIMEOUT (s) bounds each bench (default 240).
@@ -127,8 +131,9 @@ for s in "$@"; do
       model
       for r in $(seq "${AB_ROUNDS:-2}"); do
         order="tree base"; [ $((r % 2)) = 0 ] && order="base tree"
+        [ "${AB_VARIANT:-0}" = 1 ] && order="$order variant"
         for b in $order; do
-          bin=$BUILD/redlite; [ $b = base ] && bin=$BASE_BUILD/redlite
+          bin=$BUILD/redlite; [ $b = base ] && bin=$BASE_BUILD/redlite; [ $b = variant ] && bin=/tmp/rl-build-variant/redlite
           step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json --numerics ${AB_NUMERICS:-exact}
           log "ab $b $r: prefill $(grep '"prefill_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.')"
         done
@@ -157,6 +162,22 @@ for s in "$@"; do
         -k "regex:${NCU_RE:-attention}" "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depth-decode-tokens 2 \
         --depths "${NCU_DEPTHS:-0,32768}"
       grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
+      ;;
+    mask)
+      MV=/dev/shm/redlite/80b-seed-mix-vocab.gguf
+      VOCAB=$(ls "$FIX"/*.gguf | head -1)
+      [ -e $MV ] || STEP_TIMEOUT=400 step synth-80b-vocab "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 \
+        --vocab-from "$VOCAB" --out $MV
+      for seed in 1 2; do
+        for sc in none "$ROOT"/bench/schemas/*.json; do
+          name=$(basename "$sc" .json)
+          flags=(); [ "$sc" = none ] || flags=(--json-schema "$sc")
+          step "mask-$name-$seed" "$BUILD/redlite" run -m $MV --backend cuda --chat -n 256 --temp 0.7 --seed $seed \
+            -p "Describe a city park as JSON." "${flags[@]}"
+          log "mask $name seed $seed: $(grep -E 'tok/s|constraint' "$OUT/mask-$name-$seed.log" | tr '\n' ' ')"
+        done
+      done
+      rm -f $MV
       ;;
     kernels)
       configure "$ROOT" $BUILD && STEP_TIMEOUT=400 step build-kernels ninja -C $BUILD -j16 bench_cuda_kernels &&

@@ -52,7 +52,7 @@ F_COUNT[wrong-slot]=1
 F_TESTS[wrong-slot]="CudaGpuRouting.TopKMatchesTheRuleWithTiesAndResidency CudaBackend.GpuRoutedDecodeEqualsSynchronousPath ExactTier.MatchesTheOracleOnThe80BRoutingShapeAtEveryBudget"
 
 F_FILE[no-backups]=src/cuda/decode_graph.cpp
-F_OLD[no-backups]=$'  try {\n    copy_recurrent_states(e, st, true);'
+F_OLD[no-backups]=$'  try {\n    if (token_backs_up(e)) copy_recurrent_states(e, st, true);'
 F_NEW[no-backups]=$'  try {\n    // fault: the graph takes no backup of the recurrent states'
 F_COUNT[no-backups]=1
 F_TESTS[no-backups]="CudaBackend.GpuRoutedDecodeEqualsSynchronousPath"

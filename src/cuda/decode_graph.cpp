@@ -59,15 +59,20 @@ void upload_token_position(Engine& e, int32_t token, int position) {
                                 e.streams.compute));
 }
 
-// Captures the GPU-routed token once per session: the state backups, then the pass. Nothing in it
-// depends on the host between replays except token_position and the residency table,
-// both read from device memory at replay time.
+// Whether a GPU-routed token backs up the recurrent states first: only where it can miss. Under
+// --speculation resident the graph runs only while the cache holds every expert, so no selection
+// misses and the token is never undone.
+bool token_backs_up(const Engine& e) { return e.opts.speculation != CudaOptions::Speculation::kFullyResident; }
+
+// Captures the GPU-routed token once per session: the state backups (token_backs_up), then the
+// pass. Nothing in it depends on the host between replays except token_position and the residency
+// table, both read from device memory at replay time.
 void capture_token_graph(Engine& e, SessionState& st) {
   const cudaStream_t stream = e.streams.compute;
-  allocate_state_backups(e, st);
+  if (token_backs_up(e)) allocate_state_backups(e, st);
   RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    copy_recurrent_states(e, st, true);
+    if (token_backs_up(e)) copy_recurrent_states(e, st, true);
     const int32_t* tp = e.ws.token_position.get<int32_t>();
     encode_pass(e, st, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
   } catch (...) {
@@ -105,10 +110,10 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
     // kernel holds the GPU while the host enqueues the whole token, so the GPU then runs it back
     // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
     upload_token_position(e, token, st.position);
-    allocate_state_backups(e, st);  // before the spin: an allocation would stall the queued work
+    if (token_backs_up(e)) allocate_state_backups(e, st);  // before the spin: an allocation would stall the queued work
     gpu_spin(20'000'000, stream);
     profiler.mark(kBackups, stream);
-    copy_recurrent_states(e, st, true);
+    if (token_backs_up(e)) copy_recurrent_states(e, st, true);
     profiler.mark(kOther, stream);
     const int32_t* tp = ws.token_position.get<int32_t>();
     encode_pass(e, st, tp, tp + 1, 1, false, ws.routed_logits.f(), nullptr, true);
@@ -144,6 +149,9 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   int misses = 0;
   for (int L = 0; L < n_layer; L++) misses += io_host[(size_t)n_layer * K + L];
   if (misses > 0) {
+    if (!token_backs_up(e))
+      throw_error("cuda: a GPU-routed token missed " + std::to_string(misses) +
+                  " experts while the cache held every expert (residency table out of step with the cache)");
     // Undo the token: the recurrent states come back from the backups; the KV rows written at this
     // position are overwritten by the recomputation.
     copy_recurrent_states(e, st, false);

@@ -77,6 +77,7 @@ struct Engine {
   Workspace ws;
   ExpertResidency residency;
   Products products;
+  Products side_products;           // the same launchers on streams.side (the decode graph's shared expert)
   std::map<int, PassPlan> plans;    // by chunk size
   std::vector<int> grouped_layers;  // the layers of the pass in progress grouped on the GPU
   bool gpu_routed_broken = false;   // capture failed once: stay on the synchronous path

@@ -46,6 +46,8 @@ namespace rl::cuda {
 namespace {
 
 constexpr int kWarps = 8;  // 256 threads per block
+// Codebooks (IQ types) staged in shared memory by each block, or read through L1 from global memory.
+constexpr bool kStageCodebooks = true;
 
 // One launch's jobs, passed by value as the kernel's parameter.
 template <class Job>
@@ -304,7 +306,7 @@ __device__ __forceinline__ void lane_dot_f32(const uint8_t* const (&wr)[R], cons
 // This lane's part of R rows' dot products, in the type's form.
 template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
-                                         int n_chunks, const SharedTables<T>& tab, double (&acc)[R]) {
+                                         int n_chunks, const SharedTables<T, kStageCodebooks>& tab, double (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
     iq_lane_dot<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
   else
@@ -312,7 +314,7 @@ __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const fl
 }
 template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
-                                         int n_chunks, const SharedTables<T>& tab, float (&acc)[R]) {
+                                         int n_chunks, const SharedTables<T, kStageCodebooks>& tab, float (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
     iq_lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
   else
@@ -365,7 +367,7 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
   constexpr int R = kMatvecRows<T>;
   const MatvecJob& jb = jobs.job[blockIdx.y];
   RowSlot<W, R> s;
-  const SharedTables<T> tab;
+  const SharedTables<T, kStageCodebooks> tab;
   pdl_wait();  // inputs and slot pointers come from the previous kernel
   const bool active = s.row < jb.rows;
   SumOf<kFast> acc[R] = {};
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs j
   constexpr int P = kGateUpPairs<T>;
   const GateUpJob& jb = jobs.job[blockIdx.y];
   RowSlot<W, P> s;
-  const SharedTables<T> tab;
+  const SharedTables<T, kStageCodebooks> tab;
   pdl_wait();
   const bool active = s.row < jb.rows;
   SumOf<kFast> acc[2 * P] = {};

@@ -68,8 +68,9 @@ void combine(Engine& e, int T, const Assignment& a, float* x, const float* next_
 
 // route_topk selected on the GPU and read each selection's slot from the residency table (a
 // miss is counted for the host, which then discards the token); pair k is expert row k.
+// shared_on_side: the shared expert ran on the side branch; the combine waits for it.
 void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, float* x, const float* next_norm,
-                    float* h_out) {
+                    float* h_out, bool shared_on_side) {
   const Config& c = e.config();
   const Workspace& ws = e.ws;
   const int K = c.n_expert_used;
@@ -77,6 +78,7 @@ void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, fl
   const ExpertGroups groups{ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, nullptr, K, 0, 0, (size_t)K};
   const Assignment a{nullptr, ws.assign_identity.get<int32_t>(), ws.routed_weights.f() + (size_t)L * K};
   expert_products(e, L, plan, h2, 1, groups);
+  if (shared_on_side) RL_CUDA_CHECK(cudaStreamWaitEvent(e.streams.compute, e.streams.side_join));
   combine(e, 1, a, x, next_norm, h_out);
 }
 
@@ -276,6 +278,18 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
                               ? Routing::kGpuGrouped
                               : Routing::kHostRouted;
 
+  // The decode graph's shared expert needs only h2: it runs on the side branch, beside the
+  // routing and the routed experts (the same kernels, so the same results), unless --profile
+  // times the stages one after another.
+  const bool shared_on_side = routing == Routing::kGpuRouted && !e.profiler.on;
+  if (shared_on_side) {
+    RL_CUDA_CHECK(cudaEventRecord(e.streams.side_fork, stream));
+    RL_CUDA_CHECK(cudaStreamWaitEvent(e.streams.side, e.streams.side_fork));
+    e.side_products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f());
+    e.side_products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
+    RL_CUDA_CHECK(cudaEventRecord(e.streams.side_join, e.streams.side));
+  }
+
   // Router logits and the shared expert's gate scalar; the routing kernel; for the host (to
   // reserve the experts, or for a trace) the selections. The shared expert runs on the GPU
   // meanwhile.
@@ -307,9 +321,11 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   // Prefill: h2 in the X24 form once, for the shared pair and (gathered) the routed gate and up.
   if (plan.moe_input_x24)
     quantize_x24(h2, T, c.n_embd, ws.moe_input_x24.q.get<uint8_t>(), ws.moe_input_x24.scale.get<double>(), stream);
-  e.products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
-                             plan.moe_input_x24);
-  e.products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
+  if (!shared_on_side) {
+    e.products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
+                               plan.moe_input_x24);
+    e.products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
+  }
   if (trace && routing != Routing::kGpuRouted) {
     RL_CUDA_CHECK(cudaEventSynchronize(e.streams.router_ready));
     trace->tensor(fmt::format("ffn_moe_logits-{}", L), T, E, ws.router_host.get<float>());
@@ -317,7 +333,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   }
 
   switch (routing) {
-    case Routing::kGpuRouted: run_gpu_routed(e, L, plan, h2, x, next_norm, h_out); break;
+    case Routing::kGpuRouted: run_gpu_routed(e, L, plan, h2, x, next_norm, h_out, shared_on_side); break;
     case Routing::kGpuGrouped: run_gpu_grouped(e, L, plan, h2, T, x, next_norm, h_out); break;
     case Routing::kHostRouted:
       if (!trace) RL_CUDA_CHECK(cudaEventSynchronize(e.streams.router_ready));

@@ -38,25 +38,37 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
     for (const Projection& p : list) project(*p.w, p.kernel, p.x, T, p.y, &held);
     return;
   }
-  std::vector<MatvecJob> jobs;
-  const Projection* first = nullptr;
-  auto flush = [&] {
-    if (!jobs.empty()) matvec_jobs(first->w->type, first->w->cols, jobs.data(), (int)jobs.size(), stream_,
-                                   sums_of(first->kernel));
-    jobs.clear();
+  // The launches: runs of consecutive products of one type, width and kernel.
+  struct Launch {
+    const Projection* first;
+    std::vector<MatvecJob> jobs;
   };
+  std::vector<Launch> launches;
   for (const Projection& p : list) {
-    if (first && (p.w->type != first->w->type || p.w->cols != first->w->cols || p.kernel != first->kernel)) flush();
-    if (jobs.empty()) first = &p;
+    const Projection* f = launches.empty() ? nullptr : launches.back().first;
+    if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel) launches.push_back({&p, {}});
     MatvecJob j;
     j.w = p.w->data;
     j.row_bytes = p.w->row_bytes;
     j.rows = p.w->rows;
     j.x = p.x;
     j.y = p.y;
-    jobs.push_back(j);
+    launches.back().jobs.push_back(j);
   }
-  flush();
+  const bool branch = launches.size() > 1 && side_.stream;
+  if (branch) {  // the side branch starts where the inputs are ready
+    RL_CUDA_CHECK(cudaEventRecord(side_.fork, stream_));
+    RL_CUDA_CHECK(cudaStreamWaitEvent(side_.stream, side_.fork));
+  }
+  for (size_t i = 0; i < launches.size(); i++) {
+    const Launch& l = launches[i];
+    matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs.data(), (int)l.jobs.size(),
+                branch && i > 0 ? side_.stream : stream_, sums_of(l.first->kernel));
+  }
+  if (branch) {
+    RL_CUDA_CHECK(cudaEventRecord(side_.join, side_.stream));
+    RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, side_.join));
+  }
 }
 
 void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T,

@@ -34,8 +34,12 @@ class Products {
     float* y;
   };
   // Several products of T tokens (an input shared by X32 products converted once); for one token,
-  // consecutive products of one type and width are one launch (matvec_jobs).
+  // consecutive products of one type and width are one launch (matvec_jobs), and with a side
+  // branch (set_side) the launches after the first run on it, beside the first, joined before
+  // the call returns.
   void project_group(std::initializer_list<Projection> list, int T);
+  // The stream and the events of the side branch (Streams::side; none: one launch after another).
+  void set_side(cudaStream_t side, cudaEvent_t fork, cudaEvent_t join) { side_ = {side, fork, join}; }
   // act = SiLU(gate · x) * (up · x) for T tokens as the plan's pair says (act [T][rows]; `up_out`
   // holds up · x where the two products are separate launches). x_in_x24: moe_input_x24 already
   // holds x.
@@ -60,6 +64,10 @@ class Products {
   const Config& c_;
   Workspace& ws_;
   cudaStream_t stream_;
+  struct Side {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+  } side_;
   uint64_t* x32_count_;  // EngineStats::x32_products
 };
 

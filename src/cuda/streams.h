@@ -1,6 +1,8 @@
-// The backend's two streams and the events that order them: kernels on `compute`, expert copies
-// on `copy`. slots_free: recorded after the kernels that last read the slots a copy may overwrite;
-// copies_done: after a layer's copies; router_ready: after a layer's selections reach the host.
+// The backend's streams and the events that order them: kernels on `compute`, expert copies on
+// `copy`, and on `side` the decode graph's shared expert, a branch beside the routing and the
+// routed experts. slots_free: recorded after the kernels that last read the slots a copy may
+// overwrite; copies_done: after a layer's copies; router_ready: after a layer's selections reach
+// the host; side_fork / side_join: where the side branch starts (the MoE input is ready) and ends.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,6 +14,9 @@ struct Streams {
   Streams() {
     RL_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     RL_CUDA_CHECK(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+    RL_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    RL_CUDA_CHECK(cudaEventCreateWithFlags(&side_fork, cudaEventDisableTiming));
+    RL_CUDA_CHECK(cudaEventCreateWithFlags(&side_join, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&slots_free, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&copies_done, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&router_ready, cudaEventDisableTiming));
@@ -20,16 +25,18 @@ struct Streams {
   ~Streams() {
     if (compute) cudaStreamSynchronize(compute);
     if (copy) cudaStreamSynchronize(copy);
-    for (cudaEvent_t e : {slots_free, copies_done, router_ready})
+    if (side) cudaStreamSynchronize(side);
+    for (cudaEvent_t e : {slots_free, copies_done, router_ready, side_fork, side_join})
       if (e) cudaEventDestroy(e);
-    if (compute) cudaStreamDestroy(compute);
-    if (copy) cudaStreamDestroy(copy);
+    for (cudaStream_t s : {compute, copy, side})
+      if (s) cudaStreamDestroy(s);
   }
   Streams(const Streams&) = delete;
   Streams& operator=(const Streams&) = delete;
 
-  cudaStream_t compute = nullptr, copy = nullptr;
+  cudaStream_t compute = nullptr, copy = nullptr, side = nullptr;
   cudaEvent_t slots_free = nullptr, copies_done = nullptr, router_ready = nullptr;
+  cudaEvent_t side_fork = nullptr, side_join = nullptr;
 };
 
 }  // namespace rl::cuda

@@ -94,7 +94,10 @@ TEST_F(CudaGpuRouting, TopKMatchesTheRuleWithTiesAndResidency) {
 TEST_F(CudaGpuRouting, FastTopKSelectsAsTheRule) {
   struct Case { int E, K, T; float scale; uint32_t seed; bool ties; };
   for (const Case& cs : {Case{512, 10, 9, 0.0f, 21, false}, Case{512, 10, 1, 2.5f, 22, true},
-                         Case{16, 4, 3, 0.0f, 23, true}, Case{300, 7, 5, 1.0f, 24, false}}) {
+                         Case{16, 4, 3, 0.0f, 23, true}, Case{300, 7, 5, 1.0f, 24, false},
+                         // each register share of the kernel (E up to 128, 256, 512, 1024, 2048)
+                         Case{200, 8, 2, 0.0f, 25, true}, Case{1000, 10, 2, 0.0f, 26, false},
+                         Case{2048, 32, 1, 0.0f, 27, true}}) {
     SCOPED_TRACE("E=" + std::to_string(cs.E) + " K=" + std::to_string(cs.K) + " T=" + std::to_string(cs.T));
     auto logits = random_floats((size_t)cs.T * cs.E, cs.seed, 0.5f);
     if (cs.ties)
