@@ -76,7 +76,7 @@ TEST_P(SynthOracle, TinyModelGivesFiniteHealthyLogits) {
   test::remove_temp(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::Values("seed-mix", "q4km", "q4km-shexp-f16", "all-types", "f32"));
+INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::ValuesIn(recipe_names()));
 
 TEST(SynthOracle, PlaceholderVocabularyTokenizesText) {
   const std::string path = write_tiny("seed-mix");
