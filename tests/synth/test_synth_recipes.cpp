@@ -20,6 +20,7 @@
 #include "model/parity.h"
 #include "quant/quant.h"
 #include "synth/synth.h"
+#include "synth_test_util.h"
 #include "test_util.h"
 
 namespace rl::synth {
@@ -112,13 +113,7 @@ GgmlType expected_type(const std::string& recipe, const std::string& name, int n
 const std::vector<std::string> kLlamaCppMixes = {"iq3xxs", "q3km", "iq4xs", "iq4nl", "legacy", "mxfp4", "iq1s"};
 
 std::string write_tiny(const std::string& recipe, ProjectionLayout layout = ProjectionLayout::LegacyFused) {
-  Options o;
-  o.preset = "tiny";
-  o.recipe = recipe;
-  o.layout = layout;
-  const std::string path = test::temp_path("synth-recipes", recipe + ".gguf");
-  write_model(make_plan(o), path);
-  return path;
+  return test_support::write_tiny_model("synth-recipes", recipe, 0, layout);
 }
 
 TEST(SynthRecipes, TinyFileTypesAreTheMixes) {
