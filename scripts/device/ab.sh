@@ -18,6 +18,11 @@
 #                  --x32-always (the parity prompts are too short for the default to use X32)
 #     bench-8g     the tree's bench with --cache-mib 8192 (one rep)
 #     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
+#     recipes      per recipe in $RECIPES (default: the realistic ones, which together hold all 23
+#                  types): its 80B made in /dev/shm (removed after), `bench --reps 1` exact then
+#                  fast; a summary line per recipe and tier
+#     parity-recipes  per recipe in $RECIPES: `parity --backend cuda` on its tiny model, exact
+#                  (budgets 1, 0.5, 0.1; PASS/FAIL) and fast (report: teacher-forced figures)
 #     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill)
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
 #                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier);
@@ -47,6 +52,8 @@ BUILD=/tmp/rl-build-tree BASE_SRC=/tmp/rl-base-src BASE_BUILD=/tmp/rl-build-base
 FIX=$ROOT/${FIX_DIR:-.deps/fix}
 M80=/dev/shm/redlite/80b-seed-mix.gguf
 DEPTHS=${DEPTHS:-0,4096,16384,32768,65536}
+# The recipes modelled on published files (docs/synth.md); together they hold all 23 types.
+RECIPES=${RECIPES:-seed-mix q4km-shexp-f16 iq3xxs q3km iq4xs iq4nl legacy mxfp4 iq1s}
 status=0
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
 step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
@@ -123,6 +130,36 @@ for s in "$@"; do
       "$BUILD/redlite" synth --preset tiny --recipe "${SYNTH_RECIPE:-all-types}" --out /tmp/rl-synth.gguf > /dev/null &&
         step parity-synth "$BUILD/redlite" parity -m /tmp/rl-synth.gguf --backend cuda --repeat 2 --prompt-tokens 40 \
           --budget-fractions 1,0.5,0.1 --numerics exact
+      ;;
+    recipes)
+      for r in $RECIPES; do
+        f=/dev/shm/redlite/80b-$r.gguf
+        if [ "$r" = seed-mix ]; then model; f=$M80; else
+          mkdir -p "$(dirname $f)"
+          step "synth-80b-$r" "$BUILD/redlite" synth --preset 80b --recipe "$r" --seed 1 --out $f || { rm -f $f $f.tmp; continue; }
+        fi
+        for n in exact fast; do
+          step "recipe-$r-$n" "$BUILD/redlite" bench -m $f --backend cuda --numerics $n --reps 1 --json
+          log "recipe $r $n: prefill $(grep '"prefill_tok_s"' "$OUT/recipe-$r-$n.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/recipe-$r-$n.log" | tr -dc '0-9.')"
+        done
+        [ $f = $M80 ] || rm -f $f
+      done
+      ;;
+    parity-recipes)
+      for r in $RECIPES; do
+        t=/tmp/rl-synth-$r.gguf
+        "$BUILD/redlite" synth --preset tiny --recipe "$r" --out $t > /dev/null || { log "parity-recipes: synth $r failed"; status=1; continue; }
+        step "parity-$r-exact" "$BUILD/redlite" parity -m $t --backend cuda --repeat 2 --prompt-tokens 40 \
+          --budget-fractions 1,0.5,0.1 --numerics exact
+        log "parity $r exact: $(tail -n 1 "$OUT/parity-$r-exact.log")"
+        step "parity-$r-fast" "$BUILD/redlite" parity -m $t --backend cuda --repeat 1 --prompt-tokens 40 \
+          --budget-fractions 1 --numerics fast
+        # Teacher-forced figures over both prompts (report; CudaFastTier's bar is top-1 >= 0.85, rel rms <= 0.075).
+        log "parity $r fast: $(awk '/teacher-forced/ { split($7, a, "/"); t += a[1]; n += a[2]; r += $NF; k++ }
+          END { if (n) printf "top-1 %d/%d = %.3f, mean rel rms %.3e (mean of %d prompts)", t, n, t / n, r / k, k; else print "no figures" }' \
+          "$OUT/parity-$r-fast.log")"
+        rm -f $t
+      done
       ;;
     cpu-fast) model; STEP_TIMEOUT=300 step cpu-fast "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads 16 \
       --reps 1 --decode-tokens 32 --prefill-tokens 64 --json ;;

@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "common/error.h"
 #include "common/format.h"
+#include "synth/recipes.h"
 #include "synth/synth.h"
 
 namespace rl::cli {
@@ -53,7 +54,7 @@ Registrar reg("synth", "Write a synthetic qwen3next GGUF with random weights (be
                     ->required();
                 sub.add_option("--out", a->out, "output GGUF path (written as PATH.tmp, then renamed)");
                 sub.add_option("--seed", a->options.seed, "random seed (same seed, same bytes)");
-                sub.add_option("--recipe", a->options.recipe, "seed-mix (default), q4km, q4km-shexp-f16 (q4km with ffn_gate_inp_shexp in F16, as real files), all-types (every ggml type) or f32");
+                sub.add_option("--recipe", a->options.recipe, synth::recipe_help());
                 sub.add_option("--vocab-from", a->options.vocab_from,
                                "copy the tokenizer of this GGUF (default: a placeholder byte-level vocabulary)");
                 sub.add_option("--router-skew", a->options.router_skew,

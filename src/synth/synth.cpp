@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
-#include <iterator>
 #include <memory>
 #include <thread>
 
@@ -13,6 +12,7 @@
 #include "gguf/gguf_writer.h"
 #include "synth/placeholder_vocab.h"
 #include "synth/random_blocks.h"
+#include "synth/recipes.h"
 #include "synth/router_skew.h"
 
 namespace rl::synth {
@@ -75,11 +75,6 @@ const std::vector<std::string>& preset_names() {
   return n;
 }
 
-const std::vector<std::string>& recipe_names() {
-  static const std::vector<std::string> n{"seed-mix", "q4km", "q4km-shexp-f16", "all-types", "f32"};
-  return n;
-}
-
 Dims preset_dims(const std::string& preset) {
   Dims d;
   if (preset == "80b") {
@@ -125,97 +120,9 @@ Dims preset_dims(const std::string& preset) {
   return d;
 }
 
-// ---- recipes ----------------------------------------------------------------------------------
+// ---- the tensor table (types: recipes.cpp) ------------------------------------------------------
 
 namespace {
-
-// What a tensor is, independent of its layer: the recipe maps it to a type.
-enum class Role {
-  TokenEmbd, Output, Norm, SsmIn, AttnQkv, AttnGate, SsmConv, SsmDtBias, SsmA, SsmBa, SsmOut,
-  AttnQ, AttnK, AttnV, AttnOutput, Router, GateExps, UpExps, DownExps, SharedGateInp,
-  GateShexp, UpShexp, DownShexp,
-};
-
-GgmlType seed_mix_type(Role role, int layer, int n_layer) {
-  switch (role) {
-    case Role::GateExps:
-    case Role::UpExps:
-      // IQ1_M in the second quarter of the layers (12-23 of 48).
-      return (layer >= n_layer / 4 && layer < n_layer / 2) ? GgmlType::IQ1_M : GgmlType::IQ2_XS;
-    case Role::DownExps: return GgmlType::IQ2_XS;
-    case Role::SsmIn:
-    case Role::AttnQkv:
-    case Role::AttnGate:
-    case Role::SsmOut:
-    case Role::AttnQ:
-    case Role::AttnK:
-    case Role::AttnOutput:
-    case Role::TokenEmbd: return GgmlType::Q4_K;
-    case Role::AttnV:
-    case Role::DownShexp: return GgmlType::Q6_K;
-    case Role::SsmBa: return GgmlType::Q8_0;
-    case Role::GateShexp:
-    case Role::UpShexp: return GgmlType::IQ2_XXS;
-    case Role::Output: return GgmlType::Q5_K;
-    default: return GgmlType::F32;  // norms, ssm_a, ssm_dt.bias, ssm_conv1d, routers
-  }
-}
-
-GgmlType q4km_type(Role role) {
-  switch (role) {
-    case Role::AttnV:
-    case Role::DownShexp:
-    case Role::Output: return GgmlType::Q6_K;
-    case Role::Norm:
-    case Role::SsmConv:
-    case Role::SsmDtBias:
-    case Role::SsmA:
-    case Role::Router:
-    case Role::SharedGateInp: return GgmlType::F32;
-    default: return GgmlType::Q4_K;
-  }
-}
-
-// all-types: the weight matrices, in file order, cycle through every ggml type with a float view
-// except F32 (which the norms, routers and the DeltaNet's small tensors keep, as in every recipe);
-// up matrices take their gate's type. A model of at least 22 such places (the tiny preset has 31)
-// holds all 23 types, each in the products it would take in a real file.
-constexpr GgmlType kAllTypesCycle[] = {
-    GgmlType::IQ3_XXS, GgmlType::Q3_K,   GgmlType::IQ4_XS, GgmlType::IQ2_S,   GgmlType::Q4_0,   GgmlType::IQ3_S,
-    GgmlType::Q5_0,    GgmlType::IQ4_NL, GgmlType::MXFP4,  GgmlType::Q4_1,    GgmlType::IQ1_S,  GgmlType::Q5_1,
-    GgmlType::F16,     GgmlType::BF16,   GgmlType::Q8_0,   GgmlType::Q2_K,    GgmlType::Q4_K,   GgmlType::Q5_K,
-    GgmlType::Q6_K,    GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
-
-bool is_matrix(Role role) {
-  switch (role) {
-    case Role::Norm:
-    case Role::SsmConv:
-    case Role::SsmDtBias:
-    case Role::SsmA:
-    case Role::Router:
-    case Role::SharedGateInp: return false;
-    default: return true;
-  }
-}
-
-// matrix_index: the tensor's position among the file's matrices (all-types).
-GgmlType recipe_type(const std::string& recipe, Role role, int layer, int n_layer, int matrix_index) {
-  if (recipe == "seed-mix") return seed_mix_type(role, layer, n_layer);
-  if (recipe == "q4km") return q4km_type(role);
-  if (recipe == "all-types" && is_matrix(role))
-    return kAllTypesCycle[matrix_index % (int)std::size(kAllTypesCycle)];
-  // As q4km, with the shared-expert gate in F16 as the published Qwen3-Next GGUFs store it.
-  if (recipe == "q4km-shexp-f16") return role == Role::SharedGateInp ? GgmlType::F16 : q4km_type(role);
-  return GgmlType::F32;
-}
-
-// llama.cpp's file type ids (LLAMA_FTYPE_*) for the recipes: the type of most of the weights.
-uint32_t recipe_file_type(const std::string& recipe) {
-  if (recipe == "seed-mix") return 20;  // MOSTLY_IQ2_XS
-  if (recipe == "q4km" || recipe == "q4km-shexp-f16") return 15;  // MOSTLY_Q4_K_M
-  if (recipe == "all-types") return 1024;  // GUESSED: no single type dominates
-  return 0;                             // ALL_F32
-}
 
 WeightInit normal(double std) { return WeightInit{WeightInit::Kind::Normal, (float)std, 0, 0, {}, {}}; }
 WeightInit one_plus_normal(float std) { return WeightInit{WeightInit::Kind::OnePlusNormal, std, 0, 0, {}, {}}; }
@@ -230,8 +137,11 @@ class TableBuilder {
     t.name = std::move(name);
     // An up matrix shares its gate's place in the cycle (its type), as llama.cpp's mixes pair them.
     const bool up = role == Role::UpExps || role == Role::UpShexp;
-    t.type = recipe_type(o_.recipe, role, layer, d_.n_layer, up ? matrices_ - 1 : matrices_);
+    const TensorPlace place{role, layer, d_.n_layer, up ? matrices_ - 1 : matrices_, attn_v_, ffn_down_};
+    t.type = recipe_type(o_.recipe, place);
     matrices_ += is_matrix(role) && !up;
+    attn_v_ += is_attn_v_like(role);
+    ffn_down_ += is_ffn_down(role);
     t.ne = std::move(ne);
     t.init = std::move(init);
     check_row_length(t, row_dim);
@@ -250,6 +160,8 @@ class TableBuilder {
   const Options& o_;
   const Dims& d_;
   int matrices_ = 0;  // weight matrices added so far
+  int attn_v_ = 0;    // attn_v / attn_qkv tensors added so far
+  int ffn_down_ = 0;  // ffn_down_exps / ffn_down_shexp tensors added so far
 };
 
 void validate_dims(const Dims& d) {

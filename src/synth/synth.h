@@ -59,7 +59,7 @@ enum class ProjectionLayout {
 
 struct Options {
   std::string preset = "tiny";      // tiny | 80b
-  std::string recipe = "seed-mix";  // seed-mix | q4km | q4km-shexp-f16 | all-types | f32
+  std::string recipe = "seed-mix";  // one of recipe_names() (recipes.cpp)
   ProjectionLayout layout = ProjectionLayout::LegacyFused;
   uint64_t seed = 1;
   double router_skew = 0;           // Zipf exponent of expert popularity; > 0 also adds topic heads (locality)

@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "synth/routing_study.h"
 #include "synth/synth.h"
+#include "synth_test_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,13 +23,7 @@ namespace rl::synth {
 namespace {
 
 std::string write_tiny(const std::string& recipe, double skew = 0) {
-  Options o;
-  o.preset = "tiny";
-  o.recipe = recipe;
-  o.router_skew = skew;
-  const std::string path = test::temp_path("synth-oracle", recipe + ".gguf");
-  write_model(make_plan(o), path);
-  return path;
+  return test_support::write_tiny_model("synth-oracle", recipe, skew);
 }
 
 struct LogitStats {
@@ -76,7 +71,7 @@ TEST_P(SynthOracle, TinyModelGivesFiniteHealthyLogits) {
   test::remove_temp(path);
 }
 
-INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::Values("seed-mix", "q4km", "q4km-shexp-f16", "all-types", "f32"));
+INSTANTIATE_TEST_SUITE_P(Recipes, SynthOracle, ::testing::ValuesIn(recipe_names()));
 
 TEST(SynthOracle, PlaceholderVocabularyTokenizesText) {
   const std::string path = write_tiny("seed-mix");
