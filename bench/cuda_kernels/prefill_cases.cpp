@@ -21,15 +21,15 @@ constexpr int T = S::chunk;
 struct Quantised {
   std::shared_ptr<cuda::DeviceBuffer> q, scale, sum;
 };
-Quantised quantised(bool x32, const float* x, int rows, int cols) {
+Quantised quantised(bool x32, const float* x, int rows, int cols, cuda::XForm form = cuda::XForm::kX24) {
   Quantised r;
-  r.q = device_buffer(x32 ? cuda::x32_bytes(rows, cols) : cuda::x24_bytes(rows, cols));
+  r.q = device_buffer(x32 ? cuda::x32_bytes(rows, cols) : cuda::x24_bytes(rows, cols, form));
   r.scale = device_buffer((size_t)rows * (cols / 256) * sizeof(double));
   r.sum = device_buffer((size_t)rows * (cols / 32) * sizeof(double));
   if (x32)
     cuda::quantize_x32(x, rows, cols, r.q->get<uint8_t>(), r.scale->get<double>(), r.sum->get<double>(), nullptr);
   else
-    cuda::quantize_x24(x, rows, cols, r.q->get<uint8_t>(), r.scale->get<double>(), nullptr);
+    cuda::quantize_x24(x, rows, cols, r.q->get<uint8_t>(), r.scale->get<double>(), nullptr, form);
   RL_CUDA_CHECK(cudaDeviceSynchronize());
   return r;
 }
@@ -111,15 +111,17 @@ CaseDef shexp_gate_up_case(GgmlType t) {
           }};
 }
 
-// The chunk's routed experts on X24 activations: T·k = 5120 selections spread evenly, 10 rows for
-// each of the 512 experts (one group each), every expert's slot in device memory.
-CaseDef experts_case(bool down_product) {
+// The chunk's routed experts on X24 (the fast tier: X8) activations: T·k = 5120 selections spread
+// evenly, 10 rows for each of the 512 experts (one group each), every expert's slot in device memory.
+CaseDef experts_case(bool down_product, cuda::XForm form) {
   const GgmlType t = GgmlType::IQ2_XS;
   const int E = S::n_expert, rows_each = T * S::n_expert_used / E, n_rows = T * S::n_expert_used;
+  const char* fname = form == cuda::XForm::kX8 ? "x8" : "x24";
   const std::string name = down_product
-      ? fmt::format("prefill/experts_x24/down {} {}->{} {}x{} rows", type_name(t), S::n_ff_exp, S::n_embd, E, rows_each)
-      : fmt::format("prefill/experts_x24/gate_up {} {}->{}x2 {}x{} rows", type_name(t), S::n_embd, S::n_ff_exp, E,
-                    rows_each);
+      ? fmt::format("prefill/experts_{}/down {} {}->{} {}x{} rows", fname, type_name(t), S::n_ff_exp, S::n_embd, E,
+                    rows_each)
+      : fmt::format("prefill/experts_{}/gate_up {} {}->{}x2 {}x{} rows", fname, type_name(t), S::n_embd, S::n_ff_exp,
+                    E, rows_each);
   return {name, [=] {
             Case c;
             Image slot;
@@ -133,26 +135,26 @@ CaseDef experts_case(bool down_product) {
             auto ptr_d = device_vector(ptrs), off_d = device_vector(off_cnt);
             const int cols = down_product ? S::n_ff_exp : S::n_embd, out_cols = down_product ? S::n_embd : S::n_ff_exp;
             auto x = device_vector(random_values((size_t)n_rows * cols, 50));
-            const Quantised xq = quantised(false, x->f(), n_rows, cols);
+            const Quantised xq = quantised(false, x->f(), n_rows, cols, form);
             auto y = device_buffer((size_t)n_rows * out_cols * kF);
             const int group_rows = cuda::kExpertGroupRows;
             if (down_product) {
               const size_t rb = row_size(t, S::n_ff_exp);
               c.flops = 2.0 * n_rows * S::n_ff_exp * S::n_embd;
-              c.bytes = (double)E * rb * S::n_embd + cuda::x24_bytes(n_rows, cols) + (double)n_rows * out_cols * kF;
+              c.bytes = (double)E * rb * S::n_embd + cuda::x24_bytes(n_rows, cols, form) + (double)n_rows * out_cols * kF;
               c.run = [=](int, cudaStream_t s) {
                 cuda::matmul_x24_experts(t, ptr_d->get<const uint8_t*>(), down, rb, S::n_embd, S::n_ff_exp,
                                          xq.q->get<uint8_t>(), xq.scale->get<double>(), off_d->get<int32_t>(),
-                                         off_d->get<int32_t>() + E, E, group_rows, y->f(), s);
+                                         off_d->get<int32_t>() + E, E, group_rows, y->f(), s, form);
               };
             } else {
               const size_t rb = row_size(t, S::n_embd);
               c.flops = 2.0 * 2 * n_rows * S::n_embd * S::n_ff_exp;
-              c.bytes = 2.0 * E * rb * S::n_ff_exp + cuda::x24_bytes(n_rows, cols) + (double)n_rows * out_cols * kF;
+              c.bytes = 2.0 * E * rb * S::n_ff_exp + cuda::x24_bytes(n_rows, cols, form) + (double)n_rows * out_cols * kF;
               c.run = [=](int, cudaStream_t s) {
                 cuda::matmul_x24_experts_gate_up(t, ptr_d->get<const uint8_t*>(), 0, up, rb, S::n_ff_exp, S::n_embd,
                                                  xq.q->get<uint8_t>(), xq.scale->get<double>(), off_d->get<int32_t>(),
-                                                 off_d->get<int32_t>() + E, E, group_rows, y->f(), s);
+                                                 off_d->get<int32_t>() + E, E, group_rows, y->f(), s, form);
               };
             }
             c.keep = {pool, ptr_d, off_d, x, xq.q, xq.scale, xq.sum, y};
@@ -369,9 +371,9 @@ std::vector<CaseDef> prefill_cases() {
   v.push_back(product_case("router", G::F32, S::n_expert, n, Form::kFp64));
   v.push_back(group_case());
   v.push_back(quantize_case(false, n));
-  v.push_back(experts_case(false));
+  for (cuda::XForm f : {cuda::XForm::kX24, cuda::XForm::kX8}) v.push_back(experts_case(false, f));
   v.push_back(quantize_case(false, S::n_ff_exp));
-  v.push_back(experts_case(true));
+  for (cuda::XForm f : {cuda::XForm::kX24, cuda::XForm::kX8}) v.push_back(experts_case(true, f));
   v.push_back(shexp_gate_up_case(G::IQ2_XXS));
   v.push_back(product_case("shexp_down", G::Q6_K, n, S::n_ff_shexp, Form::kFp64));
   v.push_back(combine_case());

@@ -52,6 +52,7 @@ __global__ void conv_gates_short_kernel(const float* x, size_t x_stride, float* 
                                         int T, int C, int K, const float* ba, const float* dt_bias,
                                         const float* ssm_a, float* beta, float* g, int nk, int nv, int conv_blocks) {
   pdl_trigger();  // the recurrence's blocks may become resident meanwhile (they wait for this grid)
+  pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   if ((int)blockIdx.x < conv_blocks) {
     conv1d_silu_channel<ConvFast>(x, x_stride, out, state, w, T, C, K, blockIdx.x * kFastConvThreads + threadIdx.x);
     return;
@@ -291,8 +292,8 @@ void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float
   const int conv_blocks = (C + kFastConvThreads - 1) / kFastConvThreads;
   if (T <= 8) {  // decode and short chunks: one pass over the tokens per channel, one launch
     const int gate_blocks = (T * nv + kFastConvThreads - 1) / kFastConvThreads;
-    conv_gates_short_kernel<<<conv_blocks + gate_blocks, kFastConvThreads, 0, stream>>>(
-        x, x_stride, out, state, w, T, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv, conv_blocks);
+    launch_dependent(conv_gates_short_kernel, dim3(conv_blocks + gate_blocks), dim3(kFastConvThreads), stream, x,
+                     x_stride, out, state, w, T, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv, conv_blocks);
     RL_CUDA_LAUNCH_CHECK();
     return;
   }

@@ -124,8 +124,15 @@ void matmul_bf16_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, si
 // [-2^23, 2^23 - 1], in three byte planes per 32 columns (xq [rows][cols/32][3][32]: n >> 16 signed,
 // (n >> 8) & 255, n & 255). x24_bytes: the size of xq. x and xq 16-byte aligned (vector loads and
 // stores), as cudaMalloc and whole rows of such widths give.
-constexpr size_t x24_bytes(size_t rows, size_t cols) { return rows * cols * 3; }
-void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream);
+// The X8 form (the fast tier's): the same layout with one plane, n = round(x / scale) in int8 with
+// scale = (the block's largest magnitude) / 127, as llama.cpp's q8_1 activations but per 256 columns.
+// An XForm's value is its number of byte planes.
+enum class XForm : uint8_t { kX8 = 1, kX24 = 3 };
+constexpr size_t x24_bytes(size_t rows, size_t cols, XForm form = XForm::kX24) {
+  return rows * cols * (size_t)form;
+}
+void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream,
+                  XForm form = XForm::kX24);
 // The X32 form: as X24 with the scale 2^(e-31), n = round(x / scale) clamped to 32 bits, in four
 // byte planes (xq [rows][cols/32][4][32]: n >> 24 signed, then the next bytes unsigned; exact for
 // every value of magnitude 2^(e-8) or more, i.e. at least 2^-7 of its block's largest), and xsum
@@ -134,20 +141,21 @@ constexpr size_t x32_bytes(size_t rows, size_t cols) { return rows * cols * 4; }
 void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream);
 // True for the weight types with X24 products (IQ2_XXS, IQ2_XS, IQ1_M).
 bool x24_supported(GgmlType t);
-// As matmul / matmul_experts / matmul_gate_up / matmul_experts_gate_up, on X24 activations: every
-// output is the fp32 rounding of the sum of exact products w · x̃ (x̃ = n · scale, the activations
-// the X24 form holds), summed in double; compute capability 8.0 or newer.
+// As matmul / matmul_experts / matmul_gate_up / matmul_experts_gate_up, on X24 (or X8: form)
+// activations: every output is the fp32 rounding of the sum of exact products w · x̃ (x̃ = n · scale,
+// the activations the form holds), summed in double; compute capability 8.0 or newer.
 void matmul_x24(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,
-                const double* xscale, int T, float* y, cudaStream_t stream);
+                const double* xscale, int T, float* y, cudaStream_t stream, XForm form = XForm::kX24);
 void matmul_x24_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
                         int cols, const uint8_t* xq, const double* xscale, const int* row_off, const int* row_cnt,
-                        int n, int max_cnt, float* y, cudaStream_t stream);
+                        int n, int max_cnt, float* y, cudaStream_t stream, XForm form = XForm::kX24);
 void matmul_x24_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
-                        const uint8_t* xq, const double* xscale, int T, float* act, cudaStream_t stream);
+                        const uint8_t* xq, const double* xscale, int T, float* act, cudaStream_t stream,
+                        XForm form = XForm::kX24);
 void matmul_x24_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset, size_t up_offset,
                                 size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
                                 const int* row_off, const int* row_cnt, int n, int max_cnt, float* act,
-                                cudaStream_t stream);
+                                cudaStream_t stream, XForm form = XForm::kX24);
 
 // ---- matmul_x32.cu: dense prefill products of Q4_K on 8-bit tensor cores ----------------------------
 // Y [T][rows] = X̂ · Wᵀ on X32 activations (quantize_x32, with xsum): every output the fp32 rounding

@@ -47,8 +47,7 @@ constexpr int kSuper = 256;        // columns per super-block (the X24 scale, th
 constexpr int kStepsPerSuper = kSuper / kStep;
 constexpr int kTokens = 16;        // tokens per block: two 8-token sub-tiles
 constexpr int kSubTiles = kTokens / 8;
-constexpr int kLimbs = 3;
-constexpr int kStepBytes = kLimbs * kStep;  // a token's X24 bytes of one step: [limb][32]
+constexpr int kMaxLimbs = 3;  // X24 (the X8 form, the fast tier's, has one)
 // How far ahead (in super-blocks) x24_kernel prefetches a row's weights into L2.
 constexpr int kPrefetchSupers = 2;
 
@@ -191,10 +190,11 @@ constexpr bool kX24Type = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS || T =
 // the scale 2^(e-B) with B = 8L - 1 (NaN when the block holds a NaN or an infinity, so that the
 // products carry it), and each value's (B+1)-bit integer n = round(x · 2^(B-e)) in L byte planes,
 // the first signed: L = 3 is the X24 form, L = 4 the X32 form (kernels.h), which also writes the
-// sum of n over each 32 columns (xsum, exact in double: |sum| < 2^36).
+// sum of n over each 32 columns (xsum, exact in double: |sum| < 2^36). L = 1, the X8 form, takes
+// the scale m / 127 instead (the whole int8 range, as llama.cpp's q8_1 blocks).
 template <int L>
 __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum) {
-  static_assert(L == 3 || L == 4);
+  static_assert(L == 1 || L == 3 || L == 4);
   constexpr int kBits = 8 * L - 1;
   constexpr double kMax = (double)((1LL << kBits) - 1);
   const int nsb = cols / kSuper;
@@ -216,14 +216,19 @@ __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq,
   finite = __all_sync(0xFFFFFFFFu, finite);
   int e;
   frexpf(mx, &e);  // mx < 2^e (mx = 0: e = 0)
-  if (lane == 0) xscale[(size_t)row * nsb + sb] = finite ? ldexp(1.0, e - kBits) : __longlong_as_double(0x7FF8000000000000LL);
+  // X8: n = round(x · 127 / mx) (mx = 0: every n is 0, the scale any finite value).
+  const double x8_scale = mx > 0.0f ? (double)mx / kMax : 1.0;
+  if (lane == 0)
+    xscale[(size_t)row * nsb + sb] = !finite ? __longlong_as_double(0x7FF8000000000000LL)
+                                     : L == 1 ? x8_scale
+                                              : ldexp(1.0, e - kBits);
   uint32_t limb[L][2] = {};
   long long sum = 0;  // of the lane's 8 integers (X32)
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     int n = 0;
     if (finite) {
-      const double s = rint(ldexp((double)v[j], kBits - e));
+      const double s = L == 1 ? rint((double)v[j] / x8_scale) : rint(ldexp((double)v[j], kBits - e));
       n = (int)fmin(fmax(s, -kMax - 1.0), kMax);
     }
     if constexpr (L == 4) sum += n;
@@ -245,7 +250,8 @@ __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq,
 // GU (a SwiGLU pair): row tile 0 of each warp is rows of the gate matrix, row tile 1 the same rows
 // of the up matrix; the lane writes SiLU(gate) · up as swiglu does. Otherwise row tiles 0 and 1 are
 // rows g and g + 8 of the warp's 16.
-template <GgmlType T, bool GU>
+// L limbs: 3, the X24 form; 1, the X8 form.
+template <GgmlType T, bool GU, int L>
 __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, const uint8_t* w2, size_t w2_offset,
     size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale, const int* row_off,
@@ -259,7 +265,8 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
   if (tile_t >= cnt) return;
   // Staged limbs: [buffer][limb][half][token] of 16 bytes (lane (g, q)'s B word of sub-tile s is
   // word q of entry [l][h][8s + g]: a warp reads 32 consecutive words).
-  __shared__ uint4 xs[2][kLimbs * 2 * kTokens];
+  __shared__ uint4 xs[2][L * 2 * kTokens];
+  constexpr int kStepBytes = L * kStep;  // a token's bytes of one step: [limb][32]
   const SharedTables<T> tab;
   const uint32_t* grid32 = reinterpret_cast<const uint32_t*>(tab.grid);
   const uint32_t* masks32 = reinterpret_cast<const uint32_t*>(tab.masks);
@@ -267,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
   const int active = (tile_n + 7) / 8;
   const int r0 = blockIdx.x * kTileRows;
   const int nsb = cols / kSuper, steps = cols / kStep;
-  const size_t x_row = (size_t)cols * kLimbs;
+  const size_t x_row = (size_t)cols * L;
   const uint8_t* xg = xq + (size_t)(t0_group + tile_t) * x_row;
   const double* sg = xscale + (size_t)(t0_group + tile_t) * nsb;
   float* yg = y + (size_t)t0_group * rows;
@@ -288,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
 
   // Piece p of a step (p < n_pieces): 16 bytes of limb l, half h of token t, p = (2l + h)·n + t
   // with n = active·8 tokens (zeros past the tile's tokens).
-  const int n_tok = active * 8, n_pieces = n_tok * kLimbs * 2;
+  const int n_tok = active * 8, n_pieces = n_tok * L * 2;
   const int p_lh = tid / n_tok, p_t = tid % n_tok;
   auto load_piece = [&](int step) {
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -313,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
   uint4 xr = load_piece(0);
   fetch_weights(0);
 
-  int acc[kSubTiles][kLimbs][4];
+  int acc[kSubTiles][L][4];
   double out[kSubTiles][4] = {};
   int buf = 0;
   for (int step = 0; step < steps; step++, buf ^= 1) {
@@ -321,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
 #pragma unroll
       for (int s = 0; s < kSubTiles; s++)
 #pragma unroll
-        for (int l = 0; l < kLimbs; l++)
+        for (int l = 0; l < L; l++)
 #pragma unroll
           for (int e = 0; e < 4; e++) acc[s][l][e] = 0;
       const int sb_ahead = step / kStepsPerSuper + kPrefetchSupers;
@@ -350,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
-          for (int l = 0; l < kLimbs; l++) {
+          for (int l = 0; l < L; l++) {
             const uint32_t b = xw[4 * ((2 * l + h) * kTokens + 8 * s)];
             int d[4];
             if (l == 0)
@@ -366,8 +373,8 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
       }
     }
     if ((step & (kStepsPerSuper - 1)) == kStepsPerSuper - 1) {
-      // The super-block's sums: N = A0·2^16 + A1·2^8 + A2, times d/8 of the row and 2^(e-23) of
-      // the token, each product exact, into the double sums.
+      // The super-block's sums: N = A0·2^16 + A1·2^8 + A2 (X8: A0), times d/8 of the row and the
+      // token's scale (X24: 2^(e-23), each product exact), into the double sums.
       const int sb = step / kStepsPerSuper;
       float dw[2];
 #pragma unroll
@@ -382,7 +389,8 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
 #pragma unroll
           for (int i = 0; i < 2; i++) {
             const int k = 2 * i + e;
-            const double n = fma((double)acc[s][0][k], 65536.0, fma((double)acc[s][1][k], 256.0, (double)acc[s][2][k]));
+            double n = (double)acc[s][0][k];
+            if constexpr (L == 3) n = fma(n, 65536.0, fma((double)acc[s][1][k], 256.0, (double)acc[s][2][k]));
             out[s][k] = fma(n, (double)dw[i] * xsc, out[s][k]);
           }
         }
@@ -397,7 +405,8 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
 template <bool GU>
 void launch_x24(GgmlType t, const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, const uint8_t* w2,
                 size_t w2_offset, size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
-                const int* row_off, const int* row_cnt, int n_groups, int max_tokens, float* y, cudaStream_t stream) {
+                const int* row_off, const int* row_cnt, int n_groups, int max_tokens, float* y, cudaStream_t stream,
+                XForm form) {
   if (!x24_supported(t)) throw_error(std::string("matmul_x24: weight type ") + type_name(t) + " has no X24 product");
   if (cols % kSuper != 0)
     throw_error("matmul_x24: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
@@ -407,8 +416,8 @@ void launch_x24(GgmlType t, const uint8_t* w, const uint8_t* const* slot_ptrs, s
   const dim3 grid((rows + kTileRows - 1) / kTileRows, (max_tokens + kTokens - 1) / kTokens, n_groups);
   dispatch_type(t, [&]<GgmlType T>() {
     if constexpr (kX24Type<T>)
-      x24_kernel<T, GU><<<grid, kThreads, 0, stream>>>(w, slot_ptrs, w_offset, w2, w2_offset, row_bytes, rows, cols,
-                                                        xq, xscale, row_off, row_cnt, max_tokens, y);
+      (form == XForm::kX8 ? x24_kernel<T, GU, 1> : x24_kernel<T, GU, kMaxLimbs>)<<<grid, kThreads, 0, stream>>>(
+          w, slot_ptrs, w_offset, w2, w2_offset, row_bytes, rows, cols, xq, xscale, row_off, row_cnt, max_tokens, y);
   });
   RL_CUDA_LAUNCH_CHECK();
 }
@@ -434,8 +443,11 @@ void quantize(const char* what, const float* x, int rows, int cols, uint8_t* xq,
   RL_CUDA_LAUNCH_CHECK();
 }
 
-void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream) {
-  quantize<kLimbs>("quantize_x24", x, rows, cols, xq, xscale, nullptr, stream);
+void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscale, cudaStream_t stream, XForm form) {
+  if (form == XForm::kX8)
+    quantize<1>("quantize_x24 (X8)", x, rows, cols, xq, xscale, nullptr, stream);
+  else
+    quantize<kMaxLimbs>("quantize_x24", x, rows, cols, xq, xscale, nullptr, stream);
 }
 
 void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream) {
@@ -443,30 +455,31 @@ void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscal
 }
 
 void matmul_x24(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,
-                const double* xscale, int T, float* y, cudaStream_t stream) {
+                const double* xscale, int T, float* y, cudaStream_t stream, XForm form) {
   launch_x24<false>(t, static_cast<const uint8_t*>(w), nullptr, 0, nullptr, 0, row_bytes, rows, cols, xq, xscale,
-                    nullptr, nullptr, 1, T, y, stream);
+                    nullptr, nullptr, 1, T, y, stream, form);
 }
 
 void matmul_x24_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
                         int cols, const uint8_t* xq, const double* xscale, const int* row_off, const int* row_cnt,
-                        int n, int max_cnt, float* y, cudaStream_t stream) {
+                        int n, int max_cnt, float* y, cudaStream_t stream, XForm form) {
   launch_x24<false>(t, nullptr, slot_ptrs, w_offset, nullptr, 0, row_bytes, rows, cols, xq, xscale, row_off, row_cnt,
-                    n, max_cnt, y, stream);
+                    n, max_cnt, y, stream, form);
 }
 
 void matmul_x24_gate_up(GgmlType t, const void* gate, const void* up, size_t row_bytes, int rows, int cols,
-                        const uint8_t* xq, const double* xscale, int T, float* act, cudaStream_t stream) {
+                        const uint8_t* xq, const double* xscale, int T, float* act, cudaStream_t stream,
+                        XForm form) {
   launch_x24<true>(t, static_cast<const uint8_t*>(gate), nullptr, 0, static_cast<const uint8_t*>(up), 0, row_bytes,
-                   rows, cols, xq, xscale, nullptr, nullptr, 1, T, act, stream);
+                   rows, cols, xq, xscale, nullptr, nullptr, 1, T, act, stream, form);
 }
 
 void matmul_x24_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t gate_offset, size_t up_offset,
                                 size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
                                 const int* row_off, const int* row_cnt, int n, int max_cnt, float* act,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, XForm form) {
   launch_x24<true>(t, nullptr, slot_ptrs, gate_offset, nullptr, up_offset, row_bytes, rows, cols, xq, xscale, row_off,
-                   row_cnt, n, max_cnt, act, stream);
+                   row_cnt, n, max_cnt, act, stream, form);
 }
 
 }  // namespace rl::cuda

@@ -46,8 +46,6 @@ namespace rl::cuda {
 namespace {
 
 constexpr int kWarps = 8;  // 256 threads per block
-// Codebooks (IQ types) staged in shared memory by each block, or read through L1 from global memory.
-constexpr bool kStageCodebooks = true;
 
 // One launch's jobs, passed by value as the kernel's parameter.
 template <class Job>
@@ -115,11 +113,22 @@ __device__ __forceinline__ void kquant_unit(const uint8_t* const (&wr)[R], const
   }
 }
 
-// How many rows a warp computes (the integer form: quant_device.cuh).
+// How many rows a warp computes (the integer form: quant_device.cuh). bench_cuda_kernels on the
+// H200 (docs/PERF.md, "decode product tuning"): the routed experts' gate/up of ten IQ2_XS experts
+// takes 13.5 us with two pairs a warp and 12.0 us with one (IQ2_XXS 14.2 / 11.7, the shared
+// expert's 3.7 / 3.4; IQ1_M equal), while their down products are faster with four rows a warp
+// than with two (IQ2_XS 7.2 / 9.2 us).
 template <GgmlType T>
 constexpr int kMatvecRows = kIntegerForm<T> ? 4 : 2;
 template <GgmlType T>
-constexpr int kGateUpPairs = kIntegerForm<T> ? 2 : 1;
+constexpr int kGateUpPairs = 1;
+
+// Whether a block stages its type's codebook in shared memory or reads it through L1. Measured on
+// the H200 (bench_cuda_kernels, docs/PERF.md "decode product tuning"): the 16 KiB codebook of
+// IQ1_S / IQ1_M is better left in global memory (ten IQ1_M experts' gate/up 15.5 -> 14.6 us), the
+// 4 KiB one of IQ2_XS better staged (13.5 vs 14.0 us).
+template <GgmlType T>
+constexpr bool kStageCodebook = GridOf<T>::kEntries * sizeof(uint64_t) < 16 * 1024;
 
 // This lane's part of R rows' dot products in the integer form (exact products, double sums; see
 // the top of the file): chunks c0, c0 + step, ... Each
@@ -306,7 +315,7 @@ __device__ __forceinline__ void lane_dot_f32(const uint8_t* const (&wr)[R], cons
 // This lane's part of R rows' dot products, in the type's form.
 template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
-                                         int n_chunks, const SharedTables<T, kStageCodebooks>& tab, double (&acc)[R]) {
+                                         int n_chunks, const SharedTables<T, kStageCodebook<T>>& tab, double (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
     iq_lane_dot<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
   else
@@ -314,7 +323,7 @@ __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const fl
 }
 template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
-                                         int n_chunks, const SharedTables<T, kStageCodebooks>& tab, float (&acc)[R]) {
+                                         int n_chunks, const SharedTables<T, kStageCodebook<T>>& tab, float (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
     iq_lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
   else
@@ -367,8 +376,11 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
   constexpr int R = kMatvecRows<T>;
   const MatvecJob& jb = jobs.job[blockIdx.y];
   RowSlot<W, R> s;
-  const SharedTables<T, kStageCodebooks> tab;
+  const SharedTables<T, kStageCodebook<T>> tab;
   pdl_wait();  // inputs and slot pointers come from the previous kernel
+  // The next kernel's blocks may take SMs as this one's finish and stage their tables (they still
+  // wait for this grid to complete): 0.2-1 us less a product (bench_cuda_kernels, PERF.md).
+  pdl_trigger();
   const bool active = s.row < jb.rows;
   SumOf<kFast> acc[R] = {};
   if (active) {
@@ -383,7 +395,6 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
 #pragma unroll
   for (int r = 0; r < R; r++)
     if (s.reduce(acc[r], active) && s.row + r < jb.rows) jb.y[s.row + r] = (float)acc[r];
-  pdl_trigger();
 }
 
 // act[r] = SiLU(W_gate[r]·x) * (W_up[r]·x): one warp (group) computes both rows of P pairs, so their
@@ -394,8 +405,9 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs j
   constexpr int P = kGateUpPairs<T>;
   const GateUpJob& jb = jobs.job[blockIdx.y];
   RowSlot<W, P> s;
-  const SharedTables<T, kStageCodebooks> tab;
+  const SharedTables<T, kStageCodebook<T>> tab;
   pdl_wait();
+  pdl_trigger();  // as matvec_kernel
   const bool active = s.row < jb.rows;
   SumOf<kFast> acc[2 * P] = {};
   if (active) {
@@ -420,7 +432,6 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs j
     if (own_g && own_u && s.row + p < jb.rows)
       jb.act[s.row + p] = __fmul_rn(silu_f((float)acc[2 * p]), (float)acc[2 * p + 1]);
   }
-  pdl_trigger();
 }
 
 void check_cols(int cols) {

@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(kCombineNormThreads)
                         const float* __restrict__ shared_gate, int width, const float* __restrict__ norm_w, float eps,
                         float* __restrict__ out) {
   pdl_trigger();
+  pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   const int t = blockIdx.x;
   __shared__ int as[kMaxRouteK];
   __shared__ float ws[kMaxRouteK];
@@ -154,6 +155,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(
     const float* logits, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
     int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
+  pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   __shared__ unsigned long long keys[kMaxRouteExperts];
   __shared__ unsigned long long sel[kMaxRouteK];
   __shared__ uint64_t res[kMaxRouteExperts];  // the residency row, fetched while the exponentials run
@@ -309,47 +311,49 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids
 // __expf and a warp-tree sum, the same keys (probability bits, then the index complement) and K
 // rounds of arg-max, weights renormalised in fp32 — with no block barrier and no double
 // arithmetic. A selection can differ from the exact tier's only where two probabilities lie within
-// fp32 rounding of each other. Lane l holds experts l, l + 32, ... (kPer of them, E <= 32 kPer) in
-// registers: the logits are loaded at once, and a round's arg-max is two warp max reductions and a
-// rescan of the winning lane's registers.
+// fp32 rounding of each other. Keys in shared memory (kMaxRouteExperts of them).
 constexpr int kRouteWarpsF32 = 4;  // tokens per block (one warp each)
-template <int kPer>
 __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     const float* logits, int T, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
     int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
+  pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
+  __shared__ float probs[kRouteWarpsF32][kMaxRouteExperts];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int t = blockIdx.x * kRouteWarpsF32 + warp;
   if (t >= T) return;
   logits += (size_t)t * E;
-  float p[kPer];
+  float* pr = probs[warp];
+  // Every logit of the lane's share loaded at once (unrolled, predicated), so the loads overlap
+  // instead of costing a memory round trip each.
+  constexpr int kPerLane = kMaxRouteExperts / 32;
+  float lv[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kPer; i++) p[i] = lane + 32 * i < E ? logits[lane + 32 * i] : -INFINITY;
+  for (int i = 0; i < kPerLane; i++) lv[i] = lane + 32 * i < E ? logits[lane + 32 * i] : -INFINITY;
   float m = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kPer; i++) m = fmaxf(m, p[i]);
+  for (int i = 0; i < kPerLane; i++) m = fmaxf(m, lv[i]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   float part = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPer; i++) {
-    p[i] = lane + 32 * i < E ? __expf(p[i] - m) : 0.f;
-    part += p[i];
-  }
+  for (int i = 0; i < kPerLane; i++)
+    if (lane + 32 * i < E) {
+      const float ex = __expf(lv[i] - m);
+      pr[lane + 32 * i] = ex;
+      part += ex;
+    }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
   const float inv = 1.0f / part;
-  // A lane's keys: the probability's bits (non-negative floats order as their bits), then the
-  // index complement (the lower index wins a tie). A taken or absent expert has key 0.
-  auto key_of = [&](int i) -> unsigned long long {
-    if (lane + 32 * i >= E || p[i] < 0.f) return 0ull;
-    return ((unsigned long long)__float_as_uint(p[i]) << 32) | (0xFFFFFFFFu - (unsigned)(lane + 32 * i));
-  };
+  // Lane l owns experts l, l+32, ...: it keeps its best key in a register and rescans its own
+  // share after giving one up; a round's arg-max is two warp max reductions.
   unsigned long long best = 0;
-#pragma unroll
-  for (int i = 0; i < kPer; i++) {
-    p[i] *= inv;
-    const unsigned long long key = key_of(i);
+#pragma unroll 16
+  for (int e = lane; e < E; e += 32) {
+    const float p = pr[e] * inv;
+    pr[e] = p;
+    const unsigned long long key = ((unsigned long long)__float_as_uint(p) << 32) | (0xFFFFFFFFu - (unsigned)e);
     best = key > best ? key : best;
   }
   float my_p = 0.f, selected = 0.f;
@@ -363,11 +367,13 @@ __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     selected += p_top;
     if (k % 32 == lane) my_p = p_top, my_e = e_top;
     if ((e_top & 31) == lane) {
+      pr[e_top] = -1.0f;  // below every probability: never chosen again
       best = 0;
-#pragma unroll
-      for (int i = 0; i < kPer; i++) {
-        if (i == e_top / 32) p[i] = -1.0f;  // below every probability: never chosen again
-        const unsigned long long key = key_of(i);
+#pragma unroll 16
+      for (int e = lane; e < E; e += 32) {
+        const float p = pr[e];
+        if (p < 0.f) continue;
+        const unsigned long long key = ((unsigned long long)__float_as_uint(p) << 32) | (0xFFFFFFFFu - (unsigned)e);
         best = key > best ? key : best;
       }
     }
@@ -402,17 +408,12 @@ void launch_route(const float* logits, int T, int n_expert, int k, float scale, 
   if (T == 0) return;
   if (sums == Sums::kFast) {
     if (k > 32) throw_error("route_topk: " + std::to_string(k) + " experts per token (the fast tier's routing takes 32)");
-    // The smallest register share that holds the experts (kMaxRouteExperts = 32 * 64).
-    const auto kernel = n_expert <= 128   ? route_kernel_f32<4>
-                        : n_expert <= 256 ? route_kernel_f32<8>
-                        : n_expert <= 512 ? route_kernel_f32<16>
-                        : n_expert <= 1024 ? route_kernel_f32<32>
-                                           : route_kernel_f32<64>;
-    kernel<<<(T + kRouteWarpsF32 - 1) / kRouteWarpsF32, 32 * kRouteWarpsF32, 0, stream>>>(
-        logits, T, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs, miss_count);
+    launch_dependent(route_kernel_f32, dim3((T + kRouteWarpsF32 - 1) / kRouteWarpsF32), dim3(32 * kRouteWarpsF32),
+                     stream, logits, T, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs,
+                     miss_count);
   } else {
-    route_kernel<<<T, kRouteThreads, 0, stream>>>(logits, n_expert, k, scale, residency_row, fallback, ids, weights,
-                                                  slot_ptrs, miss_count);
+    launch_dependent(route_kernel, dim3(T), dim3(kRouteThreads), stream, logits, n_expert, k, scale, residency_row,
+                     fallback, ids, weights, slot_ptrs, miss_count);
   }
   RL_CUDA_LAUNCH_CHECK();
 }
@@ -457,8 +458,8 @@ void moe_combine_norm(float* x, const float* y, const int32_t* assign, const flo
   if (T == 0) return;
   if (width % 4 != 0) throw_error("moe_combine_norm: width " + std::to_string(width) + " is not a multiple of 4");
   if (k > kMaxRouteK) throw_error("moe_combine_norm: " + std::to_string(k) + " experts per token (at most " + std::to_string(kMaxRouteK) + ")");
-  combine_norm_kernel<<<T, kCombineNormThreads, 0, stream>>>(x, y, assign, weights, k, shared, shared_gate, width,
-                                                             norm_w, eps, out);
+  launch_dependent(combine_norm_kernel, dim3(T), dim3(kCombineNormThreads), stream, x, y, assign, weights, k, shared,
+                   shared_gate, width, norm_w, eps, out);
   RL_CUDA_LAUNCH_CHECK();
 }
 

@@ -320,7 +320,8 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   e.profiler.mark(kSharedExpert, stream);
   // Prefill: h2 in the X24 form once, for the shared pair and (gathered) the routed gate and up.
   if (plan.moe_input_x24)
-    quantize_x24(h2, T, c.n_embd, ws.moe_input_x24.q.get<uint8_t>(), ws.moe_input_x24.scale.get<double>(), stream);
+    quantize_x24(h2, T, c.n_embd, ws.moe_input_x24.q.get<uint8_t>(), ws.moe_input_x24.scale.get<double>(), stream,
+                 e.forms.x24_form());
   if (!shared_on_side) {
     e.products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
                                plan.moe_input_x24);

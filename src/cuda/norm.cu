@@ -49,6 +49,7 @@ template <bool BLOCK, bool ADD>
 __global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w,
                                 float* out, int n_rows, int width, float eps) {
   pdl_trigger();  // a decode product follows (it waits for this grid before reading)
+  pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   using G = RowGroup<BLOCK>;
   const int row = G::row();
   if (row >= n_rows) return;
@@ -77,6 +78,7 @@ template <bool BLOCK>
 __global__ void gated_rms_norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w,
                                       float* out, int n_rows, int width, float eps) {
   pdl_trigger();
+  pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   using G = RowGroup<BLOCK>;
   const int row = G::row();
   if (row >= n_rows) return;
@@ -136,8 +138,8 @@ void rms_norm(const float* x, const float* w, float* out, int n_rows, int width,
   if (n_rows == 0) return;
   check_width(width, "rms_norm");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
-    rms_norm_kernel<decltype(block)::value, false>
-        <<<grid, threads, 0, stream>>>(const_cast<float*>(x), nullptr, w, out, n_rows, width, eps);
+    launch_dependent(rms_norm_kernel<decltype(block)::value, false>, grid, threads, stream, const_cast<float*>(x),
+                     static_cast<const float*>(nullptr), w, out, n_rows, width, eps);
   });
 }
 
@@ -146,7 +148,8 @@ void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_ro
   if (n_rows == 0) return;
   check_width(width, "add_rms_norm");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
-    rms_norm_kernel<decltype(block)::value, true><<<grid, threads, 0, stream>>>(x, y, w, out, n_rows, width, eps);
+    launch_dependent(rms_norm_kernel<decltype(block)::value, true>, grid, threads, stream, x, y, w, out, n_rows, width,
+                     eps);
   });
 }
 
@@ -155,7 +158,8 @@ void gated_rms_norm(const float* o, const float* z, const float* w, float* out, 
   if (n_rows == 0) return;
   check_width(width, "gated_rms_norm");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
-    gated_rms_norm_kernel<decltype(block)::value><<<grid, threads, 0, stream>>>(o, z, w, out, n_rows, width, eps);
+    launch_dependent(gated_rms_norm_kernel<decltype(block)::value>, grid, threads, stream, o, z, w, out, n_rows, width,
+                     eps);
   });
 }
 

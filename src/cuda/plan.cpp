@@ -61,6 +61,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::kMatvecF32: return "matvec-f32";
     case Kernel::kMatmulF64: return "f64";
     case Kernel::kMatmulX24: return "x24";
+    case Kernel::kMatmulX8: return "x8";
     case Kernel::kMatmulX32: return "x32";
     case Kernel::kMatmulBf16: return "bf16";
   }
@@ -89,15 +90,16 @@ PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate
   if (T == 1 && gate.type == up.type && gate.cols == up.cols) return {forms.matvec(), forms.matvec(), true};
   if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows && gate.row_bytes == up.row_bytes) {
     const Kernel k =
-        forms.use_x24(gate.type) && gate.cols == c.n_embd ? Kernel::kMatmulX24 : forms.prefill_matmul();
+        forms.use_x24(gate.type) && gate.cols == c.n_embd ? forms.x24_kernel() : forms.prefill_matmul();
     return {k, k, true};
   }
   return {dense_kernel(forms, gate, T), dense_kernel(forms, up, T), false};
 }
 
-// A routed expert matrix in prefill: X24 for its type, else the fp64 products (the fast tier: bf16).
+// A routed expert matrix in prefill: X24 (the fast tier: X8) for its type, else the fp64 products
+// (the fast tier: bf16).
 Kernel expert_kernel(const NumericForms& forms, GgmlType t) {
-  return forms.use_x24(t) ? Kernel::kMatmulX24 : forms.prefill_matmul();
+  return forms.use_x24(t) ? forms.x24_kernel() : forms.prefill_matmul();
 }
 
 }  // namespace

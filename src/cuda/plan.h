@@ -9,6 +9,7 @@
 
 #include "cuda/cuda_options.h"
 #include "cuda/device_weights.h"
+#include "cuda/kernels.h"
 #include "model/model.h"
 
 namespace rl::cuda {
@@ -18,12 +19,16 @@ enum class Kernel : uint8_t {
   kMatvecF32,  // one row, fast tier: the matvec family with fp32 sums (Sums::kFast)
   kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
   kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
+  kMatmulX8,   // prefill, fast tier: the same kernels on X8 activations (int8 per value; XForm::kX8)
   kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
   kMatmulBf16, // prefill, fast tier: bf16 tensor cores on dequantised tiles, fp32 sums (matmul_bf16)
 };
 const char* kernel_name(Kernel k);
 // kMatvec or kMatvecF32, and the sums it forms.
 inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kMatvecF32; }
+// kMatmulX24 or kMatmulX8, and the activations' form it reads.
+inline bool is_x24(Kernel k) { return k == Kernel::kMatmulX24 || k == Kernel::kMatmulX8; }
+inline XForm x24_form_of(Kernel k) { return k == Kernel::kMatmulX8 ? XForm::kX8 : XForm::kX24; }
 
 // Which numeric forms this device and these weights allow. Decode (one token) runs every product
 // as a matvec; prefill runs the fp64 tensor-core products except:
@@ -56,6 +61,10 @@ struct NumericForms {
   // 2026-12-01; CudaFastTier.EachPartOnThe80BShape).
   Kernel prefill_matmul() const;
   bool use_x24(GgmlType t) const;
+  // The kernel of a product that uses_x24: the X24 form, or X8 in the fast tier — one byte plane
+  // instead of three, a third of the tensor-core work (bench_cuda_kernels: PERF.md).
+  Kernel x24_kernel() const { return fast ? Kernel::kMatmulX8 : Kernel::kMatmulX24; }
+  XForm x24_form() const { return fast ? XForm::kX8 : XForm::kX24; }
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte
   // aligned rows, and a grid of a block per SM unless x32_always.
   bool use_x32(const DMat& w, int T) const;

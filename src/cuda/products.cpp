@@ -85,11 +85,12 @@ void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan&
     matvec_gate_up(gate.type, gate.cols, &j, 1, stream_, sums_of(plan.gate));
     return;
   }
-  if (plan.fused && plan.gate == Kernel::kMatmulX24) {
+  if (plan.fused && is_x24(plan.gate)) {
     QuantRows& xq = ws_.moe_input_x24;
-    if (!x_in_x24) quantize_x24(x, T, gate.cols, xq.q.get<uint8_t>(), xq.scale.get<double>(), stream_);
+    const XForm form = x24_form_of(plan.gate);
+    if (!x_in_x24) quantize_x24(x, T, gate.cols, xq.q.get<uint8_t>(), xq.scale.get<double>(), stream_, form);
     matmul_x24_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, xq.q.get<uint8_t>(),
-                       xq.scale.get<double>(), T, act, stream_);
+                       xq.scale.get<double>(), T, act, stream_, form);
     return;
   }
   if (plan.fused && plan.gate == Kernel::kMatmulBf16) {
@@ -113,7 +114,7 @@ void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel d
   float* in = ws_.expert_in.f();
   float* act = ws_.expert_act.f();
   float* up = ws_.expert_up.f();
-  // One product: the X24 form of its input (the gathered rows of the layer's conversion of h2;
+  // One product: the X24 (X8) form of its input (the gathered rows of the layer's conversion of h2;
   // expert_act_x24 the SwiGLU outputs) for the IQ types, else the fp64 products on the fp32 input.
   const uint8_t* xq = ws_.expert_in_x24.q.get<uint8_t>();
   const double* xs = ws_.expert_in_x24.scale.get<double>();
@@ -121,9 +122,9 @@ void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel d
   double* as = ws_.expert_act_x24.scale.get<double>();
   auto product = [&](const TensorView& v, Kernel k, size_t offset, int out_rows, int cols, const float* x,
                      const uint8_t* q, const double* qs, float* y) {
-    if (k == Kernel::kMatmulX24)
+    if (is_x24(k))
       matmul_x24_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, q, qs, off_d, off_d + n, n, max_cnt, y,
-                         stream_);
+                         stream_, x24_form_of(k));
     else if (k == Kernel::kMatmulBf16)
       matmul_bf16_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y,
                           stream_);
@@ -131,9 +132,9 @@ void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel d
       matmul_experts(v.type, ptr_d, offset, v.row_bytes, out_rows, cols, x, off_d, off_d + n, n, max_cnt, y, stream_);
   };
   if (pair.fused) {
-    if (pair.gate == Kernel::kMatmulX24)
+    if (is_x24(pair.gate))
       matmul_x24_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, xq, xs, off_d,
-                                 off_d + n, n, max_cnt, act, stream_);
+                                 off_d + n, n, max_cnt, act, stream_, x24_form_of(pair.gate));
     else if (pair.gate == Kernel::kMatmulBf16)
       matmul_bf16_experts_gate_up(gv.type, ptr_d, 0, moe.up_offset, gv.row_bytes, ff, n_embd, in, off_d, off_d + n, n,
                                   max_cnt, act, stream_);
@@ -145,8 +146,11 @@ void Products::expert_products(const MoeDev& moe, const PairPlan& pair, Kernel d
     product(uv, pair.up, moe.up_offset, ff, n_embd, in, xq, xs, up);
     swiglu(act + row0 * ff, up + row0 * ff, act + row0 * ff, rows * ff, stream_);
   }
-  if (down == Kernel::kMatmulX24)
-    quantize_x24(act + row0 * ff, (int)rows, ff, aq + x24_bytes(row0, ff), as + row0 * (ff / 256), stream_);
+  if (is_x24(down)) {
+    const XForm form = x24_form_of(down);
+    quantize_x24(act + row0 * ff, (int)rows, ff, aq + x24_bytes(row0, ff, form), as + row0 * (ff / 256), stream_,
+                 form);
+  }
   product(dv, down, moe.down_offset, n_embd, ff, act, aq, as, ws_.expert_out.f());
 }
 
@@ -163,11 +167,12 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
 
 void Products::gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n) {
   const int n_embd = c_.n_embd;
-  const bool gate_x24 = pair.gate == Kernel::kMatmulX24, up_x24 = pair.up == Kernel::kMatmulX24;
+  const bool gate_x24 = is_x24(pair.gate), up_x24 = is_x24(pair.up);
   if (!gate_x24 || !up_x24) gather_rows(h2, gather_d, ws_.expert_in.f(), n, n_embd, stream_);
   if (gate_x24 || up_x24) {
     const QuantRows &h2q = ws_.moe_input_x24, &rows = ws_.expert_in_x24;
-    gather_words(h2q.q.get(), gather_d, rows.q.get(), n, (int)(x24_bytes(1, n_embd) / 4), stream_);
+    const XForm form = x24_form_of(gate_x24 ? pair.gate : pair.up);
+    gather_words(h2q.q.get(), gather_d, rows.q.get(), n, (int)(x24_bytes(1, n_embd, form) / 4), stream_);
     gather_words(h2q.scale.get(), gather_d, rows.scale.get(), n, n_embd / 256 * 2, stream_);
   }
 }

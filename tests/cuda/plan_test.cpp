@@ -111,8 +111,8 @@ TEST(CudaPlan, DecodeIsAllMatvecsOfTheTier) {
   }
 }
 
-// The fast tier's prefill keeps the X24 / X32 forms where they apply and takes the bf16 products
-// where the exact tier takes fp64 (the same model as PrefillFormsByType).
+// The fast tier's prefill keeps the X32 forms where they apply, takes the X8 form where the exact
+// tier takes X24, and the bf16 products where it takes fp64 (the same model as PrefillFormsByType).
 TEST(CudaPlan, FastPrefillFormsByType) {
   NumericForms forms = both_forms();
   forms.fast = forms.bf16 = true;
@@ -123,14 +123,18 @@ TEST(CudaPlan, FastPrefillFormsByType) {
   EXPECT_EQ(dn.router, K::kMatmulBf16);       // F32
   EXPECT_TRUE(dn.shared.fused);               // Q8_0 pair: matmul_bf16_gate_up
   EXPECT_EQ(dn.shared.gate, K::kMatmulBf16);
-  EXPECT_EQ(dn.experts.gate, K::kMatmulX24);
-  EXPECT_EQ(dn.expert_down, K::kMatmulX24);   // IQ2_XS
+  EXPECT_EQ(dn.experts.gate, K::kMatmulX8);
+  EXPECT_EQ(dn.expert_down, K::kMatmulX8);    // IQ2_XS
+  EXPECT_TRUE(dn.moe_input_x24);              // h2 converted once (to X8)
   const LayerPlan& at = p.layers[1];
   EXPECT_EQ(at.mixer_in[2], K::kMatmulBf16);  // Q6_K v
   EXPECT_EQ(at.mixer_out, K::kMatmulBf16);
-  EXPECT_EQ(at.shared.gate, K::kMatmulX24);
+  EXPECT_EQ(at.shared.gate, K::kMatmulX8);
+  EXPECT_EQ(at.experts.gate, K::kMatmulX8);   // IQ1_M
+  EXPECT_EQ(at.experts.up, K::kMatmulX8);     // IQ2_XXS
   EXPECT_EQ(p.lm_head_last, K::kMatvecF32);
   EXPECT_EQ(p.lm_head_all, K::kMatmulBf16);   // Q6_K
+  EXPECT_NE(format_plan(p, weights()).find("down=iq2_xs x8"), std::string::npos);
   // Below compute capability 8.0 the fast tier's other products are fp64.
   forms.bf16 = false;
   EXPECT_EQ(make_pass_plan(config(), weights(), forms, {}, true, 512).layers[0].router, K::kMatmulF64);
