@@ -21,13 +21,16 @@ constexpr int T = S::chunk;
 struct Quantised {
   std::shared_ptr<cuda::DeviceBuffer> q, scale, sum;
 };
+// form: kX24 or kX8 (x32: kX32 or kX8).
 Quantised quantised(bool x32, const float* x, int rows, int cols, cuda::XForm form = cuda::XForm::kX24) {
   Quantised r;
-  r.q = device_buffer(x32 ? cuda::x32_bytes(rows, cols) : cuda::x24_bytes(rows, cols, form));
+  if (x32 && form == cuda::XForm::kX24) form = cuda::XForm::kX32;
+  r.q = device_buffer(x32 ? cuda::x32_bytes(rows, cols, form) : cuda::x24_bytes(rows, cols, form));
   r.scale = device_buffer((size_t)rows * (cols / 256) * sizeof(double));
   r.sum = device_buffer((size_t)rows * (cols / 32) * sizeof(double));
   if (x32)
-    cuda::quantize_x32(x, rows, cols, r.q->get<uint8_t>(), r.scale->get<double>(), r.sum->get<double>(), nullptr);
+    cuda::quantize_x32(x, rows, cols, r.q->get<uint8_t>(), r.scale->get<double>(), r.sum->get<double>(), nullptr,
+                       form);
   else
     cuda::quantize_x24(x, rows, cols, r.q->get<uint8_t>(), r.scale->get<double>(), nullptr, form);
   RL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -35,10 +38,10 @@ Quantised quantised(bool x32, const float* x, int rows, int cols, cuda::XForm fo
 }
 
 // Y [T][rows] = X [T][cols] · Wᵀ: fp64 matmul (token_tile 0: its own pick) or X32 (matmul_x32 on
-// the converted input).
-enum class Form { kFp64, kX32 };
+// the converted input; kX8: the fast tier's X8 form of it).
+enum class Form { kFp64, kX32, kX8 };
 CaseDef product_case(const std::string& what, GgmlType t, int rows, int cols, Form form, int token_tile = 0) {
-  const std::string kind = form == Form::kX32 ? "matmul_x32" : "matmul";
+  const std::string kind = form == Form::kX32 ? "matmul_x32" : form == Form::kX8 ? "matmul_x32_x8" : "matmul";
   const std::string tile = token_tile ? fmt::format(" tile={}", token_tile) : "";
   return {fmt::format("prefill/{}/{} {} {}->{} T={}{}", kind, what, type_name(t), cols, rows, T, tile), [=] {
             Case c;
@@ -49,12 +52,13 @@ CaseDef product_case(const std::string& what, GgmlType t, int rows, int cols, Fo
             c.copies = w->n();
             c.flops = 2.0 * rows * cols * T;
             const size_t rb = row_size(t, cols);
-            if (form == Form::kX32) {
-              const Quantised xq = quantised(true, x->f(), T, cols);
-              c.bytes = (double)w0.size() + cuda::x32_bytes(T, cols) + (double)T * rows * kF;
+            if (form != Form::kFp64) {
+              const cuda::XForm xf = form == Form::kX8 ? cuda::XForm::kX8 : cuda::XForm::kX32;
+              const Quantised xq = quantised(true, x->f(), T, cols, xf);
+              c.bytes = (double)w0.size() + cuda::x32_bytes(T, cols, xf) + (double)T * rows * kF;
               c.run = [=](int copy, cudaStream_t s) {
                 cuda::matmul_x32(t, w->at(copy), rb, rows, cols, xq.q->get<uint8_t>(), xq.scale->get<double>(),
-                                 xq.sum->get<double>(), T, y->f(), s);
+                                 xq.sum->get<double>(), T, y->f(), s, xf);
               };
               c.keep = {w, x, y, xq.q, xq.scale, xq.sum};
             } else {
@@ -352,17 +356,19 @@ std::vector<CaseDef> prefill_cases() {
   v.push_back(add_norm_case());
   // DeltaNet layers: the in projections (qkv, z: X32 in the plan; fp64 shown too), ba, out.
   v.push_back(quantize_case(true, n));
-  v.push_back(product_case("ssm_qkv", G::Q4_K, S::conv_dim, n, Form::kX32));
-  v.push_back(product_case("ssm_z", G::Q4_K, S::value_dim, n, Form::kX32));
+  for (Form f : {Form::kX32, Form::kX8}) {
+    v.push_back(product_case("ssm_qkv", G::Q4_K, S::conv_dim, n, f));
+    v.push_back(product_case("ssm_z", G::Q4_K, S::value_dim, n, f));
+  }
   v.push_back(product_case("ssm_qkv", G::Q4_K, S::conv_dim, n, Form::kFp64));
   for (int tile : {0, 32, 64}) v.push_back(product_case("ssm_z", G::Q4_K, S::value_dim, n, Form::kFp64, tile));
   v.push_back(product_case("ssm_ba", G::Q8_0, 2 * S::ssm_v_heads, n, Form::kFp64));
   for (CaseDef& d : deltanet_cases()) v.push_back(std::move(d));
   v.push_back(quantize_case(true, S::value_dim));
-  v.push_back(product_case("ssm_out", G::Q4_K, n, S::value_dim, Form::kX32));
+  for (Form f : {Form::kX32, Form::kX8}) v.push_back(product_case("ssm_out", G::Q4_K, n, S::value_dim, f));
   for (int tile : {0, 32, 64}) v.push_back(product_case("ssm_out", G::Q4_K, n, S::value_dim, Form::kFp64, tile));
   // Attention layers: q (k alike at 512 rows), v, the block; the output product is ssm_out's shape.
-  v.push_back(product_case("attn_q", G::Q4_K, 2 * S::n_head * S::head_dim, n, Form::kX32));
+  for (Form f : {Form::kX32, Form::kX8}) v.push_back(product_case("attn_q", G::Q4_K, 2 * S::n_head * S::head_dim, n, f));
   v.push_back(product_case("attn_k", G::Q4_K, S::n_kv * S::head_dim, n, Form::kX32));
   v.push_back(product_case("attn_v", G::Q6_K, S::n_kv * S::head_dim, n, Form::kFp64));
   v.push_back(attention_prep_case());

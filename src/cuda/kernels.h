@@ -127,7 +127,7 @@ void matmul_bf16_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, si
 // The X8 form (the fast tier's): the same layout with one plane, n = round(x / scale) in int8 with
 // scale = (the block's largest magnitude) / 127, as llama.cpp's q8_1 activations but per 256 columns.
 // An XForm's value is its number of byte planes.
-enum class XForm : uint8_t { kX8 = 1, kX24 = 3 };
+enum class XForm : uint8_t { kX8 = 1, kX24 = 3, kX32 = 4 };
 constexpr size_t x24_bytes(size_t rows, size_t cols, XForm form = XForm::kX24) {
   return rows * cols * (size_t)form;
 }
@@ -137,8 +137,10 @@ void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscal
 // byte planes (xq [rows][cols/32][4][32]: n >> 24 signed, then the next bytes unsigned; exact for
 // every value of magnitude 2^(e-8) or more, i.e. at least 2^-7 of its block's largest), and xsum
 // [rows][cols/32] (double, exact): the sum of n over each 32 columns. x32_bytes: the size of xq.
-constexpr size_t x32_bytes(size_t rows, size_t cols) { return rows * cols * 4; }
-void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream);
+// form kX8: the X8 form with xsum (the fast tier's Q4_K products).
+constexpr size_t x32_bytes(size_t rows, size_t cols, XForm form = XForm::kX32) { return rows * cols * (size_t)form; }
+void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream,
+                  XForm form = XForm::kX32);
 // True for the weight types with X24 products (IQ2_XXS, IQ2_XS, IQ1_M).
 bool x24_supported(GgmlType t);
 // As matmul / matmul_experts / matmul_gate_up / matmul_experts_gate_up, on X24 (or X8: form)
@@ -161,12 +163,14 @@ void matmul_x24_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, siz
 // Y [T][rows] = X̂ · Wᵀ on X32 activations (quantize_x32, with xsum): every output the fp32 rounding
 // of the sum of products w · x̂, w the exact Q4_K value d·sc·q − dmin·m (the oracle rounds it to fp32
 // once), summed in double. Compute capability 9.0; w, row_bytes and xq 16-byte aligned, xscale and
-// xsum 8-byte aligned (cp.async copies), as cudaMalloc gives.
+// xsum 8-byte aligned (cp.async copies), as cudaMalloc gives. form kX8: on the X8 form (quantize_x32
+// with kX8), every output the fp32 rounding of the sum of w · x̃ for those activations.
 // x32_supported: the weight types it takes (Q4_K); x32_blocks: its grid's block count.
 bool x32_supported(GgmlType t);
 int x32_blocks(int rows, int T);
 void matmul_x32(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,
-                const double* xscale, const double* xsum, int T, float* y, cudaStream_t stream);
+                const double* xscale, const double* xsum, int T, float* y, cudaStream_t stream,
+                XForm form = XForm::kX32);
 
 // out[t][:] = dequantised row ids[t] of W [n_rows][cols] (the token embedding).
 void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32_t* ids, int T,

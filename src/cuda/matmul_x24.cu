@@ -223,7 +223,7 @@ __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq,
                                      : L == 1 ? x8_scale
                                               : ldexp(1.0, e - kBits);
   uint32_t limb[L][2] = {};
-  long long sum = 0;  // of the lane's 8 integers (X32)
+  long long sum = 0;  // of the lane's 8 integers (X32, and X8 for the Q4_K products)
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     int n = 0;
@@ -231,7 +231,7 @@ __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq,
       const double s = L == 1 ? rint((double)v[j] / x8_scale) : rint(ldexp((double)v[j], kBits - e));
       n = (int)fmin(fmax(s, -kMax - 1.0), kMax);
     }
-    if constexpr (L == 4) sum += n;
+    sum += n;
     const int w = j / 4, sh = 8 * (j % 4);
 #pragma unroll
     for (int l = 0; l < L; l++) limb[l][w] |= (uint32_t)((n >> (8 * (L - 1 - l))) & 0xFF) << sh;
@@ -240,7 +240,7 @@ __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq,
   uint8_t* q = xq + (size_t)row * cols * L + (size_t)(sb * kStepsPerSuper + lane / 4) * (L * kStep) + 8 * (lane % 4);
 #pragma unroll
   for (int l = 0; l < L; l++) *reinterpret_cast<uint2*>(q + l * kStep) = make_uint2(limb[l][0], limb[l][1]);
-  if constexpr (L == 4) {  // the 32 columns of lanes 4k .. 4k + 3
+  if (xsum) {  // the 32 columns of lanes 4k .. 4k + 3
     sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
     sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
     if (lane % 4 == 0) xsum[(size_t)row * (cols / kStep) + sb * kStepsPerSuper + lane / 4] = (double)sum;
@@ -450,8 +450,12 @@ void quantize_x24(const float* x, int rows, int cols, uint8_t* xq, double* xscal
     quantize<kMaxLimbs>("quantize_x24", x, rows, cols, xq, xscale, nullptr, stream);
 }
 
-void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream) {
-  quantize<4>("quantize_x32", x, rows, cols, xq, xscale, xsum, stream);
+void quantize_x32(const float* x, int rows, int cols, uint8_t* xq, double* xscale, double* xsum, cudaStream_t stream,
+                  XForm form) {
+  if (form == XForm::kX8)
+    quantize<1>("quantize_x32 (X8)", x, rows, cols, xq, xscale, xsum, stream);
+  else
+    quantize<4>("quantize_x32", x, rows, cols, xq, xscale, xsum, stream);
 }
 
 void matmul_x24(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,

@@ -53,14 +53,14 @@ constexpr int kSubTiles = kTokens / 8;
 constexpr int kStep = 32;    // columns per step: one Q4_K sub-block
 constexpr int kSuper = 256;  // columns per super-block
 constexpr int kStepsPerSuper = kSuper / kStep;
-constexpr int kLimbs = 4;
-constexpr int kStepBytes = kLimbs * kStep;  // a token's X32 bytes of one step: [plane][32]
+constexpr int kMaxLimbs = 4;  // X32 (the X8 form, the fast tier's, has one)
 constexpr int kStages = 3;
 constexpr int kQ4KBytes = 144;
 constexpr int kPrefetchSupers = 2;
 // Copy pieces of a step: 16 bytes of plane l, half h of token t at piece (l·kTokens + t)·2 + h.
-constexpr int kPieces = kLimbs * kTokens * 2;
-static_assert(kPieces + kTokens <= kThreads, "a step's copies take one thread each");
+template <int L>
+constexpr int kPieces = L * kTokens * 2;
+static_assert(kPieces<kMaxLimbs> + kTokens <= kThreads, "a step's copies take one thread each");
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 // Copies of 16, 8 or 4 bytes into shared memory; an invalid one writes zeros (source size 0).
@@ -112,15 +112,20 @@ __device__ __forceinline__ int k4_field(uint32_t s0, uint32_t s1, uint32_t s2, i
   return (int)(nib | (((lo >> (sh + 6)) & 3u) << 4));
 }
 
+template <int L>
 struct Stage {
-  uint4 x[kPieces];  // [plane][token][2 halves of 16 bytes]
+  uint4 x[kPieces<L>];  // [plane][token][2 halves of 16 bytes]
 };
 
-// Y [T][rows] = X̂ · Wᵀ for Q4_K W [rows][cols]: see the top of the file.
+// Y [T][rows] = X̂ · Wᵀ for Q4_K W [rows][cols]: see the top of the file. L planes: 4, the X32 form;
+// 1, the X8 form (n an int8, N = A0; the same sub-block sums S_j).
+template <int L>
 __global__ void __launch_bounds__(kThreads, 2) x32_q4k_kernel(const uint8_t* w, size_t row_bytes, int rows, int cols,
                                                                const uint8_t* xq, const double* xscale,
                                                                const double* xsum, int n_tokens, float* y) {
-  __shared__ Stage stages[kStages];
+  constexpr int kPieceCount = kPieces<L>;
+  constexpr int kStepBytes = L * kStep;  // a token's bytes of one step: [plane][32]
+  __shared__ Stage<L> stages[kStages];
   __shared__ double ssum[2][kStepsPerSuper][kTokens];   // sub-block sums by super-block parity
   __shared__ double sxsc[2][kTokens];                    // the tokens' scales 2^(e-31), likewise
   __shared__ uint4 sscale[2][kTileRows];                 // the rows' d, dmin and scale bytes, likewise
@@ -134,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) x32_q4k_kernel(const uint8_t* w, 
   const int tile_n = min(kTokens, n_tokens - tile_t);
   const int active = (tile_n + 7) / 8;
   const int nsb = cols / kSuper, steps = cols / kStep;
-  const size_t x_row = (size_t)cols * kLimbs;
+  const size_t x_row = (size_t)cols * L;
   const uint8_t* xg = xq + (size_t)tile_t * x_row;
   const double* sg = xsum + (size_t)tile_t * steps;
   const double* cg = xscale + (size_t)tile_t * nsb;
@@ -161,13 +166,13 @@ __global__ void __launch_bounds__(kThreads, 2) x32_q4k_kernel(const uint8_t* w, 
         cp_async<16>(&sscale[(st / kStepsPerSuper) & 1][tid],
                      w + (size_t)(r < rows ? r : 0) * row_bytes + (size_t)(st / kStepsPerSuper) * kQ4KBytes, r < rows);
       }
-      if (tid < kPieces) {
+      if (tid < kPieceCount) {
         const int h = tid & 1, t = (tid >> 1) % kTokens, l = tid / (2 * kTokens);
         const bool v = t < tile_n;
         cp_async<16>(&stages[st % kStages].x[tid], xg + (size_t)(v ? t : 0) * x_row + (size_t)st * kStepBytes + 32 * l + 16 * h,
                      v);
-      } else if (tid < kPieces + kTokens) {
-        const int t = tid - kPieces;
+      } else if (tid < kPieceCount + kTokens) {
+        const int t = tid - kPieceCount;
         const bool v = t < tile_n;
         const int par = (st / kStepsPerSuper) & 1;
         cp_async<8>(&ssum[par][st % kStepsPerSuper][t], sg + (size_t)(v ? t : 0) * steps + st, v);
@@ -203,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2) x32_q4k_kernel(const uint8_t* w, 
     if (sb + kPrefetchSupers < nsb) prefetch_weights(sb + kPrefetchSupers);
     const int par = sb & 1;
     const uint4* scw = &sscale[par][warp * 16 + fg];  // row g's words; row g + 8's at scw[8]
-    int acc[kSubTiles][kLimbs][4] = {};
+    int acc[kSubTiles][L][4] = {};
 #pragma unroll
     for (int j = 0; j < kStepsPerSuper; j++) {
       const int st = sb * kStepsPerSuper + j;
@@ -232,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 2) x32_q4k_kernel(const uint8_t* w, 
       for (int s = 0; s < kSubTiles; s++) {
         if (s >= active) continue;
 #pragma unroll
-        for (int l = 0; l < kLimbs; l++) {
+        for (int l = 0; l < L; l++) {
           // Token 8s + g of plane l: 32 bytes = 4 uint2, the lane's at q.
           const uint2 b = xb[(l * kTokens + 8 * s + fg) * 4 + fq];
           int d[4];
@@ -266,8 +271,9 @@ __global__ void __launch_bounds__(kThreads, 2) x32_q4k_kernel(const uint8_t* w, 
         dmma_16x8x4(m0, m1, dmin_m[0][hh], dmin_m[1][hh], ssum[par][4 * hh + fq][8 * s + fg]);
 #pragma unroll
       for (int k = 0; k < 4; k++) {
-        const double n = fma((double)acc[s][0][k], 16777216.0,
-                             fma((double)acc[s][1][k], 65536.0, fma((double)acc[s][2][k], 256.0, (double)acc[s][3][k])));
+        double n = (double)acc[s][0][k];
+        if constexpr (L == 4)
+          n = fma(n, 16777216.0, fma((double)acc[s][1][k], 65536.0, fma((double)acc[s][2][k], 256.0, (double)acc[s][3][k])));
         const double m = k < 2 ? m0[k] : m1[k - 2];
         const double v = fma(n, dd[k / 2], -m);
         sout[4 * s + k][tid] = fma(v, sxsc[par][8 * s + 2 * fq + (k & 1)], sout[4 * s + k][tid]);
@@ -287,7 +293,7 @@ bool x32_supported(GgmlType t) { return t == GgmlType::Q4_K; }
 int x32_blocks(int rows, int T) { return ((rows + kTileRows - 1) / kTileRows) * ((T + kTokens - 1) / kTokens); }
 
 void matmul_x32(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,
-                const double* xscale, const double* xsum, int T, float* y, cudaStream_t stream) {
+                const double* xscale, const double* xsum, int T, float* y, cudaStream_t stream, XForm form) {
   if (!x32_supported(t)) throw_error(std::string("matmul_x32: weight type ") + type_name(t) + " has no X32 product");
   if (cols % kSuper != 0)
     throw_error("matmul_x32: " + std::to_string(cols) + " columns is not a multiple of " + std::to_string(kSuper));
@@ -299,8 +305,8 @@ void matmul_x32(GgmlType t, const void* w, size_t row_bytes, int rows, int cols,
   if (device_info().cc_major < 9) throw_error("matmul_x32: needs compute capability 9.0 (fp64 m16n8k4)");
   if (rows == 0 || T == 0) return;
   const dim3 grid((T + kTokens - 1) / kTokens, (rows + kTileRows - 1) / kTileRows);
-  x32_q4k_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(w), row_bytes, rows, cols, xq, xscale,
-                                                  xsum, T, y);
+  (form == XForm::kX8 ? x32_q4k_kernel<1> : x32_q4k_kernel<kMaxLimbs>)<<<grid, kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(w), row_bytes, rows, cols, xq, xscale, xsum, T, y);
   RL_CUDA_LAUNCH_CHECK();
 }
 

@@ -62,6 +62,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::kMatmulF64: return "f64";
     case Kernel::kMatmulX24: return "x24";
     case Kernel::kMatmulX8: return "x8";
+    case Kernel::kMatmulX8Q4K: return "x8-q4k";
     case Kernel::kMatmulX32: return "x32";
     case Kernel::kMatmulBf16: return "bf16";
   }
@@ -79,7 +80,7 @@ const char* routing_name(Routing r) {
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec();
-  return forms.use_x32(w, rows) ? Kernel::kMatmulX32 : forms.prefill_matmul();
+  return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();
 }
 
 namespace {

@@ -19,7 +19,8 @@ enum class Kernel : uint8_t {
   kMatvecF32,  // one row, fast tier: the matvec family with fp32 sums (Sums::kFast)
   kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
   kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
-  kMatmulX8,   // prefill, fast tier: the same kernels on X8 activations (int8 per value; XForm::kX8)
+  kMatmulX8,   // prefill, fast tier: the X24 kernels on X8 activations (int8 per value; XForm::kX8)
+  kMatmulX8Q4K,  // prefill, fast tier: the X32 kernel (Q4_K) on X8 activations
   kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
   kMatmulBf16, // prefill, fast tier: bf16 tensor cores on dequantised tiles, fp32 sums (matmul_bf16)
 };
@@ -29,6 +30,9 @@ inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kM
 // kMatmulX24 or kMatmulX8, and the activations' form it reads.
 inline bool is_x24(Kernel k) { return k == Kernel::kMatmulX24 || k == Kernel::kMatmulX8; }
 inline XForm x24_form_of(Kernel k) { return k == Kernel::kMatmulX8 ? XForm::kX8 : XForm::kX24; }
+// kMatmulX32 or kMatmulX8Q4K, and its activations' form.
+inline bool is_x32(Kernel k) { return k == Kernel::kMatmulX32 || k == Kernel::kMatmulX8Q4K; }
+inline XForm x32_form_of(Kernel k) { return k == Kernel::kMatmulX8Q4K ? XForm::kX8 : XForm::kX32; }
 
 // Which numeric forms this device and these weights allow. Decode (one token) runs every product
 // as a matvec; prefill runs the fp64 tensor-core products except:
@@ -65,6 +69,8 @@ struct NumericForms {
   // instead of three, a third of the tensor-core work (bench_cuda_kernels: PERF.md).
   Kernel x24_kernel() const { return fast ? Kernel::kMatmulX8 : Kernel::kMatmulX24; }
   XForm x24_form() const { return fast ? XForm::kX8 : XForm::kX24; }
+  // The kernel of a product that use_x32: X32, or X8 in the fast tier.
+  Kernel x32_kernel() const { return fast ? Kernel::kMatmulX8Q4K : Kernel::kMatmulX32; }
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte
   // aligned rows, and a grid of a block per SM unless x32_always.
   bool use_x32(const DMat& w, int T) const;

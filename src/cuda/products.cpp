@@ -14,14 +14,15 @@ Sums sums_of(Kernel k) { return k == Kernel::kMatvecF32 ? Sums::kFast : Sums::kE
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
   if (is_matvec(k)) {
     matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_, sums_of(k));
-  } else if (k == Kernel::kMatmulX32) {
-    if (!held || held->x != x || held->cols != w.cols) {
+  } else if (is_x32(k)) {
+    const XForm form = x32_form_of(k);
+    if (!held || held->x != x || held->cols != w.cols || held->form != form) {
       quantize_x32(x, T, w.cols, ws_.dense_input_x32.q.get<uint8_t>(), ws_.dense_input_x32.scale.get<double>(),
-                   ws_.dense_input_x32.sum.get<double>(), stream_);
-      if (held) *held = {x, w.cols};
+                   ws_.dense_input_x32.sum.get<double>(), stream_, form);
+      if (held) *held = {x, w.cols, form};
     }
     matmul_x32(w.type, w.data, w.row_bytes, w.rows, w.cols, ws_.dense_input_x32.q.get<uint8_t>(),
-               ws_.dense_input_x32.scale.get<double>(), ws_.dense_input_x32.sum.get<double>(), T, y, stream_);
+               ws_.dense_input_x32.scale.get<double>(), ws_.dense_input_x32.sum.get<double>(), T, y, stream_, form);
     (*x32_count_)++;
   } else if (k == Kernel::kMatmulBf16) {
     matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);

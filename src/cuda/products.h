@@ -22,6 +22,7 @@ class Products {
   struct KqHeld {
     const float* x = nullptr;
     int cols = 0;
+    XForm form = XForm::kX32;
   };
   // y [rows][w.rows] = x [rows][w.cols] · wᵀ with the plan's kernel k (dense_kernel). held
   // (optional): what dense_input_x32 holds, kept up to date, so that X32 products of one input in

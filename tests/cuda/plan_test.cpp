@@ -111,14 +111,15 @@ TEST(CudaPlan, DecodeIsAllMatvecsOfTheTier) {
   }
 }
 
-// The fast tier's prefill keeps the X32 forms where they apply, takes the X8 form where the exact
-// tier takes X24, and the bf16 products where it takes fp64 (the same model as PrefillFormsByType).
+// The fast tier's prefill takes the X8 form where the exact tier takes X24 or X32, and the bf16
+// products where it takes fp64 (the same model as PrefillFormsByType).
 TEST(CudaPlan, FastPrefillFormsByType) {
   NumericForms forms = both_forms();
   forms.fast = forms.bf16 = true;
   const PassPlan p = make_pass_plan(config(), weights(), forms, {}, true, 512);
   const LayerPlan& dn = p.layers[0];
-  EXPECT_EQ(dn.mixer_in[0], K::kMatmulX32);   // Q4_K qkv
+  EXPECT_EQ(dn.mixer_in[0], K::kMatmulX8Q4K);  // Q4_K qkv
+  EXPECT_EQ(dn.mixer_in[1], K::kMatmulX8Q4K);  // Q4_K z
   EXPECT_EQ(dn.mixer_in[2], K::kMatmulBf16);  // Q8_0 ba
   EXPECT_EQ(dn.router, K::kMatmulBf16);       // F32
   EXPECT_TRUE(dn.shared.fused);               // Q8_0 pair: matmul_bf16_gate_up
