@@ -1,0 +1,26 @@
+#include "generate/chat_choice.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "common/error.h"
+
+namespace rl {
+
+void ChatTemplateChoice::validate() const {
+  if (!format.empty() && !chat_format_from_name(format))
+    fail("--chat-template: unknown format '{}' (known: {})", format, chat_format_names());
+  if (!format.empty() && !jinja.empty()) fail("--chat-template and --chat-template-file: give one");
+}
+
+ChatTemplate choose_chat_template(const ChatTemplateChoice& choice, std::string_view file_template) {
+  choice.validate();
+  if (!choice.format.empty()) return ChatTemplate::of(*chat_format_from_name(choice.format));
+  ChatTemplate t = ChatTemplate::detect(choice.jinja.empty() ? file_template : choice.jinja, choice.chatml_fallback);
+  if (t.fell_back()) fmt::print(stderr, "warning: {}\n", t.warning());
+  if (!t.jinja_warning().empty()) fmt::print(stderr, "warning: {}\n", t.jinja_warning());
+  return t;
+}
+
+}  // namespace rl
