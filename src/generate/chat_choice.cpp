@@ -23,4 +23,14 @@ ChatTemplate choose_chat_template(const ChatTemplateChoice& choice, std::string_
   return t;
 }
 
+ReplyStart reply_start(std::string_view prompt, ChatFormat format) {
+  constexpr std::string_view kOpen = "<think>", kEnd = "</think>";
+  const size_t open = prompt.rfind(kOpen);
+  if (open != std::string_view::npos && prompt.find(kEnd, open) == std::string_view::npos &&
+      prompt.find_first_not_of(" \t\r\n", open + kOpen.size()) == std::string_view::npos)
+    return ReplyStart::Reasoning;
+  const bool may_think = format == ChatFormat::Qwen3Thinking || format == ChatFormat::Qwen3Hybrid;
+  return may_think ? ReplyStart::Either : ReplyStart::Content;
+}
+
 }  // namespace rl

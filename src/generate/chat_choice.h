@@ -1,5 +1,6 @@
 // What a front end (redlite run --chat, redlite chat, the server) decides about a chat in one
-// place: which chat template renders it, from the flags and the model file.
+// place: which chat template renders it, from the flags and the model file, and where the
+// model's reply to a rendered prompt starts (inside a <think> block or not).
 #pragma once
 #include <string>
 #include <string_view>
@@ -22,5 +23,16 @@ struct ChatTemplateChoice {
 // Prints its fallback and Jinja warnings on stderr. Throws rl::Error as validate() and
 // ChatTemplate::detect do.
 ChatTemplate choose_chat_template(const ChatTemplateChoice& choice, std::string_view file_template);
+
+// Where the reply to a rendered prompt starts.
+enum class ReplyStart {
+  Content,    // no reasoning block
+  Reasoning,  // the prompt opened <think> (Qwen3-Thinking's generation prompt, whatever
+              // enable_thinking says): the reply starts as reasoning
+  Either,     // the model may open <think> itself as the first thing it writes (hybrid)
+};
+// Reasoning when `prompt` ends inside an open <think> block; otherwise Either for the formats
+// whose model may think on its own (Thinking, Hybrid), else Content.
+ReplyStart reply_start(std::string_view prompt, ChatFormat format);
 
 }  // namespace rl

@@ -332,12 +332,6 @@ struct Server::Impl {
     return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
-  // Formats whose model may write a <think> block (the prompt decides whether it starts in one).
-  bool may_think() const {
-    return chat_template && (chat_template->format() == ChatFormat::Qwen3Thinking ||
-                             chat_template->format() == ChatFormat::Qwen3Hybrid);
-  }
-
   // ---- endpoints ----------------------------------------------------------------------------
 
   void chat_completions(const http::Request& req, http::Response& res) {
@@ -358,7 +352,7 @@ struct Server::Impl {
     const std::string id = fmt::format("chatcmpl-{}", next_id++);
     const int64_t created = unix_now();
     const bool has_tools = !cr.tools.empty();
-    const ReasoningSplitter::Start split_reasoning = ReasoningSplitter::start_for(prompt_text, may_think());
+    const ReplyStart split_reasoning = reply_start(prompt_text, chat_template->format());
     // A required tool call replaces response_format's constraint; either starts after the reasoning
     // when the prompt opened it (a reply that may open <think> itself is held to the document).
     if (cr.require_tool_call) {
@@ -368,7 +362,7 @@ struct Server::Impl {
         throw ApiError(400, e.what(), "invalid_request_error", "tools");
       }
     }
-    job->gen.constraint.after_reasoning = split_reasoning == ReasoningSplitter::Start::Reasoning;
+    job->gen.constraint.after_reasoning = split_reasoning == ReplyStart::Reasoning;
     auto finish_name = [&](const GenerationResult& r, const ParsedReply& parsed) -> std::string {
       if (!parsed.tool_calls.empty()) return "tool_calls";
       return r.finish == FinishReason::Length ? "length" : "stop";

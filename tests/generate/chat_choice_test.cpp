@@ -70,5 +70,23 @@ TEST(ChatTemplateChoice, BadChoicesAreRefusedWithTheFlagNamed) {
   EXPECT_TRUE(fallback.fell_back());
 }
 
+// The reply starts where the rendered prompt leaves it (the CLI's constraint and the server's
+// reasoning split both follow this).
+TEST(ReplyStart, FollowsThePrompt) {
+  // Qwen3-Thinking opens the block whatever enable_thinking says.
+  EXPECT_EQ(reply_start("<|im_start|>assistant\n<think>\n", ChatFormat::Qwen3Thinking), ReplyStart::Reasoning);
+  EXPECT_EQ(reply_start("<|im_start|>assistant\n<think>\n", ChatFormat::Qwen3Instruct), ReplyStart::Reasoning);
+  // Hybrid with enable_thinking false closes an empty block: the reply is content, or a block
+  // the model opens anyway.
+  EXPECT_EQ(reply_start("<|im_start|>assistant\n<think>\n\n</think>\n\n", ChatFormat::Qwen3Hybrid), ReplyStart::Either);
+  EXPECT_EQ(reply_start("<|im_start|>assistant\n", ChatFormat::Qwen3Hybrid), ReplyStart::Either);
+  EXPECT_EQ(reply_start("<|im_start|>assistant\n", ChatFormat::Qwen3Thinking), ReplyStart::Either);
+  EXPECT_EQ(reply_start("<|im_start|>assistant\n", ChatFormat::Qwen3Instruct), ReplyStart::Content);
+  EXPECT_EQ(reply_start("<|im_start|>assistant\n", ChatFormat::Qwen2), ReplyStart::Content);
+  // An earlier, closed block in the history does not count.
+  EXPECT_EQ(reply_start("<think>\nx\n</think>\n\ny<|im_end|>\n<|im_start|>assistant\n", ChatFormat::Qwen3Coder),
+            ReplyStart::Content);
+}
+
 }  // namespace
 }  // namespace rl
