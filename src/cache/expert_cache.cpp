@@ -39,14 +39,15 @@ ExpertCache::ExpertCache(int n_layers, int n_experts, size_t slot_bytes, size_t 
          std::ceil(min_slots * (double)slot_bytes / 1048576.0));
   slot_of_key_.assign(total, -1);
   key_of_slot_.assign(n_slots_, kNoKey);
-  prev_.assign(n_slots_, -1);
-  next_.assign(n_slots_, -1);
   pinned_epoch_.assign(n_slots_, 0);
   requested_epoch_.assign(n_experts, 0);
   if (policy_.kind == CachePolicy::Kind::kLrfu) {
     if (!(policy_.half_life > 0) || !std::isfinite(policy_.half_life))
       fail("expert cache: the LRFU half-life must be a positive number of accesses (got {})", policy_.half_life);
     log_score_.assign(total, -std::numeric_limits<double>::infinity());
+  } else {
+    prev_.assign(n_slots_, -1);
+    next_.assign(n_slots_, -1);
   }
   free_slots_.reserve(n_slots_);
   for (int s = n_slots_ - 1; s >= 0; s--) free_slots_.push_back(s);  // slot 0 is handed out first
@@ -72,8 +73,21 @@ void ExpertCache::push_front(int slot) {
   if (tail_ < 0) tail_ = slot;
 }
 
+void ExpertCache::order_access(Key k, int slot) {
+  if (policy_.kind == CachePolicy::Kind::kLrfu) {
+    score_access(k, slot);
+    return;
+  }
+  if (prev_[slot] >= 0 || head_ == slot) unlink(slot);  // (a slot just taken is not in the list)
+  push_front(slot);
+}
+
+void ExpertCache::order_remove(int slot) {
+  if (policy_.kind == CachePolicy::Kind::kLrfu) by_score_.erase({log_score_[key_of_slot_[slot]], slot});
+  else unlink(slot);
+}
+
 void ExpertCache::score_access(Key k, int slot) {
-  if (policy_.kind != CachePolicy::Kind::kLrfu) return;
   // A resident key's node is moved, not reallocated (a decode token raises n_layers * k of them).
   auto node = by_score_.extract({log_score_[k], slot});
   const double now = (double)tick_ / policy_.half_life;
@@ -84,11 +98,6 @@ void ExpertCache::score_access(Key k, int slot) {
     node.value().first = log_score_[k];
     by_score_.insert(std::move(node));
   }
-}
-
-void ExpertCache::unorder(int slot) {
-  if (policy_.kind != CachePolicy::Kind::kLrfu || key_of_slot_[slot] == kNoKey) return;
-  by_score_.erase({log_score_[key_of_slot_[slot]], slot});
 }
 
 int ExpertCache::pick_victim() const {
@@ -132,9 +141,7 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
     e.hit = true;
     e.slot = slot;
     pinned_epoch_[slot] = epoch_;
-    unlink(slot);
-    push_front(slot);
-    score_access(key(layer, experts[i]), slot);
+    order_access(key(layer, experts[i]), slot);
     stats_.hits++;
   }
   for (Entry& e : res_.entries) {
@@ -147,8 +154,7 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
       slot = pick_victim();
       // Cannot happen: n_slots >= request size and only this request's slots are pinned.
       if (slot < 0) fail("expert cache: no slot to evict for layer {} expert {}", layer, e.expert);
-      unlink(slot);
-      unorder(slot);
+      order_remove(slot);
       const Key old = key_of_slot_[slot];
       e.evicted = old;
       slot_of_key_[old] = -1;
@@ -159,8 +165,7 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
     e.slot = slot;
     key_of_slot_[slot] = key(layer, e.expert);
     pinned_epoch_[slot] = epoch_;
-    push_front(slot);
-    score_access(key(layer, e.expert), slot);
+    order_access(key(layer, e.expert), slot);
     stats_.misses++;
   }
   open_ = true;
@@ -184,8 +189,7 @@ void ExpertCache::abort() {
   if (!open_) fail("expert cache: abort() without an open reservation");
   for (const Entry& e : res_.entries) {
     if (e.hit) continue;
-    unlink(e.slot);
-    unorder(e.slot);  // (the aborted request still counts in the key's score)
+    order_remove(e.slot);  // (under LRFU the aborted request still counts in the key's score)
     key_of_slot_[e.slot] = kNoKey;
     free_slots_.push_back(e.slot);
   }
@@ -199,9 +203,7 @@ void ExpertCache::touch(int layer, std::span<const int> experts) {
     const int slot = lookup(layer, ex);
     if (slot < 0) continue;
     stats_.hits++;
-    unlink(slot);
-    push_front(slot);
-    score_access(key(layer, ex), slot);
+    order_access(key(layer, ex), slot);
   }
 }
 

@@ -128,12 +128,16 @@ class ExpertCache {
   static std::vector<int> layer_request(std::span<const int32_t> ids, int n_tokens, int k);
 
  private:
+  // The policy's order of the occupied slots; each policy keeps only its own (LRU the list,
+  // LRFU the scores).
+  void order_access(Key k, int slot);  // key k in `slot` was accessed (a hit, or a miss taking it)
+  void order_remove(int slot);         // the slot's key leaves (evicted, or an aborted miss)
+  int pick_victim() const;             // the policy's victim among unpinned occupied slots, -1 when none
+  // LRU: the list of occupied slots.
   void unlink(int slot);
   void push_front(int slot);  // most recently used
   // LRFU: the key's score raised by one access at the current tick; its slot re-ordered.
   void score_access(Key k, int slot);
-  void unorder(int slot);  // LRFU: the slot leaves the victim order
-  int pick_victim() const;  // the policy's victim among unpinned occupied slots, -1 when none
   void notify(Key k, int slot) {
     if (listener_) listener_(k, slot);
   }
@@ -144,8 +148,8 @@ class ExpertCache {
   int n_resident_ = 0;
   std::vector<int> slot_of_key_;   // [n_layers * n_experts] → slot, -1 when absent
   std::vector<Key> key_of_slot_;   // [n_slots] → key, kNoKey when free
-  // LRU list over occupied slots (head = most recent); free slots on a stack.
-  std::vector<int> prev_, next_;
+  // LRU: a list over occupied slots (head = most recent). Free slots are on a stack.
+  std::vector<int> prev_, next_;  // [n_slots], empty under LRFU
   int head_ = -1, tail_ = -1;
   std::vector<int> free_slots_;
   std::vector<uint32_t> pinned_epoch_;  // [n_slots]: == epoch_ while pinned by the open reservation

@@ -28,8 +28,6 @@ int run_chat(const TextOptions& o) {
   TextModel tm = open_text_model(o.common);
   const Tokenizer& tok = *tm.tokenizer;
   ChatTemplate tmpl = chat_template_of(tok, o);
-  // A Thinking template opens <think>: a constrained document starts after it.
-  config.constraint.after_reasoning = tmpl.format() == ChatFormat::Qwen3Thinking;
   ChatRenderOptions ropt;
   if (o.no_think) ropt.enable_thinking = false;
   std::fprintf(stderr, "chat template: %s. Ctrl-C stops a reply; /reset, /exit (or Ctrl-D).\n", tmpl.name());
@@ -58,18 +56,23 @@ int run_chat(const TextOptions& o) {
     if (line.empty()) continue;
 
     std::vector<int32_t> prompt;
+    std::string turn_text;  // what this turn adds, ending with the generation prompt
     ChatMessage user{"user", line, {}, {}, {}};
     if (first_turn) {
       std::vector<ChatMessage> messages;
       if (!o.system.empty()) messages.push_back(ChatMessage{"system", o.system, {}, {}, {}});
       messages.push_back(user);
-      prompt = tokenize_prompt(tok, tmpl.render(messages, ropt), /*add_bos=*/true);
+      turn_text = tmpl.render(messages, ropt);
+      prompt = tokenize_prompt(tok, turn_text, /*add_bos=*/true);
     } else {
       prompt = gen.history();
       if (pending >= 0 && !tok.is_eog(pending)) prompt.push_back(pending);
-      std::vector<int32_t> next = tok.encode(tmpl.continuation(std::span(&user, 1), ropt), /*parse_special=*/true);
+      turn_text = tmpl.continuation(std::span(&user, 1), ropt);
+      std::vector<int32_t> next = tok.encode(turn_text, /*parse_special=*/true);
       prompt.insert(prompt.end(), next.begin(), next.end());
     }
+    // A turn that opens <think> (a Thinking template): a constrained document starts after it.
+    config.constraint.after_reasoning = reply_start(turn_text, tmpl.format()) == ReplyStart::Reasoning;
 
     GenerationResult r;
     try {

@@ -29,9 +29,10 @@ int run_run(const RunOptions& o) {
     messages.push_back(ChatMessage{"user", o.prompt, {}, {}, {}});
     ChatRenderOptions ropt;
     if (o.text.no_think) ropt.enable_thinking = false;
-    prompt = tokenize_prompt(tok, tmpl.render(messages, ropt), /*add_bos=*/true);
-    // A Thinking template opens <think>: the constrained document starts after it.
-    config.constraint.after_reasoning = tmpl.format() == ChatFormat::Qwen3Thinking;
+    const std::string text = tmpl.render(messages, ropt);
+    prompt = tokenize_prompt(tok, text, /*add_bos=*/true);
+    // A prompt that opens <think> (a Thinking template): the constrained document starts after it.
+    config.constraint.after_reasoning = reply_start(text, tmpl.format()) == ReplyStart::Reasoning;
   } else {
     if (!o.text.system.empty()) fail("--system: needs --chat (a raw prompt has no system turn)");
     prompt = tokenize_prompt(tok, o.prompt, /*add_bos=*/true);

@@ -22,7 +22,7 @@ struct ServeArgs {
   CommonOptions common;
   ServerConfig server;
   double cache_mib_prompt = 1024;
-  std::string chat_template_file;
+  ChatTemplateFlags chat_template;  // --chatml-fallback, --chat-template, --chat-template-file
 };
 
 // The signal handler only flips this; a watcher thread calls Server::stop().
@@ -35,7 +35,7 @@ int run_serve(ServeArgs& a) {
   if (common.ctx > 0) cfg.n_ctx = common.ctx;
   cfg.prompt_cache_bytes = (size_t)(a.cache_mib_prompt * 1024 * 1024);
   if (!std::filesystem::exists(common.model_path)) fail("{}: no such model file", common.model_path);
-  if (!a.chat_template_file.empty()) cfg.chat_template_text = read_chat_template_file(a.chat_template_file);
+  cfg.chat_template = a.chat_template.resolve();
 
   struct Owned {
     LoadedModel loaded;
@@ -100,15 +100,9 @@ Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE st
                  "(default: none; requests with another Origin get 403)");
   app.add_option("--prompt-cache-mib", a->cache_mib_prompt, "memory for kept session states (state reuse)")
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--chatml-fallback", a->server.chatml_fallback,
+  app.add_flag("--chatml-fallback", a->chat_template.choice.chatml_fallback,
                "serve a file whose chat template is not recognised with plain ChatML");
-  CLI::Option* name = app.add_option("--chat-template", a->server.chat_template,
-                                     "chat format to use instead of the file's template: " + chat_format_names());
-  app.add_option("--chat-template-file", a->chat_template_file,
-                 "Jinja chat template (a model's chat_template.jinja) to render with instead of the file's; "
-                 "its format is recognised from the text")
-      ->check(CLI::ExistingFile)
-      ->excludes(name);
+  add_chat_template_options(app, a->chat_template);
   app.add_flag("-v,--verbose", a->server.verbose, "log every request on stderr");
   return [a] { return run_serve(*a); };
 });

@@ -68,22 +68,26 @@ void add_sampling_options(CLI::App& app, TextOptions& o, int default_max_tokens)
   app.add_flag("--json-object", o.json_object, "constrain the reply to a JSON object");
 }
 
-void add_chat_options(CLI::App& app, TextOptions& o) {
-  app.add_option("--system", o.system, "system message");
-  app.add_flag("--chatml", o.chatml_fallback,
-               "render as plain ChatML when the model's chat template is not recognised");
-  CLI::Option* name = app.add_option("--chat-template", o.chat_format,
+void add_chat_template_options(CLI::App& app, ChatTemplateFlags& flags) {
+  CLI::Option* name = app.add_option("--chat-template", flags.choice.format,
                                      "chat format to use instead of the file's template: " + chat_format_names())
                           ->check([](const std::string& v) {
                             return chat_format_from_name(v) ? std::string()
                                                             : "unknown chat format '" + v + "' (known: " +
                                                                   chat_format_names() + ")";
                           });
-  app.add_option("--chat-template-file", o.chat_template_file,
+  app.add_option("--chat-template-file", flags.template_file,
                  "Jinja chat template (a model's chat_template.jinja) to render with instead of the file's; "
                  "its format is recognised from the text")
       ->check(CLI::ExistingFile)
       ->excludes(name);
+}
+
+void add_chat_options(CLI::App& app, TextOptions& o) {
+  app.add_option("--system", o.system, "system message");
+  app.add_flag("--chatml", o.chat_template.choice.chatml_fallback,
+               "render as plain ChatML when the model's chat template is not recognised");
+  add_chat_template_options(app, o.chat_template);
   app.add_flag("--no-think", o.no_think, "Qwen3 hybrid templates: answer without a thinking block");
 }
 
@@ -158,6 +162,7 @@ TextModel open_text_model(const CommonOptions& opts) {
   return tm;
 }
 
+namespace {
 std::string read_chat_template_file(const std::string& path) {
   constexpr std::uintmax_t kMaxBytes = 1u << 20;
   std::error_code ec;
@@ -170,15 +175,16 @@ std::string read_chat_template_file(const std::string& path) {
   if (text.empty()) fail("--chat-template-file {}: the file is empty", path);
   return text;
 }
+}  // namespace
+
+ChatTemplateChoice ChatTemplateFlags::resolve() const {
+  ChatTemplateChoice c = choice;
+  if (!template_file.empty()) c.jinja = read_chat_template_file(template_file);
+  return c;
+}
 
 ChatTemplate chat_template_of(const Tokenizer& tok, const TextOptions& o) {
-  if (!o.chat_format.empty()) return ChatTemplate::of(*chat_format_from_name(o.chat_format));
-  const std::string text = o.chat_template_file.empty() ? std::string(tok.chat_template())
-                                                        : read_chat_template_file(o.chat_template_file);
-  ChatTemplate t = ChatTemplate::detect(text, o.chatml_fallback);
-  if (t.fell_back()) std::fprintf(stderr, "warning: %s\n", t.warning().c_str());
-  if (!t.jinja_warning().empty()) std::fprintf(stderr, "warning: %s\n", t.jinja_warning().c_str());
-  return t;
+  return choose_chat_template(o.chat_template.resolve(), tok.chat_template());
 }
 
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& text, bool add_bos) {

@@ -9,24 +9,32 @@
 #include <vector>
 
 #include "cli/common_options.h"
+#include "generate/chat_choice.h"
 #include "generate/chat_template.h"
 #include "generate/generator.h"
 #include "tokenizer/tokenizer.h"
 
 namespace rl::cli {
 
+// The chat-template flags as given: the template file's path, not yet read.
+struct ChatTemplateFlags {
+  ChatTemplateChoice choice;  // format (--chat-template), chatml_fallback; jinja unset
+  std::string template_file;  // --chat-template-file
+  // `choice` with the file's text (rl::Error naming the file when it cannot be read, or is larger
+  // than any chat template: 1 MiB).
+  ChatTemplateChoice resolve() const;
+};
+
 struct TextOptions {
   CommonOptions common;
   GenerationConfig gen;
   bool greedy = false;
   bool ignore_eos = false;
-  bool chatml_fallback = false;  // --chatml: render unrecognised templates as plain ChatML
-  std::string chat_format;       // --chat-template: a format name used instead of the file's
-  std::string chat_template_file;  // --chat-template-file: a Jinja template used instead of the file's
-  std::string system;            // --system
-  bool no_think = false;         // --no-think: Qwen3 hybrid templates, enable_thinking = false
-  std::string json_schema;       // --json-schema FILE: constrain the reply to its documents
-  bool json_object = false;      // --json-object: constrain the reply to a JSON object
+  ChatTemplateFlags chat_template;  // --chat-template, --chat-template-file, --chatml
+  std::string system;               // --system
+  bool no_think = false;            // --no-think: Qwen3 hybrid templates, enable_thinking = false
+  std::string json_schema;          // --json-schema FILE: constrain the reply to its documents
+  bool json_object = false;         // --json-object: constrain the reply to a JSON object
 
   // Applies --greedy/--ignore-eos/--json-schema/--json-object to `gen` and validates the
   // sampling values (and compiles the schema: rl::Error naming the file and the keyword).
@@ -39,9 +47,8 @@ void add_sampling_options(CLI::App& app, TextOptions& o, int default_max_tokens)
 // --system, --chatml, --chat-template, --chat-template-file, --no-think.
 void add_chat_options(CLI::App& app, TextOptions& o);
 
-// The text of a Jinja chat template file given with --chat-template-file (rl::Error naming the
-// file when it cannot be read, or is larger than any chat template: 1 MiB).
-std::string read_chat_template_file(const std::string& path);
+// --chat-template and --chat-template-file (run, chat and serve; the fallback flag is named by each).
+void add_chat_template_options(CLI::App& app, ChatTemplateFlags& flags);
 
 struct TextModel {
   LoadedModel loaded;
@@ -53,7 +60,7 @@ struct TextModel {
 // so the first tokens do not wait on disk), then opens the model, backend and tokenizer.
 TextModel open_text_model(const CommonOptions& opts);
 
-// The model's chat template; prints the fallback warning on stderr when --chatml was needed.
+// The chat template the flags choose for this model (generate/chat_choice.h; warnings on stderr).
 ChatTemplate chat_template_of(const Tokenizer& tok, const TextOptions& o);
 
 // Text -> prompt ids: control tokens in the text are parsed; BOS first when the model wants it.

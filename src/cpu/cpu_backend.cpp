@@ -1,5 +1,7 @@
 #include "cpu/cpu_backend.h"
 
+#include <memory>
+
 #include "common/error.h"
 #include "cpu/forward.h"
 #include "gguf/gguf.h"
@@ -138,12 +140,15 @@ class CpuBackend final : public Backend {
       s->check_tokens(tokens.subspan(i, 1));
       seqs.push_back({&s->state(), tokens.subspan(i, 1)});
     }
+    // The LM head writes the batch's logits as one [n_seqs][n_vocab] block (its weights read once
+    // for every sequence); each sequence's row is then copied out once. The block is not
+    // zero-filled first: the product writes every value.
     const size_t n_vocab = (size_t)shared_->weights.model->config().n_vocab;
-    std::vector<float> all(seqs.size() * n_vocab);
-    forward(shared_->weights, *shared_->products, seqs, false, all.data(), nullptr);
+    const auto all = std::make_unique_for_overwrite<float[]>(seqs.size() * n_vocab);
+    forward(shared_->weights, *shared_->products, seqs, false, all.get(), nullptr);
     shared_->weights.model->gguf().check_intact();  // as prefill(): weights from a truncated file
     std::vector<std::vector<float>> logits(seqs.size());
-    for (size_t i = 0; i < seqs.size(); i++) logits[i].assign(all.begin() + i * n_vocab, all.begin() + (i + 1) * n_vocab);
+    for (size_t i = 0; i < seqs.size(); i++) logits[i].assign(all.get() + i * n_vocab, all.get() + (i + 1) * n_vocab);
     return logits;
   }
 

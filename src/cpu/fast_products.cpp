@@ -4,6 +4,7 @@
 // A batch of products (the selected experts of a decode step) is one set of tiles, so the pool
 // spreads experts x rows over its threads instead of running the small products one by one.
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "cpu/activation_quant.h"
@@ -33,9 +34,17 @@ struct PreparedJob {
   const ProductJob* job;
   RowPath path;
   const FastKernels* kernels = nullptr;
-  std::vector<ActivationQ8K> own_acts;  // [n_tokens][n_in / 256] when kDecoded
-  const ActivationQ8K* acts = nullptr;  // own_acts, or an earlier job's of the same input
+  const ActivationQ8K* acts = nullptr;  // [n_tokens][n_in / 256] when kDecoded (maybe an earlier job's)
   int64_t first_tile, n_tiles;
+};
+
+// A batch's preparation, kept by each calling thread from one batch to the next so a decode
+// step allocates nothing once the buffers have grown to its largest batch.
+struct BatchScratch {
+  std::vector<PreparedJob> prepared;       // [jobs]
+  std::vector<size_t> acts_offset;         // [jobs]: into acts; kShared: the previous job's input
+  std::vector<ActivationQ8K> acts;         // every decoded job's quantised activations, in job order
+  static constexpr size_t kShared = SIZE_MAX;
 };
 
 RowPath row_path(const TensorView& W, bool quantize_inputs) {
@@ -104,33 +113,52 @@ void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
 // A job's fp32_input: fp32 activations for every weight type (dequantised rows where the type's
 // tuned kernel takes 8-bit ones).
 void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
-  std::vector<PreparedJob> prepared(jobs.size());
+  thread_local BatchScratch scratch;
+  std::vector<PreparedJob>& prepared = scratch.prepared;
+  prepared.resize(jobs.size());
+  scratch.acts_offset.resize(jobs.size());
+  // First the paths and where each job's activations go, so the buffer is sized once.
   int64_t n_tiles = 0, work = 0;
+  size_t n_acts = 0;
   for (size_t j = 0; j < jobs.size(); j++) {
     PreparedJob& p = prepared[j];
     const ProductJob& job = jobs[j];
     const int64_t n_in = job.W.row_length();
     p.job = &job;
     p.path = row_path(job.W, !job.fp32_input);
+    p.kernels = nullptr;
+    p.acts = nullptr;
     if (p.path == RowPath::kDecoded) {
       p.kernels = fast_kernels(job.W.type);
       // A gate and an up product share their input: quantise it once.
       const PreparedJob* prev = j > 0 ? &prepared[j - 1] : nullptr;
-      if (prev && prev->acts && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens &&
+      if (prev && prev->path == RowPath::kDecoded && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens &&
           prev->job->W.row_length() == n_in) {
-        p.acts = prev->acts;
+        scratch.acts_offset[j] = BatchScratch::kShared;
       } else {
-        const int64_t n_blocks = n_in / 256;
-        p.own_acts.resize((size_t)(n_blocks * job.n_tokens));
-        for (int t = 0; t < job.n_tokens; t++)
-          quantize_activation_q8k(job.x + (int64_t)t * n_in, n_in, p.own_acts.data() + (size_t)t * n_blocks);
-        p.acts = p.own_acts.data();
+        scratch.acts_offset[j] = n_acts;
+        n_acts += (size_t)(n_in / 256 * job.n_tokens);
       }
     }
     p.first_tile = n_tiles;
     p.n_tiles = (job.W.n_rows() + kRowTile - 1) / kRowTile;
     n_tiles += p.n_tiles;
     work += n_in * job.W.n_rows() * job.n_tokens;
+  }
+  if (scratch.acts.size() < n_acts) scratch.acts.resize(n_acts);
+  for (size_t j = 0; j < jobs.size(); j++) {
+    PreparedJob& p = prepared[j];
+    if (p.path != RowPath::kDecoded) continue;
+    if (scratch.acts_offset[j] == BatchScratch::kShared) {
+      p.acts = prepared[j - 1].acts;
+      continue;
+    }
+    const ProductJob& job = jobs[j];
+    const int64_t n_in = job.W.row_length(), n_blocks = n_in / 256;
+    ActivationQ8K* acts = scratch.acts.data() + scratch.acts_offset[j];
+    for (int t = 0; t < job.n_tokens; t++)
+      quantize_activation_q8k(job.x + (int64_t)t * n_in, n_in, acts + (size_t)t * n_blocks);
+    p.acts = acts;
   }
   auto tile = [&](int64_t i) {
     // The job owning tile i: the last whose first tile is <= i.

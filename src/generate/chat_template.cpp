@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "generate/jinja_strings.h"
 #include "generate/json_depth.h"
 #include "generate/python_text.h"
 
@@ -43,30 +44,17 @@ std::string chat_format_names() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Python-compatible text helpers (the templates call str.strip and lstrip('\n'); str() and
-// json.dumps are in python_text.h)
+// Python-compatible text helpers: the templates call str.strip() (Python's whitespace, Unicode
+// included: jinja_strings.h) and strip('\n'); str() and json.dumps are in python_text.h.
 
 namespace {
 
-bool is_py_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+using jinja::py_strip;
 
-std::string py_strip(std::string_view s) {
-  size_t b = 0, e = s.size();
-  while (b < e && is_py_space(s[b])) ++b;
-  while (e > b && is_py_space(s[e - 1])) --e;
-  return std::string(s.substr(b, e - b));
-}
-
-std::string strip_chars(std::string_view s, char c, bool left, bool right) {
-  size_t b = 0, e = s.size();
-  if (left) while (b < e && s[b] == c) ++b;
-  if (right) while (e > b && s[e - 1] == c) --e;
-  return std::string(s.substr(b, e - b));
-}
-
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-bool ends_with(std::string_view s, std::string_view p) {
-  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+// s.strip('\n') (or lstrip / rstrip).
+std::string strip_newlines(std::string_view s, bool left, bool right) {
+  static const std::string kNewline = "\n";
+  return py_strip(s, &kNewline, left, right);
 }
 
 ojson parse_arguments(const ToolCall& call, size_t message_index) {
@@ -120,7 +108,7 @@ constexpr std::string_view kCoderToolsTail =
     "not tell the user about function calls\n</IMPORTANT>";
 
 bool is_tool_response_text(std::string_view s) {
-  return starts_with(s, "<tool_response>") && ends_with(s, "</tool_response>");
+  return s.starts_with("<tool_response>") && s.ends_with("</tool_response>");
 }
 
 // Coder template macro render_extra_keys: every key not yet rendered, as <key>value</key>.
@@ -364,16 +352,16 @@ std::string ChatTemplate::render_qwen3(std::span<const ChatMessage> messages, co
         std::string reasoning = m.reasoning_content;
         if (reasoning.empty()) {
           if (size_t close = content.find("</think>"); close != std::string::npos) {
-            std::string before = strip_chars(content.substr(0, close), '\n', false, true);
+            std::string before = strip_newlines(content.substr(0, close), false, true);
             if (size_t open = before.rfind("<think>"); open != std::string::npos) before = before.substr(open + 7);
-            reasoning = strip_chars(before, '\n', true, false);
+            reasoning = strip_newlines(before, true, false);
             size_t last_close = content.rfind("</think>");
-            content = strip_chars(content.substr(last_close + 8), '\n', true, false);
+            content = strip_newlines(content.substr(last_close + 8), true, false);
           }
         }
         if (i > last_query && (last || !reasoning.empty()))
-          out += "<|im_start|>assistant\n<think>\n" + strip_chars(reasoning, '\n', true, true) +
-                 "\n</think>\n\n" + strip_chars(content, '\n', true, false);
+          out += "<|im_start|>assistant\n<think>\n" + strip_newlines(reasoning, true, true) +
+                 "\n</think>\n\n" + strip_newlines(content, true, false);
         else
           out += "<|im_start|>assistant\n" + content;
       }
@@ -508,7 +496,7 @@ ojson typed_xml_value(std::string_view value, const ojson* schema) {
 std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools) {
   std::string b = py_strip(body);
   std::string_view s = b;
-  if (!starts_with(s, "<function=")) return std::nullopt;
+  if (!s.starts_with("<function=")) return std::nullopt;
   size_t name_end = s.find('>');
   size_t fn_end = s.rfind("</function>");
   if (name_end == std::string_view::npos || fn_end == std::string_view::npos || fn_end < name_end) return std::nullopt;
@@ -526,8 +514,8 @@ std::optional<ToolCall> parse_xml_call(std::string_view body, const ojson& tools
     std::string key = py_strip(rest.substr(p + 11, key_end - p - 11));
     std::string_view value = rest.substr(key_end + 1, close - key_end - 1);
     // The format puts the value on its own lines: one newline each side belongs to the syntax.
-    if (starts_with(value, "\n")) value.remove_prefix(1);
-    if (ends_with(value, "\n")) value.remove_suffix(1);
+    if (value.starts_with('\n')) value.remove_prefix(1);
+    if (value.ends_with('\n')) value.remove_suffix(1);
     const ojson* schema = nullptr;
     if (tool && tool->contains("parameters") && (*tool)["parameters"].is_object()) {
       const ojson& params = (*tool)["parameters"];
@@ -557,7 +545,7 @@ ParsedReply ChatTemplate::parse_tool_calls(std::string_view text, const ojson& t
     size_t close = content.find("</tool_call>", open);
     if (close == std::string::npos) break;
     std::string_view body = std::string_view(content).substr(open + 11, close - open - 11);
-    std::optional<ToolCall> call = format_ == ChatFormat::Qwen3Coder || starts_with(py_strip(body), "<function=")
+    std::optional<ToolCall> call = format_ == ChatFormat::Qwen3Coder || py_strip(body).starts_with("<function=")
                                        ? parse_xml_call(body, tools)
                                        : parse_json_call(body);
     if (call) {
@@ -569,12 +557,7 @@ ParsedReply ChatTemplate::parse_tool_calls(std::string_view text, const ojson& t
     pos = close + 12;
   }
   kept += content.substr(pos);
-  if (!r.tool_calls.empty()) {
-    size_t e = kept.size();
-    while (e > 0 && is_py_space(kept[e - 1])) --e;
-    kept.resize(e);
-  }
-  r.content = std::move(kept);
+  r.content = r.tool_calls.empty() ? std::move(kept) : py_strip(kept, nullptr, false, true);
   return r;
 }
 
@@ -583,13 +566,13 @@ ParsedReply ChatTemplate::parse_reply(std::string_view text, const ojson& tools)
   if (size_t close = text.find("</think>"); close != std::string_view::npos) {
     std::string_view before = text.substr(0, close);
     if (size_t open = before.rfind("<think>"); open != std::string_view::npos) before = before.substr(open + 7);
-    reasoning = strip_chars(before, '\n', true, true);
-    content = strip_chars(text.substr(close + 8), '\n', true, false);
+    reasoning = strip_newlines(before, true, true);
+    content = strip_newlines(text.substr(close + 8), true, false);
   } else if (format_ == ChatFormat::Qwen3Thinking) {
-    reasoning = strip_chars(text, '\n', true, true);  // still thinking when it stopped
-  } else if (starts_with(py_strip(text), "<think>")) {
+    reasoning = strip_newlines(text, true, true);  // still thinking when it stopped
+  } else if (py_strip(text).starts_with("<think>")) {
     std::string t = py_strip(text);
-    reasoning = strip_chars(std::string_view(t).substr(7), '\n', true, true);
+    reasoning = strip_newlines(std::string_view(t).substr(7), true, true);
   } else {
     content = std::string(text);
   }

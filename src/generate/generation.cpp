@@ -41,13 +41,14 @@ Generation::Generation(Generator& generator, std::span<const int32_t> prompt, co
     size_t from = window < 0 ? 0 : prompt_.size() - std::min(prompt_.size(), (size_t)window);
     for (size_t i = from; i < prompt_.size(); ++i) sampler_.accept(prompt_[i]);
   }
-  if (config_.constraint) constraint_.emplace(*config_.constraint.grammar, g_.token_trie(), config_.constraint.after_reasoning);
+  if (config_.constraint) {
+    constraint_.emplace(*config_.constraint.grammar, g_.token_trie(), config_.constraint.after_reasoning);
+    mask_worker_.emplace([this](int budget) { compute_mask(budget); });
+  }
   if (!prefilling()) end_prefill();
 }
 
-Generation::~Generation() {
-  if (next_mask_.valid()) next_mask_.wait();  // it writes into this object
-}
+Generation::~Generation() = default;  // mask_worker_ goes first: it waits for a mask in flight
 
 void Generation::prefill_chunk() {
   if (!prefilling()) return;
@@ -106,7 +107,7 @@ std::optional<int32_t> Generation::next_token() {
   if (constraint_) {
     auto tm = std::chrono::steady_clock::now();
     // Sampling steps left: the token limit, and the context (the last step may still end it).
-    if (next_mask_.valid()) next_mask_.get();
+    if (mask_worker_->started()) mask_worker_->wait();
     else compute_mask(std::min(config_.max_tokens - generated_, session.n_ctx() - session.position()));
     allowed = &mask_;
     r_.constraint_seconds += seconds_since(tm);
@@ -139,11 +140,9 @@ std::optional<int32_t> Generation::next_token() {
     r_.pending_token = token;  // length: the limit or a full context
     return end();
   }
+  // The next step's mask, computed while the session decodes this token.
   if (constraint_)
-    next_mask_ = std::async(std::launch::async, [this, budget = std::min(config_.max_tokens - generated_,
-                                                                          session.n_ctx() - session.position() - 1)] {
-      compute_mask(budget);
-    });
+    mask_worker_->start(std::min(config_.max_tokens - generated_, session.n_ctx() - session.position() - 1));
   to_decode_ = token;
   return token;
 }
@@ -157,7 +156,14 @@ void Generation::decoded(std::vector<float> logits) {
 }
 
 GenerationResult Generation::finish() {
-  if (next_mask_.valid()) next_mask_.wait();  // cancelled with a mask in flight: it writes into r_
+  // Ended with a mask in flight (a cancel request): it writes into r_; no step takes it, so what
+  // it threw does not matter.
+  if (mask_worker_ && mask_worker_->started()) {
+    try {
+      mask_worker_->wait();
+    } catch (const Error&) {
+    }
+  }
   ended_ = true;
   if (!sampling_started_) return r_;  // cancelled during the prefill
   if (!stop_.matched()) {

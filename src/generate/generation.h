@@ -14,12 +14,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <future>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "generate/generator.h"
+#include "generate/mask_worker.h"
 #include "tokenizer/tokenizer.h"  // StreamDecoder
 
 namespace rl {
@@ -79,9 +79,9 @@ class Generation {
   Sampler sampler_;
   std::optional<TokenConstraint> constraint_;
   TokenMask mask_;
-  // The next step's mask is computed on another thread while the session decodes (a GPU backend
-  // leaves this thread waiting), so only what is left of it delays sampling.
-  std::future<void> next_mask_;
+  // Computes the next step's mask into mask_ while the session decodes (made with the constraint;
+  // declared after what its job touches, so it stops before they go).
+  std::optional<MaskWorker> mask_worker_;
   StreamDecoder decoder_;
   StopMatcher stop_;
   int generated_ = 0;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "common/utf8.h"
 #include "generate/jinja_value.h"
 
 namespace rl::jinja {
@@ -24,24 +25,6 @@ int line_of(std::string_view src, size_t pos) {
 
 [[noreturn]] void syntax_error(std::string_view src, size_t pos, std::string_view what) {
   throw JinjaError(fmt::format("template syntax error at line {}: {}", line_of(src, pos), what));
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += (char)cp;
-  } else if (cp < 0x800) {
-    out += (char)(0xC0 | (cp >> 6));
-    out += (char)(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += (char)(0xE0 | (cp >> 12));
-    out += (char)(0x80 | ((cp >> 6) & 0x3F));
-    out += (char)(0x80 | (cp & 0x3F));
-  } else {
-    out += (char)(0xF0 | (cp >> 18));
-    out += (char)(0x80 | ((cp >> 12) & 0x3F));
-    out += (char)(0x80 | ((cp >> 6) & 0x3F));
-    out += (char)(0x80 | (cp & 0x3F));
-  }
 }
 
 // A string literal starting at src[pos] (a quote); returns the index after the closing quote.

@@ -2,22 +2,15 @@
 
 #include <algorithm>
 
+#include "common/utf8.h"
 #include "generate/jinja_value.h"
 
 namespace rl::jinja {
 
 namespace {
 
-uint32_t decode(std::string_view cp) {
-  const unsigned char c = (unsigned char)cp[0];
-  if (cp.size() == 1) return c;
-  uint32_t v = cp.size() == 2 ? c & 0x1F : cp.size() == 3 ? c & 0x0F : c & 0x07;
-  for (size_t k = 1; k < cp.size(); ++k) v = (v << 6) | ((unsigned char)cp[k] & 0x3F);
-  return v;
-}
-
 bool is_py_space(std::string_view cp) {
-  const uint32_t c = decode(cp);
+  const uint32_t c = utf8_code_point(cp);
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }

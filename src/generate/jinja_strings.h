@@ -9,7 +9,7 @@
 namespace rl::jinja {
 
 // chars == nullptr: strip whitespace; otherwise strip any of the code points in *chars.
-std::string py_strip(std::string_view s, const std::string* chars, bool left = true, bool right = true);
+std::string py_strip(std::string_view s, const std::string* chars = nullptr, bool left = true, bool right = true);
 // sep == nullptr: split on runs of whitespace, dropping empty parts. maxsplit < 0: no limit.
 std::vector<std::string> py_split(std::string_view s, const std::string* sep, int64_t maxsplit);
 std::vector<std::string> py_rsplit(std::string_view s, const std::string* sep, int64_t maxsplit);

@@ -1,5 +1,6 @@
 #include "generate/jinja_value.h"
 
+#include "common/utf8.h"
 #include "generate/python_text.h"
 
 namespace rl::jinja {
@@ -218,8 +219,7 @@ std::vector<std::string_view> code_points(std::string_view s) {
   std::vector<std::string_view> out;
   out.reserve(s.size());
   for (size_t k = 0; k < s.size();) {
-    const unsigned char c = (unsigned char)s[k];
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    size_t n = (size_t)utf8_sequence_length((uint8_t)s[k]);
     if (k + n > s.size()) n = s.size() - k;
     out.push_back(s.substr(k, n));
     k += n;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/utf8.h"
 
 namespace rl {
 
@@ -198,11 +199,7 @@ class RegexCompiler {
       if (std::isalnum((unsigned char)e)) bad(fmt::format("the escape \\{}", e));
       return std::string(1, e);
     }
-    size_t n = 1;
-    const unsigned char lead = (unsigned char)p_[i_];
-    if (lead >= 0xF0) n = 4;
-    else if (lead >= 0xE0) n = 3;
-    else if (lead >= 0xC0) n = 2;
+    const size_t n = (size_t)utf8_sequence_length((uint8_t)p_[i_]);
     if (i_ + n > p_.size()) bad("a truncated UTF-8 character");
     std::string s(p_.substr(i_, n));
     i_ += n;

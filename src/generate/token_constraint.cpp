@@ -177,10 +177,30 @@ struct TokenConstraint::Impl {
     }
   }
 
+  // Fewest bytes to a complete document: each position's shortest rest of its sequence, summed
+  // down a stack of cells, or over positions [from, to) of a stack.
   uint32_t distance(const Cell* c) const {
     uint32_t d = 0;
     for (; !is_sentinel(c); c = c->parent) d += g.min_suffix(c->pos);
     return d;
+  }
+  uint32_t distance(const Stack& s, size_t from, size_t to) const {
+    uint32_t d = 0;
+    for (size_t i = from; i < to; ++i) d += g.min_suffix(s[i]);
+    return d;
+  }
+  uint32_t distance(const Stack& s) const { return distance(s, 0, s.size()); }
+  // The stack of the state nearest to a complete document (null for no stacks).
+  const Stack* nearest_stack() const {
+    const Stack* best = nullptr;
+    uint32_t best_d = kNoLimit;
+    for (const Stack& s : state)
+      if (const uint32_t d = distance(s); d < best_d) best_d = d, best = &s;
+    return best;
+  }
+  uint32_t state_distance() const {
+    const Stack* s = nearest_stack();
+    return s ? distance(*s) : kNoLimit;
   }
   uint32_t min_distance(const std::vector<const Cell*>& stacks) const {
     uint32_t d = kNoLimit;
@@ -258,25 +278,20 @@ struct TokenConstraint::Impl {
 
   void mask(int budget, TokenMask& mask) {
     std::vector<uint64_t>& words = mask.words();
-    uint32_t state_distance = kNoLimit;
-    for (const Stack& s : state) {
-      arena.rewind(0);
-      state_distance = std::min(state_distance, distance(materialize(s, 0, s.size(), &kAccept)));
-    }
-    const bool complete = state_distance == 0;
+    const uint32_t to_complete = state_distance();
+    const bool complete = to_complete == 0;
     if (complete)
       for (int32_t t : trie.end_of_generation()) mask.allow(t);
     // The last step of the budget can only end a complete document.
     if (complete && budget == 1) return;
     // Room for the rest of the document and an end-of-generation token; none when it cannot fit.
     const uint32_t limit =
-        budget >= 2 && state_distance <= (uint32_t)budget - 1 ? (uint32_t)budget - 2 : kNoLimit;
+        budget >= 2 && to_complete <= (uint32_t)budget - 1 ? (uint32_t)budget - 2 : kNoLimit;
     for (const Stack& s : state) {
       if (s.empty()) continue;
       const CacheEntry& e = cached_walk(s);
       const size_t below = s.size() > (size_t)kKeyDepth ? s.size() - kKeyDepth : 0;
-      uint32_t below_distance = 0;
-      for (size_t i = 0; i < below; ++i) below_distance += g.min_suffix(s[i]);
+      const uint32_t below_distance = distance(s, 0, below);
       arena.rewind(0);
       if (limit != kNoLimit && below_distance + e.max_top_distance > limit) {
         // Near the end of the budget: walk this stack whole, checking each token's distance.
@@ -346,12 +361,7 @@ struct TokenConstraint::Impl {
     for (uint32_t t = 0; t < n.token_count; ++t) mask.allow(trie.tokens(n)[t]);
   }
 
-  uint32_t start_distance() const {
-    const Stack start = start_state().front();
-    uint32_t d = 0;
-    for (uint32_t pos : start) d += g.min_suffix(pos);
-    return d;
-  }
+  uint32_t start_distance() const { return distance(start_state().front()); }
 
   bool advance_state(std::vector<Stack>& s, std::string_view bytes) {
     arena.rewind(0);
@@ -450,24 +460,10 @@ bool TokenConstraint::accepts(std::string_view bytes) {
   return impl_->advance_state(s, bytes);
 }
 
-uint32_t TokenConstraint::distance() const {
-  uint32_t best = kNoLimit;
-  for (const auto& s : impl_->state) {
-    uint32_t d = 0;
-    for (uint32_t pos : s) d += impl_->g.min_suffix(pos);
-    best = std::min(best, d);
-  }
-  return best;
-}
+uint32_t TokenConstraint::distance() const { return impl_->state_distance(); }
 
 std::string TokenConstraint::shortest_completion() const {
-  const Impl::Stack* best = nullptr;
-  uint32_t best_d = kNoLimit;
-  for (const auto& s : impl_->state) {
-    uint32_t d = 0;
-    for (uint32_t pos : s) d += impl_->g.min_suffix(pos);
-    if (d < best_d) best_d = d, best = &s;
-  }
+  const Impl::Stack* best = impl_->nearest_stack();
   std::string out;
   if (best)
     for (size_t i = best->size(); i-- > 0;) impl_->emit_suffix((*best)[i], out);

@@ -15,11 +15,6 @@ namespace rl {
 
 namespace {
 
-bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 // An integer metadata value of any signedness; nullopt for other types or values out of range.
 std::optional<uint64_t> unsigned_value(const GgufValue* v) {
   if (!v || !v->is_integer()) return std::nullopt;
@@ -44,7 +39,7 @@ TokenizerSummary summarize_tokenizer(const GgufFile& f) {
   t.merges = array_size(f.find("tokenizer.ggml.merges"));
   constexpr std::string_view prefix = "tokenizer.ggml.", suffix = "_token_id";
   for (const auto& kv : f.metadata()) {
-    if (!starts_with(kv.key, prefix) || !ends_with(kv.key, suffix)) continue;
+    if (!kv.key.starts_with(prefix) || !kv.key.ends_with(suffix)) continue;
     if (auto id = unsigned_value(&kv.value)) {
       const std::string_view key = kv.key;
       t.special_ids.emplace_back(std::string(key.substr(prefix.size(), key.size() - prefix.size() - suffix.size())), *id);
@@ -61,13 +56,13 @@ TokenizerSummary summarize_tokenizer(const GgufFile& f) {
 // Layer index of a routed-expert tensor "blk.<L>.ffn_<part>_exps.weight" (3-D); -1 otherwise.
 int routed_expert_layer(const GgufTensorInfo& t) {
   std::string_view name = t.name;
-  if (t.n_dims != 3 || !starts_with(name, "blk.") || !ends_with(name, "_exps.weight")) return -1;
+  if (t.n_dims != 3 || !name.starts_with("blk.") || !name.ends_with("_exps.weight")) return -1;
   name.remove_prefix(4);
   int layer = 0;
   size_t digits = 0;
   while (digits < name.size() && digits < 6 && name[digits] >= '0' && name[digits] <= '9')
     layer = layer * 10 + (name[digits++] - '0');
-  if (digits == 0 || !starts_with(name.substr(digits), ".ffn_")) return -1;
+  if (digits == 0 || !name.substr(digits).starts_with(".ffn_")) return -1;
   return layer;
 }
 
@@ -140,7 +135,7 @@ ModelSummary summarize(const GgufFile& f) {
   s.data_offset = f.data_offset();
   if (!s.architecture.empty())
     for (const auto& kv : f.metadata())
-      if (starts_with(kv.key, s.architecture + ".")) s.hyperparameters.push_back(&kv);
+      if (kv.key.starts_with(s.architecture + ".")) s.hyperparameters.push_back(&kv);
   s.tokenizer = summarize_tokenizer(f);
 
   std::map<uint32_t, TypeBytes> by_type;

@@ -11,51 +11,37 @@
 #include <utility>
 
 #include "common/format.h"
+#include "generate/chat_choice.h"
 
 namespace rl {
 
 class ReasoningSplitter {
  public:
-  enum class Start {
-    Content,    // no reasoning is split off
-    Reasoning,  // the prompt opened <think>: the reply starts as reasoning
-    Either,     // the reply is reasoning if it opens with <think> (leading whitespace allowed)
-  };
-
-  explicit ReasoningSplitter(Start start) : state_(start) {}
-  explicit ReasoningSplitter(bool active) : state_(active ? Start::Reasoning : Start::Content) {}
-
-  // Where the reply to `prompt` starts: in reasoning when the prompt ends inside an open <think>
-  // block; otherwise Either when the model may think on its own (model_may_think), else Content.
-  static Start start_for(std::string_view prompt, bool model_may_think) {
-    const size_t open = prompt.rfind(kOpen);
-    if (open != std::string_view::npos && prompt.find(kEnd, open) == std::string_view::npos &&
-        prompt.find_first_not_of(" \t\r\n", open + kOpen.size()) == std::string_view::npos)
-      return Start::Reasoning;
-    return model_may_think ? Start::Either : Start::Content;
-  }
+  // `start`: reply_start() of the prompt (generate/chat_choice.h). Content splits nothing off;
+  // Either is reasoning if it opens with <think> (leading whitespace allowed).
+  explicit ReasoningSplitter(ReplyStart start) : state_(start) {}
 
   // Appends generated text; returns the (reasoning, content) that became final.
   std::pair<std::string, std::string> push(std::string_view text) {
     std::string reasoning, content;
     held_ += text;
     for (;;) {
-      if (state_ == Start::Content) {
+      if (state_ == ReplyStart::Content) {
         content += strip_leading(std::move(held_));
         held_.clear();
         break;
       }
-      if (state_ == Start::Either) {
+      if (state_ == ReplyStart::Either) {
         const size_t i = held_.find_first_not_of(" \t\r\n");
         if (i == std::string::npos) break;  // only whitespace so far: undecided
         const std::string_view rest = std::string_view(held_).substr(i);
         if (rest.substr(0, kOpen.size()) == kOpen) {
           held_.erase(0, i + kOpen.size());
-          state_ = Start::Reasoning;
+          state_ = ReplyStart::Reasoning;
           continue;
         }
         if (kOpen.substr(0, rest.size()) == rest) break;  // may still become <think>
-        state_ = Start::Content;
+        state_ = ReplyStart::Content;
         continue;
       }
       // Reasoning.
@@ -71,7 +57,7 @@ class ReasoningSplitter {
       if (size_t p = held_.find(kEnd); p != std::string::npos) {
         reasoning += without_trailing_newlines(held_.substr(0, p));
         held_.erase(0, p + kEnd.size());
-        state_ = Start::Content;
+        state_ = ReplyStart::Content;
         strip_pending_ = true;
         continue;
       }
@@ -90,7 +76,7 @@ class ReasoningSplitter {
   std::pair<std::string, std::string> finish() {
     std::string held;
     held.swap(held_);
-    if (state_ == Start::Reasoning) return {without_trailing_newlines(std::move(held)), std::string()};
+    if (state_ == ReplyStart::Reasoning) return {without_trailing_newlines(std::move(held)), std::string()};
     return {std::string(), std::move(held)};
   }
 
@@ -113,7 +99,7 @@ class ReasoningSplitter {
     return s.substr(i);
   }
 
-  Start state_;
+  ReplyStart state_;  // Either until the reply shows whether it opens a block
   bool at_reasoning_start_ = true;
   bool strip_pending_ = false;
   std::string held_;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "generate/chat_choice.h"
 #include "generate/chat_template.h"
 #include "generate/generator.h"
 #include "generate/tool_call_grammar.h"
@@ -88,15 +89,7 @@ struct Server::Impl {
       model = loader([this](float p) { load_progress = p; });
       if (!model.backend || !model.tokenizer) fail("the model loader returned no backend or tokenizer");
       try {
-        if (!cfg.chat_template.empty())
-          chat_template = ChatTemplate::of(*chat_format_from_name(cfg.chat_template));  // checked at construction
-        else if (!cfg.chat_template_text.empty())
-          chat_template = ChatTemplate::detect(cfg.chat_template_text, cfg.chatml_fallback);
-        else
-          chat_template = ChatTemplate::detect(model.tokenizer->chat_template(), cfg.chatml_fallback);
-        if (chat_template->fell_back()) fmt::print(stderr, "warning: {}\n", chat_template->warning());
-        if (!chat_template->jinja_warning().empty())
-          fmt::print(stderr, "warning: {}\n", chat_template->jinja_warning());
+        chat_template = choose_chat_template(cfg.chat_template, model.tokenizer->chat_template());
       } catch (const Error& e) {
         chat_template_error = e.what();  // completions still work; chat requests get this error
         fmt::print(stderr, "warning: /v1/chat/completions disabled: {}\n", e.what());
@@ -339,12 +332,6 @@ struct Server::Impl {
     return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
-  // Formats whose model may write a <think> block (the prompt decides whether it starts in one).
-  bool may_think() const {
-    return chat_template && (chat_template->format() == ChatFormat::Qwen3Thinking ||
-                             chat_template->format() == ChatFormat::Qwen3Hybrid);
-  }
-
   // ---- endpoints ----------------------------------------------------------------------------
 
   void chat_completions(const http::Request& req, http::Response& res) {
@@ -365,7 +352,7 @@ struct Server::Impl {
     const std::string id = fmt::format("chatcmpl-{}", next_id++);
     const int64_t created = unix_now();
     const bool has_tools = !cr.tools.empty();
-    const ReasoningSplitter::Start split_reasoning = ReasoningSplitter::start_for(prompt_text, may_think());
+    const ReplyStart split_reasoning = reply_start(prompt_text, chat_template->format());
     // A required tool call replaces response_format's constraint; either starts after the reasoning
     // when the prompt opened it (a reply that may open <think> itself is held to the document).
     if (cr.require_tool_call) {
@@ -375,7 +362,7 @@ struct Server::Impl {
         throw ApiError(400, e.what(), "invalid_request_error", "tools");
       }
     }
-    job->gen.constraint.after_reasoning = split_reasoning == ReasoningSplitter::Start::Reasoning;
+    job->gen.constraint.after_reasoning = split_reasoning == ReplyStart::Reasoning;
     auto finish_name = [&](const GenerationResult& r, const ParsedReply& parsed) -> std::string {
       if (!parsed.tool_calls.empty()) return "tool_calls";
       return r.finish == FinishReason::Length ? "length" : "stop";
@@ -760,10 +747,7 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
   impl_->default_sampling = d;
   if (impl_->cfg.max_queue < 0) fail("--max-queue: must be >= 0, got {}", impl_->cfg.max_queue);
   if (impl_->cfg.n_ctx < 2) fail("--ctx: must be at least 2, got {}", impl_->cfg.n_ctx);
-  if (!impl_->cfg.chat_template.empty() && !chat_format_from_name(impl_->cfg.chat_template))
-    fail("--chat-template: unknown format '{}' (known: {})", impl_->cfg.chat_template, chat_format_names());
-  if (!impl_->cfg.chat_template.empty() && !impl_->cfg.chat_template_text.empty())
-    fail("--chat-template and --chat-template-file: give one");
+  impl_->cfg.chat_template.validate();
   if (!(impl_->cfg.request_timeout_s > 0) || impl_->cfg.request_timeout_s > kMaxTimeoutSeconds)
     fail("--timeout: must be between 0 and {} seconds, got {}", kMaxTimeoutSeconds, impl_->cfg.request_timeout_s);
   if (impl_->cfg.parallel < 1 || impl_->cfg.parallel > SchedulerConfig::kMaxParallel)

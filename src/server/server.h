@@ -18,6 +18,8 @@
 #include <memory>
 #include <string>
 
+#include "generate/chat_choice.h"
+
 namespace rl {
 
 class Backend;
@@ -53,9 +55,8 @@ struct ServerConfig {
   double request_timeout_s = 600;  // a generation that runs longer ends with an error (<= kMaxTimeoutSeconds)
   size_t max_body_bytes = 8u << 20;
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
-  bool chatml_fallback = false;    // serve files whose chat template is not recognised as ChatML
-  std::string chat_template;       // a chat format name (chat_format_names()) used instead of the file's
-  std::string chat_template_text;  // a Jinja chat template used instead of the file's (--chat-template-file)
+  // --chat-template, --chat-template-file's text, --chatml-fallback (generate/chat_choice.h).
+  ChatTemplateChoice chat_template;
   int http_threads = 0;            // handler threads; 0: max(16, max_queue + parallel + 8)
   // Seconds a client may take to send a request line and header, counted from its first byte (a
   // connection that sends nothing is dropped after as long), and to send the body.

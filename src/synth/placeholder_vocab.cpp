@@ -5,23 +5,11 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/utf8.h"
 
 namespace rl::synth {
 
 namespace {
-
-void append_utf8(std::string& s, uint32_t cp) {
-  if (cp < 0x80) {
-    s += (char)cp;
-  } else if (cp < 0x800) {
-    s += (char)(0xC0 | (cp >> 6));
-    s += (char)(0x80 | (cp & 0x3F));
-  } else {
-    s += (char)(0xE0 | (cp >> 12));
-    s += (char)(0x80 | ((cp >> 6) & 0x3F));
-    s += (char)(0x80 | (cp & 0x3F));
-  }
-}
 
 // GPT-2's byte-to-unicode map, in its order: printable Latin-1 bytes stand for themselves, the
 // others are moved to U+0100 and up. Byte token i is the i-th entry.

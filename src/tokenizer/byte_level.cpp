@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "common/utf8.h"
+
 namespace rl::byte_level {
 namespace {
 
@@ -32,8 +34,6 @@ const ByteTables& tables() {
   return t;
 }
 
-bool is_continuation(uint8_t b) { return (b & 0xC0) == 0x80; }
-
 }  // namespace
 
 uint32_t byte_to_codepoint(uint8_t b) { return tables().to_cp[b]; }
@@ -45,56 +45,23 @@ int codepoint_to_byte(uint32_t cp) {
 
 const std::string& byte_to_utf8(uint8_t b) { return tables().to_utf8[b]; }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp <= 0x7F) {
-    out.push_back((char)cp);
-  } else if (cp <= 0x7FF) {
-    out.push_back((char)(0xC0 | (cp >> 6)));
-    out.push_back((char)(0x80 | (cp & 0x3F)));
-  } else if (cp <= 0xFFFF) {
-    out.push_back((char)(0xE0 | (cp >> 12)));
-    out.push_back((char)(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back((char)(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back((char)(0xF0 | ((cp >> 18) & 0x07)));
-    out.push_back((char)(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back((char)(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back((char)(0x80 | (cp & 0x3F)));
-  }
-}
-
 bool decode_lenient(std::string_view s, size_t& pos, uint32_t& cp) {
   const auto at = [&](size_t i) { return (uint8_t)s[i]; };
   const uint8_t b0 = at(pos);
   const size_t left = s.size() - pos;
-  if (b0 < 0x80) {
+  const size_t n = (size_t)utf8_sequence_length(b0);
+  if (n == 1) {
+    if (b0 >= 0x80) return false;  // a continuation byte, or no sequence starts with it
     cp = b0;
     pos += 1;
     return true;
   }
-  if (!(b0 & 0x40)) return false;  // a continuation byte cannot start a character
-  if (!(b0 & 0x20)) {
-    if (left < 2 || !is_continuation(at(pos + 1))) return false;
-    cp = ((b0 & 0x1Fu) << 6) | (at(pos + 1) & 0x3Fu);
-    pos += 2;
-    return true;
-  }
-  if (!(b0 & 0x10)) {
-    if (left < 3 || !is_continuation(at(pos + 1)) || !is_continuation(at(pos + 2))) return false;
-    cp = ((b0 & 0x0Fu) << 12) | ((at(pos + 1) & 0x3Fu) << 6) | (at(pos + 2) & 0x3Fu);
-    pos += 3;
-    return true;
-  }
-  if (!(b0 & 0x08)) {
-    if (left < 4 || !is_continuation(at(pos + 1)) || !is_continuation(at(pos + 2)) ||
-        !is_continuation(at(pos + 3)))
-      return false;
-    cp = ((b0 & 0x07u) << 18) | ((at(pos + 1) & 0x3Fu) << 12) | ((at(pos + 2) & 0x3Fu) << 6) |
-         (at(pos + 3) & 0x3Fu);
-    pos += 4;
-    return true;
-  }
-  return false;
+  if (left < n) return false;
+  for (size_t k = 1; k < n; ++k)
+    if (!is_utf8_continuation(at(pos + k))) return false;
+  cp = utf8_code_point(s.substr(pos, n));
+  pos += n;
+  return true;
 }
 
 bool is_strict_utf8(std::string_view s) {
@@ -116,19 +83,18 @@ bool is_strict_utf8(std::string_view s) {
       continue;
     }
     if (b0 >= 0xC2 && b0 <= 0xDF) {
-      if (i + 1 >= n || !is_continuation(p[i + 1])) return false;
+      if (i + 1 >= n || !is_utf8_continuation(p[i + 1])) return false;
       i += 2;
     } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-      if (i + 2 >= n || !is_continuation(p[i + 1]) || !is_continuation(p[i + 2])) return false;
-      const uint32_t cp = ((b0 & 0x0Fu) << 12) | ((p[i + 1] & 0x3Fu) << 6) | (p[i + 2] & 0x3Fu);
+      if (i + 2 >= n || !is_utf8_continuation(p[i + 1]) || !is_utf8_continuation(p[i + 2])) return false;
+      const uint32_t cp = utf8_code_point(s.substr(i, 3));
       if (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
       i += 3;
     } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-      if (i + 3 >= n || !is_continuation(p[i + 1]) || !is_continuation(p[i + 2]) ||
-          !is_continuation(p[i + 3]))
+      if (i + 3 >= n || !is_utf8_continuation(p[i + 1]) || !is_utf8_continuation(p[i + 2]) ||
+          !is_utf8_continuation(p[i + 3]))
         return false;
-      const uint32_t cp = ((b0 & 0x07u) << 18) | ((p[i + 1] & 0x3Fu) << 12) |
-                          ((p[i + 2] & 0x3Fu) << 6) | (p[i + 3] & 0x3Fu);
+      const uint32_t cp = utf8_code_point(s.substr(i, 4));
       if (cp < 0x10000 || cp > 0x10FFFF) return false;
       i += 4;
     } else {

@@ -1,5 +1,6 @@
 // Byte-level helpers of GPT-2 style BPE: the byte <-> code point mapping that lets every byte
-// be written as a printable character, and UTF-8 decoding with llama.cpp's rules for bad input.
+// be written as a printable character, and UTF-8 decoding with llama.cpp's rules for bad input
+// (encoding and sequence shapes: common/utf8.h).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -16,9 +17,6 @@ int codepoint_to_byte(uint32_t cp);
 // UTF-8 bytes of byte_to_codepoint(b) (one or two bytes).
 const std::string& byte_to_utf8(uint8_t b);
 
-// Appends the UTF-8 encoding of `cp` (no validation beyond the 4-byte limit of 0x1FFFFF).
-void append_utf8(std::string& out, uint32_t cp);
-
 // Decodes one code point at text[pos] the way llama.cpp does (lenient: overlong forms and
 // surrogates are accepted, only the bit patterns are checked). Returns false for a malformed
 // sequence, in which case the caller substitutes U+FFFD for ONE byte.
@@ -31,14 +29,5 @@ bool is_strict_utf8(std::string_view text);
 // overlong forms are re-encoded in their shortest form, code points above U+10FFFF (which
 // llama.cpp cannot encode and fails on) become U+FFFD. Surrogates are kept as 3-byte sequences.
 std::string normalize_like_llama(std::string_view text);
-
-// Length of the UTF-8 sequence announced by lead byte `b` (1 for ASCII and stray bytes).
-inline int utf8_sequence_length(uint8_t b) {
-  if (b < 0xC0) return 1;
-  if (b < 0xE0) return 2;
-  if (b < 0xF0) return 3;
-  if (b < 0xF8) return 4;
-  return 1;
-}
 
 }  // namespace rl::byte_level

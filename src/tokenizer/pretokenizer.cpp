@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/utf8.h"
 
 namespace rl {
 namespace {
@@ -134,7 +135,7 @@ void Pretokenizer::split(std::string_view text, Scratch& scratch, const WordFn& 
     if (end <= start) {
       // An empty match (impossible with this pattern): take one character so the loop advances.
       size_t next = start + 1;
-      while (next < n && ((uint8_t)text[next] & 0xC0) == 0x80) ++next;
+      while (next < n && is_utf8_continuation((uint8_t)text[next])) ++next;
       on_word(start, next - start);
       pos = next;
       continue;

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "gguf/gguf.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/byte_level.h"
@@ -474,7 +475,7 @@ void BpeTokenizer::build_pieces() {
           piece_arena_.push_back((char)b);
         } else {  // not a byte stand-in: llama.cpp writes this marker
           std::string utf8;
-          byte_level::append_utf8(utf8, cp);
+          append_utf8(utf8, cp);
           piece_arena_ += "[UNK_BYTE_0x";
           for (unsigned char c : utf8) piece_arena_ += fmt::format("{:02x}", c);
           piece_arena_.append(text);
@@ -642,8 +643,8 @@ std::string StreamDecoder::push(int32_t id) {
   // The last character starts at most 3 bytes before the end.
   for (size_t back = 1; back <= 4 && back <= n; ++back) {
     const uint8_t b = (uint8_t)pending_[n - back];
-    if ((b & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    if (b >= 0xC0 && byte_level::utf8_sequence_length(b) > (int)back) keep_from = n - back;
+    if (is_utf8_continuation(b)) continue;  // keep looking for the lead
+    if (utf8_sequence_length(b) > (int)back) keep_from = n - back;
     break;
   }
   std::string ready = pending_.substr(0, keep_from);

@@ -164,5 +164,26 @@ TEST(CliText, ChatTemplateFileRendersWithThatTemplate) {
   EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
 }
 
+// --json-object with --chat: a prompt that opens <think> (Thinking) leaves the reasoning free and
+// the document follows </think>; a prompt that does not (Instruct) is the document from the start.
+TEST(CliText, RunChatConstraintStartsWhereThePromptLeavesTheReply) {
+  const std::string model = test::fixture(kModel);
+  RL_REQUIRE_FIXTURE(model);
+  const std::string run = "run -m " + model + " --backend cpu --threads 2 --greedy -n 40 --chat -p Hi --json-object ";
+  auto is_object = [](const std::string& text) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    return j.is_object();
+  };
+  Output thinking = run_redlite(run + "--chat-template qwen3-thinking");
+  ASSERT_EQ(thinking.rc, 0) << thinking.err;
+  const size_t close = thinking.out.find("</think>");
+  ASSERT_NE(close, std::string::npos) << thinking.out;
+  EXPECT_GT(close, 0u) << thinking.out;  // some free reasoning first
+  EXPECT_TRUE(is_object(thinking.out.substr(close + 8))) << thinking.out;
+  Output instruct = run_redlite(run + "--chat-template qwen3-instruct");
+  ASSERT_EQ(instruct.rc, 0) << instruct.err;
+  EXPECT_TRUE(is_object(instruct.out)) << instruct.out;
+}
+
 }  // namespace
 }  // namespace rl

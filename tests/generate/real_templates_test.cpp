@@ -104,6 +104,11 @@ const Case kCases[] = {
          {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
        {"role": "tool", "tool_call_id": "c1", "content": "21C"},
        {"role": "assistant", "content": "21C in Rome.", "reasoning_content": "Got it."}])", true, true},
+    // Python's str.strip() takes Unicode whitespace too (U+3000, U+00A0, U+2003).
+    {"unicode_spaces_at_the_edges", R"([{"role": "user", "content": "Search dogs"},
+       {"role": "assistant", "content": "\u3000Let me search.\u00a0", "reasoning_content": "\u2003Need it.\n",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": {"query": "dogs"}}}]},
+       {"role": "tool", "tool_call_id": "c1", "content": "\u3000Dogs bark.\u3000"}])", true, true},
 };
 
 // What the client would send: the same messages with each call's arguments as a compact JSON

@@ -7,7 +7,7 @@
 #include "server/reasoning_split.h"
 
 using rl::ReasoningSplitter;
-using Start = rl::ReasoningSplitter::Start;
+using Start = rl::ReplyStart;
 
 namespace {
 
@@ -68,20 +68,6 @@ TEST(ReasoningSplit, HybridModelOpensItsOwnBlock) {
   auto [r4, c4] = split_whole("  <thi", Start::Either);  // stopped while undecided: content
   EXPECT_EQ(r4, "");
   EXPECT_EQ(c4, "  <thi");
-}
-
-TEST(ReasoningSplit, StartFollowsThePrompt) {
-  // Qwen3-Thinking opens the block whatever enable_thinking says.
-  EXPECT_EQ(ReasoningSplitter::start_for("<|im_start|>assistant\n<think>\n", true), Start::Reasoning);
-  EXPECT_EQ(ReasoningSplitter::start_for("<|im_start|>assistant\n<think>\n", false), Start::Reasoning);
-  // Hybrid with enable_thinking false closes an empty block: the reply is content, or a block
-  // the model opens anyway.
-  EXPECT_EQ(ReasoningSplitter::start_for("<|im_start|>assistant\n<think>\n\n</think>\n\n", true), Start::Either);
-  EXPECT_EQ(ReasoningSplitter::start_for("<|im_start|>assistant\n", true), Start::Either);
-  EXPECT_EQ(ReasoningSplitter::start_for("<|im_start|>assistant\n", false), Start::Content);
-  // An earlier, closed block in the history does not count.
-  EXPECT_EQ(ReasoningSplitter::start_for("<think>\nx\n</think>\n\ny<|im_end|>\n<|im_start|>assistant\n", false),
-            Start::Content);
 }
 
 TEST(ReasoningSplit, EveryCutGivesTheWholeResult) {

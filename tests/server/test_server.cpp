@@ -84,7 +84,7 @@ TEST_F(ServerTest, StreamedChatEqualsWholeChatEqualsGenerator) {
 // whitespace before it wait for the end), and the streamed content equals the whole reply's.
 TEST_F(ServerTest, RepliesToRequestsWithToolsStreamAndEqualTheWholeReply) {
   ServerConfig cfg;
-  cfg.chat_template = "qwen3-instruct";  // the fixture's own template (Qwen2) has no tools
+  cfg.chat_template.format = "qwen3-instruct";  // the fixture's own template (Qwen2) has no tools
   TestServer s(cfg);
   ASSERT_TRUE(s.ready());
   auto c = s.client();
@@ -130,7 +130,7 @@ TEST_F(ServerTest, RepliesToRequestsWithToolsStreamAndEqualTheWholeReply) {
 
   // An unknown format name is refused when the server is made.
   ServerConfig bad;
-  bad.chat_template = "qwen9";
+  bad.chat_template.format = "qwen9";
   EXPECT_THROW(Server(bad, fixture_loader(server_model())), Error);
 }
 
@@ -138,7 +138,7 @@ TEST_F(ServerTest, RepliesToRequestsWithToolsStreamAndEqualTheWholeReply) {
 // without tools (the tools' definitions make the prompt longer).
 TEST_F(ServerTest, ToolChoiceNoneHidesTheTools) {
   ServerConfig cfg;
-  cfg.chat_template = "qwen3-instruct";  // a format that renders tools
+  cfg.chat_template.format = "qwen3-instruct";  // a format that renders tools
   TestServer s(cfg);
   ASSERT_TRUE(s.ready());
   auto c = s.client();

@@ -252,7 +252,7 @@ TEST_F(ServerHardening, IdleKeptAliveConnectionsAreClosed) {
 TEST_F(ServerHardening, DeeplyNestedToolArgumentsAre400UnderTheCoderFormat) {
   ServerConfig cfg = hardened_config();
   cfg.max_body_bytes = 1 << 20;
-  cfg.chat_template = "qwen3-coder";
+  cfg.chat_template.format = "qwen3-coder";
   TestServer& s = start(cfg);
   const std::string args = "{\"a\": " + std::string(30000, '[') + std::string(30000, ']') + "}";
   json body = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}},

@@ -130,7 +130,7 @@ TEST_F(StructuredOutputTest, SchemaErrorsAndTheLengthLimit) {
 TEST_F(StructuredOutputTest, RequiredAndNamedToolCallsInJsonAndCoderSyntax) {
   for (const char* format : {"qwen3-instruct", "qwen3-coder"}) {
     ServerConfig cfg;
-    cfg.chat_template = format;
+    cfg.chat_template.format = format;
     TestServer s(cfg);
     ASSERT_TRUE(s.ready());
     auto c = s.client();
@@ -162,7 +162,7 @@ TEST_F(StructuredOutputTest, RequiredAndNamedToolCallsInJsonAndCoderSyntax) {
 // A Thinking reply: the reasoning is free (closed in time by the budget), the content validates.
 TEST_F(StructuredOutputTest, ThinkingReplyReasonsFreelyThenWritesTheDocument) {
   ServerConfig cfg;
-  cfg.chat_template = "qwen3-thinking";
+  cfg.chat_template.format = "qwen3-thinking";
   TestServer s(cfg);
   ASSERT_TRUE(s.ready());
   auto c = s.client();
