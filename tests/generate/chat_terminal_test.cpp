@@ -47,9 +47,11 @@ class TmuxSession {
   }
   bool alive() { return std::system(("tmux -L " + name_ + " has-session -t " + name_ + " 2>/dev/null").c_str()) == 0; }
   void send_ctrl_c() { std::system(("tmux -L " + name_ + " send-keys -t " + name_ + " C-c").c_str()); }
+  // The pane with its scrollback (-S -): a reply longer than the window must not push the lines a
+  // test looks for off the captured text.
   std::string screen() {
     std::string out;
-    FILE* p = ::popen(("tmux -L " + name_ + " capture-pane -p -t " + name_ + " 2>/dev/null").c_str(), "r");
+    FILE* p = ::popen(("tmux -L " + name_ + " capture-pane -p -S - -t " + name_ + " 2>/dev/null").c_str(), "r");
     if (!p) return out;
     char buf[4096];
     size_t n;
