@@ -40,6 +40,9 @@
 #     mask         issue 25's mask overhead: the 80B seed-mix with the real vocabulary of the carried
 #                  fixture model (synth --vocab-from), `redlite run --backend cuda --chat -n 256` with no
 #                  constraint and with each schema of bench/schemas (seeds 1 and 2, --temp 0.7)
+#     parallel     issue 21's concurrent streams: bench/server_parallel.py through `redlite serve --parallel N`
+#                  on the 80B seed-mix with the carried fixture's vocabulary, --streams $STREAMS
+#                  (default 1,4,8), -n 64; the model is kept for a later mask step
 #     kernels      bench_cuda_kernels of the tree (built here if needed) with $KERNELS_FLAGS (e.g.
 #                  "--filter decode/ --reps 200"); its table in $OUT/kernels.txt
 # Results: $OUT/*.log and $OUT/summary.txt. STEP_TIMEOUT (s) bounds each bench (default 240).
@@ -199,6 +202,14 @@ for s in "$@"; do
         -k "regex:${NCU_RE:-attention}" "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depth-decode-tokens 2 \
         --depths "${NCU_DEPTHS:-0,32768}"
       grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
+      ;;
+    parallel)
+      MV=/dev/shm/redlite/80b-seed-mix-vocab.gguf
+      [ -e $MV ] || STEP_TIMEOUT=400 step synth-80b-vocab "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 \
+        --vocab-from "$(ls "$FIX"/*.gguf | head -1)" --out $MV
+      STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step parallel python3 "$ROOT/bench/server_parallel.py" --bin "$BUILD/redlite" \
+        -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n 64
+      grep -E '"streams"|aggregate' "$OUT/parallel.log" | tail -4 | tee -a "$OUT/summary.txt"
       ;;
     mask)
       MV=/dev/shm/redlite/80b-seed-mix-vocab.gguf

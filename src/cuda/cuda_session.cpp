@@ -134,6 +134,11 @@ class CudaSessionImpl final : public Session {
 
   void set_trace(TraceSink* sink) override { trace_ = sink; }
 
+  // For the backend's batched decode step.
+  bool of(const Engine& e) const { return &e_ == &e; }
+  bool traced() const { return trace_ != nullptr; }
+  SessionState& state() { return st_; }
+
  private:
   void check_tokens(std::span<const int32_t> tokens) const {
     if (tokens.empty()) fail("prefill: no tokens given");
@@ -156,6 +161,13 @@ class CudaSessionImpl final : public Session {
 size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx) {
   // The recurrent states twice: the GPU-routed token's backups.
   return c.kv_bytes_per_token() * n_ctx + 2 * c.recurrent_state_bytes() + split_bytes(c, n_ctx, forms.fast_attention);
+}
+
+SessionState& session_state(const Engine& e, Session& s, size_t index, bool* traced) {
+  auto* cs = dynamic_cast<CudaSessionImpl*>(&s);
+  if (!cs || !cs->of(e)) fail("decode_batch: session {} is not a session of this loaded model", index);
+  if (cs->traced()) *traced = true;
+  return cs->state();
 }
 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {

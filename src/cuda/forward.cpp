@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "cuda/engine.h"
 #include "cuda/kernels.h"
 
@@ -25,20 +26,19 @@ void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
   get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
 }
 
-// Gated DeltaNet.                                                 h, out: [T][n_embd]
-void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
+// The recurrent part of Gated DeltaNet for rows [row, row + T) of the views, T tokens of one
+// session in order: the causal conv and gates, the L2 norm of q and k, the recurrence over the
+// session's state.
+void deltanet_core(Engine& e, SessionState& st, int L, const DeltaNetViews& views, int row, int T) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
   const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, dk = c.ssm_head_dim, dv = c.ssm_head_dim;
   const int key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
-  const DeltaNetViews v = e.ws.deltanet_views(c, T);
-  e.profiler.mark(kProjections, stream);
-  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
-                            {&w.z, plan.mixer_in[1], h, v.z},
-                            {&w.ba, plan.mixer_in[2], h, v.ba}},
-                           T);
-  e.profiler.mark(kDeltaNet, stream);
+  const DeltaNetViews v{views.qkv + (size_t)row * conv_dim, views.conv + (size_t)row * conv_dim,
+                        views.z + (size_t)row * nv * dv,   views.o + (size_t)row * nv * dv,
+                        views.ba + (size_t)row * 2 * nv,   views.beta + (size_t)row * nv,
+                        views.g + (size_t)row * nv};
   // The fast tier's kernels are fp32 (deltanet_fast.cu), the exact tier's the oracle's arithmetic.
   const bool fast = e.forms.fast_deltanet;
   (fast ? deltanet_conv_gates_fast : deltanet_conv_gates)(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T,
@@ -57,25 +57,43 @@ void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, c
   else
     deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
                         nk, nv, dk, dv, stream, norm);
-  gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
+}
+
+// Gated DeltaNet of T tokens: of one session (sts[0]), or of one token each of T sessions (a
+// batched decode step: sts[t] for row t).                         h, out: [T][n_embd]
+void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
+                    float* out) {
+  const Config& c = e.config();
+  const SsmDev& w = e.weights.layers[L].ssm;
+  const cudaStream_t stream = e.streams.compute;
+  const DeltaNetViews v = e.ws.deltanet_views(c, T);
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
+                            {&w.z, plan.mixer_in[1], h, v.z},
+                            {&w.ba, plan.mixer_in[2], h, v.ba}},
+                           T);
+  e.profiler.mark(kDeltaNet, stream);
+  if (sts.size() == 1)
+    deltanet_core(e, *sts[0], L, v, 0, T);
+  else
+    for (int t = 0; t < T; t++) deltanet_core(e, *sts[t], L, v, t, 1);
+  gated_rms_norm(v.o, v.z, w.norm, v.o, T * c.ssm_n_v_heads, c.ssm_head_dim, c.rms_eps, stream);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
 }
 
-// Gated attention. Positions come from pos_d, so a captured graph replays at any position.
-//                                                                  h, out: [T][n_embd]
-void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T,
-                     const int32_t* pos_d, float* out) {
+// Attention of rows [row, row + T) of the views, T tokens of one session at positions pos_d[0..T):
+// per-head norms, RoPE and the KV append, then the gated attention over the session's cache.
+void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& views, int row, int T,
+                    const int32_t* pos_d) {
   const Config& c = e.config();
   const AttnDev& w = e.weights.layers[L].attn;
   const cudaStream_t stream = e.streams.compute;
   const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
   const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
-  const AttentionViews v = e.ws.attention_views();
-  e.profiler.mark(kProjections, stream);
-  e.products.project_group(
-      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
-  e.profiler.mark(kAttention, stream);
+  const size_t q_row = (size_t)nh * hd, kv_row = (size_t)nkv * hd;
+  const AttentionViews v{views.qg + row * 2 * q_row, views.q + row * q_row, views.gate + row * q_row,
+                         views.att + row * q_row,    views.k + row * kv_row, views.v + row * kv_row};
   attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv,
                  hd, c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
@@ -85,6 +103,24 @@ void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, 
   else
     gated_attention(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream, pos_d,
                     &st.attn_splits);
+}
+
+// Gated attention of T tokens: of one session (sts[0]), or of one token each of T sessions (sts[t]
+// for row t). Positions come from pos_d, so a captured graph replays at any position.
+//                                                                  h, out: [T][n_embd]
+void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
+                     const int32_t* pos_d, float* out) {
+  const AttnDev& w = e.weights.layers[L].attn;
+  const cudaStream_t stream = e.streams.compute;
+  const AttentionViews v = e.ws.attention_views();
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group(
+      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
+  e.profiler.mark(kAttention, stream);
+  if (sts.size() == 1)
+    attention_core(e, *sts[0], L, v, 0, T, pos_d);
+  else
+    for (int t = 0; t < T; t++) attention_core(e, *sts[t], L, v, t, 1, pos_d + t);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.o, plan.mixer_out, v.att, T, out);
 }
@@ -107,8 +143,8 @@ void trace_rows(Engine& e, TraceSink* trace, const std::string& name, const floa
 
 }  // namespace
 
-void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
-                 float* logits, TraceSink* trace, bool gpu_routed) {
+void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* ids_d, const int32_t* pos_d, int T,
+                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed) {
   const Config& c = e.config();
   const int n_embd = c.n_embd;
   const cudaStream_t stream = e.streams.compute;
@@ -128,9 +164,9 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
     e.profiler.mark(kNorms, stream);
     if (L == 0) rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream);
     if (d.recurrent)
-      deltanet_block(e, st, L, lp, h, T, mixer_out);
+      deltanet_block(e, sts, L, lp, h, T, mixer_out);
     else
-      attention_block(e, st, L, lp, h, T, pos_d, mixer_out);
+      attention_block(e, sts, L, lp, h, T, pos_d, mixer_out);
     // x += mixer_out; h = RMSNorm(x) * post_attention_norm: one kernel unless the trace needs x.
     e.profiler.mark(kNorms, stream);
     if (tensors) {
@@ -152,10 +188,16 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
   lm_head(e, plan, h, T, all_logits, logits);
 }
 
-void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
-              TraceSink* trace) {
+namespace {
+
+// A pass on the synchronous path: row t is token tokens[t] of sts[t] (a batched decode step), or,
+// with one session, of sts[0] at its position + t. The logits of every row (all_logits) or of the
+// last into logits_out; the positions advance.
+void run_rows(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens, bool all_logits,
+              float* logits_out, TraceSink* trace) {
   const Config& c = e.config();
-  const int T = (int)tokens.size(), pos0 = st.position;
+  const int T = (int)tokens.size();
+  const bool batch = sts.size() > 1;
   const cudaStream_t stream = e.streams.compute;
   Workspace& ws = e.ws;
   ws.staging.reset();
@@ -168,7 +210,7 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   (void)pos_staged;
   for (int t = 0; t < T; t++) {
     ids_h[t] = tokens[t];
-    pos_h[t] = pos0 + t;
+    pos_h[t] = batch ? sts[t]->position : sts[0]->position + t;
   }
   // Into buffers of their own: the staging area is reused from the first layer on.
   int32_t* ids_d = ws.ids.get<int32_t>();
@@ -178,7 +220,7 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   const int rows = all_logits ? T : 1;
   ws.reserve_logits(rows, c.n_vocab);
   e.grouped_layers.clear();
-  encode_pass(e, st, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
+  encode_pass(e, sts, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
   if (!e.grouped_layers.empty())
     RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
                                   (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
@@ -188,7 +230,10 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   e.profiler.mark(kOther, stream);
   RL_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::memcpy(logits_out, logits_host, n_out * sizeof(float));
-  st.position = pos0 + T;
+  if (batch)
+    for (SessionState* st : sts) st->position++;
+  else
+    sts[0]->position += T;
   e.residency.end_pass();
   // The GPU-grouped layers' experts, each a hit (as a reservation would have counted them).
   uint64_t grouped_hits = 0;
@@ -199,6 +244,20 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   RL_CUDA_CHECK(cudaStreamSynchronize(e.streams.copy));
   e.residency.record_copy_times(e.profiler);
   e.profiler.collect();
+}
+
+}  // namespace
+
+void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
+              TraceSink* trace) {
+  SessionState* one[] = {&st};
+  run_rows(e, one, tokens, all_logits, logits_out, trace);
+}
+
+void run_batch_pass(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens, float* logits_out) {
+  if (sts.size() != tokens.size() || sts.size() < 2 || sts.size() > (size_t)kMaxChunk)
+    fail("run_batch_pass: {} sessions and {} tokens (2 to {} of each)", sts.size(), tokens.size(), kMaxChunk);
+  run_rows(e, sts, tokens, true, logits_out, nullptr);
 }
 
 }  // namespace rl::cuda

@@ -1,0 +1,139 @@
+// The CUDA backend's batched decode step (decode_batch, fast tier: run_batch_pass) against the CPU
+// oracle on the fixture models: five sequences of different prompt lengths (so different positions
+// and states) decode together, teacher-forced on the oracle's greedy tokens, and each sequence's
+// logits must meet the fast tier's bar against the oracle (the bar CudaFastTier.EachPartOnThe80BShape
+// and the recipes use: top-1 agreement >= 0.85, mean relative RMS <= 0.075); a sequence decoding on
+// the wrong state, cache row or position scores near 1. Then each sequence decodes once more alone
+// (the GPU-routed graph) from where the batch left it. The exact tier decodes the sequences one after
+// another: its tokens are those each gets alone, bit for bit. Needs a GPU and the fixtures.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#include "common/error.h"
+#include "cuda/cuda_check.h"
+#include "model/parity.h"
+#include "test_util.h"
+
+namespace rl {
+namespace {
+
+const char* const kModels[] = {"tiny-qwen3next-iq2xxs.gguf", "tiny-qwen3next-q4km.gguf"};
+
+std::vector<int32_t> prompt_of(int n, int seed, int n_vocab) {
+  std::vector<int32_t> t(n);
+  uint32_t s = 2654435761u * (uint32_t)(seed + 1);
+  for (int i = 0; i < n; i++) {
+    s = s * 1664525u + 1013904223u;
+    t[i] = (int32_t)(s % (uint32_t)n_vocab);
+  }
+  return t;
+}
+
+// Sequences of these prompt lengths decode together for kSteps steps.
+constexpr int kLengths[] = {7, 1, 40, 13, 26};
+constexpr int kSteps = 12;
+
+void run_batch(const std::string& path, Numerics numerics, double* top1, double* mean_rel_rms, bool* identical) {
+  auto model = Model::open(path);
+  const int n_vocab = model->config().n_vocab;
+  auto cpu = cpu::make_cpu_backend(model, 0);
+  cuda::CudaOptions o;
+  o.numerics = numerics;
+  auto gpu = cuda::make_cuda_backend(model, o);
+  const int n = (int)std::size(kLengths);
+  std::vector<std::unique_ptr<Session>> oracle, batched, alone;
+  std::vector<std::vector<float>> want(n), alone_logits(n);
+  std::vector<Session*> ptrs;
+  for (int i = 0; i < n; i++) {
+    const auto p = prompt_of(kLengths[i], i, n_vocab);
+    oracle.push_back(cpu->new_session(256));
+    batched.push_back(gpu->new_session(256));
+    alone.push_back(gpu->new_session(256));
+    want[i] = oracle[i]->prefill(p, nullptr);
+    batched[i]->prefill(p, nullptr);
+    alone_logits[i] = alone[i]->prefill(p, nullptr);
+    ptrs.push_back(batched[i].get());
+  }
+  int agree = 0, total = 0;
+  double rms = 0;
+  *identical = true;
+  for (int step = 0; step <= kSteps; step++) {
+    std::vector<int32_t> next(n);
+    for (int i = 0; i < n; i++) next[i] = argmax_token(want[i]);
+    // The last step: each sequence alone, from where the batch left it.
+    std::vector<std::vector<float>> got(n);
+    if (step < kSteps) {
+      got = gpu->decode_batch(ptrs, next);
+    } else {
+      for (int i = 0; i < n; i++) got[i] = batched[i]->decode(next[i]);
+    }
+    for (int i = 0; i < n; i++) {
+      want[i] = oracle[i]->decode(next[i]);
+      alone_logits[i] = alone[i]->decode(next[i]);
+      ASSERT_EQ(got[i].size(), (size_t)n_vocab);
+      agree += argmax_token(got[i]) == argmax_token(want[i]);
+      total++;
+      rms += relative_rms(got[i], want[i]);
+      *identical = *identical && got[i] == alone_logits[i];
+      EXPECT_EQ(batched[i]->position(), kLengths[i] + step + 1) << "sequence " << i;
+    }
+  }
+  *top1 = (double)agree / total;
+  *mean_rel_rms = rms / total;
+}
+
+TEST(CudaBatchedDecode, EachSequenceMeetsTheFastTierBarAgainstTheOracle) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  int ran = 0;
+  for (const char* name : kModels) {
+    const std::string path = test::fixture(name);
+    if (!std::filesystem::exists(path)) continue;
+    SCOPED_TRACE(name);
+    double top1 = 0, rms = 0;
+    bool identical = false;
+    run_batch(path, Numerics::kFast, &top1, &rms, &identical);
+    std::printf("[cuda batched decode] %s: top-1 %.4f, mean rel rms %.4e against the oracle\n", name, top1, rms);
+    EXPECT_GE(top1, 0.85);
+    EXPECT_LE(rms, 0.075);
+    ran++;
+  }
+  if (!ran) GTEST_SKIP() << "no fixture model found (set REDLITE_FIXTURES)";
+}
+
+TEST(CudaBatchedDecode, ExactTierGivesEachSequenceItsOwnTokens) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "fixture not found: " << path;
+  double top1 = 0, rms = 0;
+  bool identical = false;
+  run_batch(path, Numerics::kExact, &top1, &rms, &identical);
+  EXPECT_TRUE(identical) << "the exact tier's batched logits differ from each sequence's alone";
+  EXPECT_EQ(top1, 1.0);
+}
+
+TEST(CudaBatchedDecode, RefusesAnotherModelsSession) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "fixture not found: " << path;
+  auto model = Model::open(path);
+  cuda::CudaOptions o;
+  auto a = cuda::make_cuda_backend(model, o), b = cuda::make_cuda_backend(model, o);
+  auto sa = a->new_session(64), sb = b->new_session(64);
+  sa->prefill(std::vector<int32_t>{1, 2, 3}, nullptr);
+  sb->prefill(std::vector<int32_t>{1, 2, 3}, nullptr);
+  Session* both[] = {sa.get(), sb.get()};
+  const int32_t toks[] = {4, 5};
+  EXPECT_THROW(a->decode_batch(both, toks), Error);
+  EXPECT_EQ(sa->position(), 3);  // nothing advanced
+  EXPECT_EQ(sb->position(), 3);
+}
+
+}  // namespace
+}  // namespace rl
