@@ -19,22 +19,13 @@
 #include "common/error.h"
 #include "cuda/cuda_check.h"
 #include "model/parity.h"
+#include "backend_test_util.h"
 #include "test_util.h"
 
 namespace rl {
 namespace {
 
 const char* const kModels[] = {"tiny-qwen3next-iq2xxs.gguf", "tiny-qwen3next-q4km.gguf"};
-
-std::vector<int32_t> prompt_of(int n, int seed, int n_vocab) {
-  std::vector<int32_t> t(n);
-  uint32_t s = 2654435761u * (uint32_t)(seed + 1);
-  for (int i = 0; i < n; i++) {
-    s = s * 1664525u + 1013904223u;
-    t[i] = (int32_t)(s % (uint32_t)n_vocab);
-  }
-  return t;
-}
 
 // Sequences of these prompt lengths decode together for kSteps steps.
 constexpr int kLengths[] = {7, 1, 40, 13, 26};
@@ -52,7 +43,7 @@ void run_batch(const std::string& path, Numerics numerics, double* top1, double*
   std::vector<std::vector<float>> want(n), alone_logits(n);
   std::vector<Session*> ptrs;
   for (int i = 0; i < n; i++) {
-    const auto p = prompt_of(kLengths[i], i, n_vocab);
+    const auto p = test::prompt(kLengths[i], n_vocab, 40 + i);
     oracle.push_back(cpu->new_session(256));
     batched.push_back(gpu->new_session(256));
     alone.push_back(gpu->new_session(256));

@@ -61,6 +61,17 @@ X24Ref x24_reference(const std::vector<float>& x, int rows, int cols, int bits =
   return r;
 }
 
+// A product test's activations: evenly spread, and with uneven magnitudes within blocks (every
+// `every`-th value 30 times larger) for the X24 / X32 forms' rounding checks. Not for X8, whose
+// NMSE bar is defined, as llama.cpp's backend tests define it, on evenly spread inputs: a 30x
+// outlier coarsens its block's int8 step.
+std::vector<float> product_inputs(size_t n, uint32_t seed, bool uneven, size_t every) {
+  auto x = random_floats(n, seed);
+  if (uneven)
+    for (size_t i = 0; i < n; i += every) x[i] *= 30.0f;
+  return x;
+}
+
 class CudaX24 : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -164,11 +175,7 @@ TEST_F(CudaX24, ProductsAreTheRoundingOfTheX24Sum) {
                      std::to_string(k.cols) + " T=" + std::to_string(k.T));
         const size_t rb = row_size(t, k.cols);
         auto w = random_rows(t, k.rows, k.cols, 300 + k.T);
-        auto x = random_floats((size_t)k.T * k.cols, 301 + k.T);
-        // Uneven magnitudes within blocks (X24). Not for X8, whose NMSE bar is defined, as llama.cpp's
-        // backend tests define it, on evenly spread inputs: a 30x outlier coarsens its block's int8 step.
-        if (!x8)
-          for (size_t i = 0; i < x.size(); i += 97) x[i] *= 30.0f;
+        const auto x = product_inputs((size_t)k.T * k.cols, 301 + k.T, !x8, 97);
         const X24Ref ref = x24_reference(x, k.T, k.cols, x8 ? 7 : 23, x8);
         Quantized d = quantize(x, k.T, k.cols, false, form);
         auto dw = to_device(w);
@@ -322,9 +329,7 @@ TEST_F(CudaX24, X32Q4KProductsAreTheRoundingOfTheExactSum) {
         for (int i = 0; i < 4; i++) s2[i] = 0;       // scales 0..3, and the top bits of scales 4..7
         for (int i = 8; i < 12; i++) s2[i] &= 0xF0;  // the low bits of scales 4..7
       }
-      auto x = random_floats((size_t)k.T * k.cols, 501 + k.T);
-      if (!x8)
-        for (size_t i = 0; i < x.size(); i += 89) x[i] *= 30.0f;
+      const auto x = product_inputs((size_t)k.T * k.cols, 501 + k.T, !x8, 89);
       const X24Ref ref = x24_reference(x, k.T, k.cols, x8 ? 7 : 31, x8);
       Quantized d = quantize(x, k.T, k.cols, true, form);
       auto dw = to_device(w);
