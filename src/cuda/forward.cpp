@@ -76,12 +76,11 @@ void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, 
   e.products.project_group(
       {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
   e.profiler.mark(kAttention, stream);
-  attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv,
-                 hd, c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
+  attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.kv(L), T, nh, nkv, hd, c.rms_eps, c.rope_dim,
+                 theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
   if (e.forms.fast_attention)
-    gated_attention_fast(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream,
-                         pos_d, &st.attn_splits_f);
+    gated_attention_fast(v.q, v.gate, st.kv(L), v.att, T, nh, nkv, hd, 0, scale, stream, pos_d, &st.attn_splits_f);
   else
     gated_attention(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream, pos_d,
                     &st.attn_splits);
