@@ -52,7 +52,8 @@ struct KvCacheSize {
 KvCacheSize kv_cache_size(const InspectArgs& a) {
   const Numerics numerics = *parse_numerics(a.numerics);
   const KvType type = a.kv_type.empty() ? default_kv_type(numerics) : *parse_kv_type(a.kv_type);
-  const Config& c = Model::open(a.model_path)->config();
+  const std::shared_ptr<const Model> model = Model::open(a.model_path);
+  const Config& c = model->config();
   check_kv_type(numerics, type, c.head_dim);
   if (a.ctx > 0 && c.n_ctx_train > 0 && a.ctx > c.n_ctx_train)
     fail("--ctx {}: past the model's context_length of {} tokens ({})", a.ctx, c.n_ctx_train, a.model_path);
