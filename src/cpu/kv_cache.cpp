@@ -32,18 +32,8 @@ void KvRows::write(size_t pos, const float* src, size_t n) {
     uint8_t* row = data_.data() + (pos + r) * row_bytes_;
     switch (type_) {
       case KvType::kF32: std::memcpy(row, x, row_bytes_); break;
-      case KvType::kF16:
-        for (int i = 0; i < width_; i++) {
-          const uint16_t h = f32_to_fp16(x[i]);
-          std::memcpy(row + 2 * i, &h, 2);
-        }
-        break;
-      case KvType::kBF16:
-        for (int i = 0; i < width_; i++) {
-          const uint16_t h = f32_to_bf16(x[i]);
-          std::memcpy(row + 2 * i, &h, 2);
-        }
-        break;
+      case KvType::kF16: store_rounded<f32_to_fp16>(x, width_, row); break;
+      case KvType::kBF16: store_rounded<f32_to_bf16>(x, width_, row); break;
       case KvType::kQ8_0: {
         auto* blocks = reinterpret_cast<BlockQ8_0*>(row);
         for (int b = 0; b < width_ / kKvQ8Block; b++) quantize_kv_block_q8_0(x + b * kKvQ8Block, &blocks[b].d, blocks[b].qs);

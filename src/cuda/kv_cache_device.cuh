@@ -80,13 +80,15 @@ struct KvQuad<float> {
     return make_uint2(pack_half2(r.x, r.y), pack_half2(r.z, r.w));
   }
 };
-template <>
-struct KvQuad<__half> {
+// The 16-bit types: four values are one 8-byte load.
+template <class H>
+struct KvQuadBits16 {
   using Raw = uint2;
-  static __device__ __forceinline__ Raw load(const __half* row, int d) {
-    return __ldg(reinterpret_cast<const uint2*>(row + d));
-  }
+  static __device__ __forceinline__ Raw load(const H* row, int d) { return __ldg(reinterpret_cast<const uint2*>(row + d)); }
   static __device__ __forceinline__ Raw zero() { return make_uint2(0u, 0u); }
+};
+template <>
+struct KvQuad<__half> : KvQuadBits16<__half> {
   static __device__ __forceinline__ float4 to_float(Raw r) {
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&r.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&r.y));
@@ -95,12 +97,7 @@ struct KvQuad<__half> {
   static __device__ __forceinline__ uint2 to_half(Raw r) { return r; }
 };
 template <>
-struct KvQuad<__nv_bfloat16> {
-  using Raw = uint2;
-  static __device__ __forceinline__ Raw load(const __nv_bfloat16* row, int d) {
-    return __ldg(reinterpret_cast<const uint2*>(row + d));
-  }
-  static __device__ __forceinline__ Raw zero() { return make_uint2(0u, 0u); }
+struct KvQuad<__nv_bfloat16> : KvQuadBits16<__nv_bfloat16> {
   // A bf16 is the high half of its fp32.
   static __device__ __forceinline__ float4 to_float(Raw r) {
     return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u), __uint_as_float(r.y << 16),

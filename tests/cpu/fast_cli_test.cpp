@@ -11,9 +11,7 @@
 namespace rl {
 namespace {
 
-test::ShellRun run_redlite(const std::string& args, bool stdout_only = false) {
-  return test::run_shell(test::redlite_bin() + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1"));
-}
+using test::run_redlite;
 
 class FastCli : public ::testing::Test {
  protected:
