@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "model_b_test.h"
 #include "test_util.h"
 
 namespace rl {
@@ -13,15 +14,7 @@ namespace {
 
 using test::run_redlite;
 
-class FastCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!std::filesystem::exists(test::redlite_bin())) GTEST_SKIP() << "redlite binary not built";
-    model_ = test::fixture("tiny-qwen3next-q4km.gguf");
-    RL_REQUIRE_FIXTURE(model_);
-  }
-  std::string model_;
-};
+class FastCli : public test::ModelBCliTest {};
 
 TEST_F(FastCli, ParityPrintsTheFiguresAgainstTheNativeBar) {
   const std::string ref = test::fixture("tiny-qwen3next-q4km.ref-f32.json");

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "model_b_test.h"
 #include "test_util.h"
 
 namespace rl {
@@ -19,15 +20,7 @@ test::ShellRun run_redlite(const std::string& args, bool stdout_only = false) {
 // 128 values: f32 2·128·4 = 1024 bytes, f16 and bf16 512, q8_0 2·(128 + 4 blocks · 2) = 272.
 const std::pair<const char*, size_t> kBytesPerToken[] = {{"f32", 1024}, {"f16", 512}, {"bf16", 512}, {"q8_0", 272}};
 
-class KvCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!std::filesystem::exists(test::redlite_bin())) GTEST_SKIP() << "redlite binary not built";
-    model_ = test::fixture("tiny-qwen3next-q4km.gguf");
-    RL_REQUIRE_FIXTURE(model_);
-  }
-  std::string model_;
-};
+class KvCli : public test::ModelBCliTest {};
 
 TEST_F(KvCli, InspectReportsTheBytesOfEachType) {
   for (auto [type, bytes] : kBytesPerToken) {
