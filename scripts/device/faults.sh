@@ -12,6 +12,9 @@
 #     wrong-slot   route_topk (moe.cu) hands each selected expert its neighbour's slot
 #     no-backups   the decode graph (decode_graph.cpp) takes no backup of the DeltaNet states, so a
 #                  discarded token restores stale states
+#     kv-q8-scale  a q8_0 KV block's scale is max|x| / 126 (kv_cache_device.cuh store_row_warp)
+#     kv-bf16-load a bf16 KV quad's second value is read as its first (kv_cache_device.cuh KvQuad)
+#     kv-q8-head   a q8_0 KV row ignores its head's column offset (kv_cache_device.cuh KvPlane::row)
 #     --dry-run    apply each patch to a scratch copy of its file and print the diff, then stop (no
 #                  build, no GPU: runs on any machine)
 #     --list       each fault, its file and the tests that must catch it
@@ -31,7 +34,7 @@ SRC=$W/src BUILD=$W/build
 FIX=$ROOT/${FIX_DIR:-.deps/fix}
 
 # ---- the faults -------------------------------------------------------------------------------------
-ALL_FAULTS=(router-fp32 dense-fp32 wrong-slot no-backups)
+ALL_FAULTS=(router-fp32 dense-fp32 wrong-slot no-backups kv-q8-scale kv-bf16-load kv-q8-head)
 declare -A F_FILE F_OLD F_NEW F_COUNT F_TESTS
 F_FILE[router-fp32]=src/cuda/matvec.cu
 F_OLD[router-fp32]='for (int j = 0; j < 8; j++) acc[r] = fma((double)v[j], xd[j], acc[r]);'
@@ -56,6 +59,24 @@ F_OLD[no-backups]=$'  try {\n    if (token_backs_up(e)) copy_recurrent_states(e,
 F_NEW[no-backups]=$'  try {\n    // fault: the graph takes no backup of the recurrent states'
 F_COUNT[no-backups]=1
 F_TESTS[no-backups]="CudaBackend.GpuRoutedDecodeEqualsSynchronousPath"
+
+F_FILE[kv-q8-scale]=src/cuda/kv_cache_device.cuh
+F_OLD[kv-q8-scale]='const float d = amax / 127.0f;'
+F_NEW[kv-q8-scale]='const float d = amax / 126.0f;'
+F_COUNT[kv-q8-scale]=1
+F_TESTS[kv-q8-scale]="CudaKvTypes.CacheStoresMatchTheCpuBackend CudaFastAttention.DecodeOverEachKvType"
+
+F_FILE[kv-bf16-load]=src/cuda/kv_cache_device.cuh
+F_OLD[kv-bf16-load]='__uint_as_float(r.x & 0xffff0000u)'
+F_NEW[kv-bf16-load]='__uint_as_float(r.x << 16)'
+F_COUNT[kv-bf16-load]=1
+F_TESTS[kv-bf16-load]="CudaFastAttention.DecodeOverEachKvType CudaFastAttention.PrefillOverEachKvType"
+
+F_FILE[kv-q8-head]=src/cuda/kv_cache_device.cuh
+F_OLD[kv-q8-head]='const size_t at = pos * width + off;'
+F_NEW[kv-q8-head]='const size_t at = pos * width;'
+F_COUNT[kv-q8-head]=1
+F_TESTS[kv-q8-head]="CudaKvTypes.CacheStoresMatchTheCpuBackend CudaFastAttention.DecodeOverEachKvType CudaFastAttention.PrefillOverEachKvType"
 
 # ---- arguments ----------------------------------------------------------------------------------------
 DRY_RUN=0

@@ -62,6 +62,7 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
   const int n_vocab = model->config().n_vocab;
   CommonOptions oracle_options = common;
   oracle_options.numerics = "exact";  // the reference is the oracle, whatever tier the backend under test runs
+  oracle_options.kv_type = "f32";     // and its KV cache, whatever --kv-type the backend under test keeps
   auto oracle = open_backend("cpu", model, oracle_options);
   const std::vector<int> lengths = {std::max(2, o.prompt_tokens / 4), o.prompt_tokens};
   const int n_ctx = o.prompt_tokens + o.greedy + 1;

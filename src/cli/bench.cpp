@@ -114,7 +114,7 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
                   depth, pre.median, pre.min, pre.max, dec.median, dec.min, dec.max);
     std::fflush(stdout);
   }
-  const size_t kv_per_token = c.kv_bytes_per_token();
+  const size_t kv_per_token = c.kv_bytes_per_token(lm.kv_type);
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.common.model_path;
@@ -122,14 +122,15 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
     j["numerics"] = numerics_name(lm.numerics);
     j["build"] = std::string("redlite ") + REDLITE_VERSION;
     j["reps"] = o.reps;
-    j["kv_type"] = "f32";
+    j["kv_type"] = kv_type_name(lm.kv_type);
     j["kv_bytes_per_token"] = kv_per_token;
     j["context"] = max_ctx;
     j["cache_mib"] = o.common.cache_mib;
     j["depths"] = rows;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("  KV cache f32, %zu bytes per token; context %d tokens\n", kv_per_token, max_ctx);
+    std::printf("  KV cache %s, %zu bytes per token; context %d tokens\n", kv_type_name(lm.kv_type), kv_per_token,
+                max_ctx);
   }
   return 0;
 }
@@ -220,6 +221,8 @@ int run_bench(const BenchOptions& o) {
   j["decode_tokens"] = o.decode_tokens;
   j["prefill_tokens"] = o.prefill_tokens;
   j["prefill_chunk"] = 512;
+  j["kv_type"] = kv_type_name(lm.kv_type);
+  j["kv_bytes_per_token"] = c.kv_bytes_per_token(lm.kv_type);
   j["decode_tok_s"] = dec.median;
   j["decode_tok_s_min"] = dec.min;
   j["decode_tok_s_max"] = dec.max;
@@ -270,6 +273,7 @@ int run_bench(const BenchOptions& o) {
                 "max %.0f), median of %d\n",
                 o.common.model_path.c_str(), lm.backend->name().c_str(), numerics_name(lm.numerics), dec.median, dec.min, dec.max,
                 pre.median, pre.min, pre.max, o.reps);
+    std::printf("  KV cache %s, %zu bytes per token\n", kv_type_name(lm.kv_type), c.kv_bytes_per_token(lm.kv_type));
     if (j.contains("bytes_per_token"))
       std::printf("  %.1f MB/token, %.0f GB/s (%.1f%% of 4.8 TB/s), hit rate %.3f, %.2f MB copied/token, "
                   "copy %.1f GB/s\n",

@@ -36,6 +36,7 @@ void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required)
       ->check(CLI::IsMember({"fast", "exact"}));
   app.add_option("--ctx", opts.ctx, "context length in tokens (default: min(4096, the model's))")
       ->check(CLI::NonNegativeNumber);
+  add_kv_type_option(app, opts.kv_type);
   app.add_option("--cache-mib", opts.cache_mib,
                  "GPU expert-cache budget in MiB (default: every expert when they fit in free device memory, "
                  "else what fits)")
@@ -74,10 +75,19 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
       ->group(group);
 }
 
+CLI::Option* add_kv_type_option(CLI::App& app, std::string& kv_type) {
+  return app
+      .add_option("--kv-type", kv_type,
+                  "KV cache type: f32, f16, bf16 or q8_0 (32 8-bit values with one fp16 scale); default f16 for "
+                  "--numerics fast, f32 for exact (the only type the exact tier takes); docs/cuda.md")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+}
+
 cuda::CudaOptions cuda_options(const CommonOptions& opts) {
   cuda::CudaOptions o = opts.cuda;
   o.cache_mib = opts.cache_mib;
   o.numerics = resolve_numerics(opts);
+  o.kv_type = resolve_kv_type(opts);
   return o;
 }
 
@@ -96,10 +106,19 @@ Numerics resolve_numerics(const CommonOptions& opts) {
   return *n;
 }
 
+KvType resolve_kv_type(const CommonOptions& opts) {
+  const Numerics numerics = resolve_numerics(opts);
+  if (opts.kv_type.empty()) return default_kv_type(numerics);
+  const std::optional<KvType> kv = parse_kv_type(opts.kv_type);
+  if (!kv) fail("--kv-type {}: expected f32, f16, bf16 or q8_0", opts.kv_type);
+  check_kv_tier(numerics, *kv);
+  return *kv;
+}
+
 std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<const Model> model,
                                       const CommonOptions& opts) {
   const Numerics numerics = resolve_numerics(opts);
-  if (name == "cpu") return cpu::make_cpu_backend(std::move(model), opts.threads, numerics);
+  if (name == "cpu") return cpu::make_cpu_backend(std::move(model), opts.threads, numerics, resolve_kv_type(opts));
 #ifdef REDLITE_HAVE_CUDA
   if (name == "cuda") return cuda::make_cuda_backend(std::move(model), cuda_options(opts));
 #endif
@@ -115,8 +134,14 @@ LoadedModel open_model(const CommonOptions& opts) {
     fail("--ctx {}: past the model's context_length of {} tokens ({})", opts.ctx, n_ctx_train, opts.model_path);
   const std::string backend = opts.backend.empty() ? default_backend_name() : opts.backend;
   lm.numerics = resolve_numerics(opts);
+  lm.kv_type = resolve_kv_type(opts);
   lm.backend = open_backend(backend, lm.model, opts);
   lm.n_ctx = opts.ctx > 0 ? opts.ctx : std::min(4096, n_ctx_train);
+#ifdef REDLITE_HAVE_CUDA
+  // A context the device cannot hold is refused now, naming the bytes, not at the first request.
+  if (auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(lm.backend.get()))
+    cuda_backend->check_session_fits(lm.n_ctx);
+#endif
   return lm;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/cuda_options.h"
+#include "model/kv_type.h"
 #include "model/model.h"
 #include "model/numerics.h"
 #include "model/session.h"
@@ -22,11 +23,12 @@ struct CommonOptions {
   int ctx = 0;             // context length of a session; 0: min(4096, the model's context_length)
   int64_t cache_mib = 0;   // GPU expert-cache budget; 0: the backend's default
   std::string numerics;    // "fast" or "exact"; empty: fast
+  std::string kv_type;     // "f32", "f16", "bf16" or "q8_0"; empty: the tier's default (default_kv_type)
   cuda::CudaOptions cuda;  // --no-preload, --speculation, --profile, --x32-always (cache_mib: above)
 };
 
-// Adds -m/--model (required when model_required), --backend, --threads, --ctx, --numerics,
-// --cache-mib and the CUDA options (add_cuda_options).
+// Adds -m/--model (required when model_required), --backend, --threads, --ctx, --kv-type,
+// --numerics, --cache-mib and the CUDA options (add_cuda_options).
 void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required = true);
 // Adds the CUDA backend's flags (--no-preload, --speculation, --profile, --x32-always), known in
 // every build; a build without CUDA has no backend they apply to.
@@ -40,11 +42,17 @@ std::string default_backend_name();
 // The numeric tier the backends run in for these options (--numerics; fast when not given);
 // throws rl::Error naming the flag for an unknown tier.
 Numerics resolve_numerics(const CommonOptions& opts);
+// The KV cache type of these options (--kv-type; the tier's default when not given); throws
+// rl::Error naming both flags when the tier does not take it (exact: f32 only).
+KvType resolve_kv_type(const CommonOptions& opts);
+// --kv-type's flag with its help text (also inspect's, which has no CommonOptions).
+CLI::Option* add_kv_type_option(CLI::App& app, std::string& kv_type);
 
 struct LoadedModel {
   std::shared_ptr<const Model> model;
   std::unique_ptr<Backend> backend;
   Numerics numerics = Numerics::kExact;  // the tier the backend computes in
+  KvType kv_type = KvType::kF32;         // the type of its sessions' KV caches
   int n_ctx = 0;  // resolved context length for new sessions
   std::unique_ptr<Session> new_session() const { return backend->new_session(n_ctx); }
 };

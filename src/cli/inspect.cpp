@@ -7,6 +7,7 @@
 //   redlite inspect MODEL --plan --backend cuda [--cache-mib N] [--chunk T] [CUDA flags]
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -34,8 +35,30 @@ struct InspectArgs {
   int64_t cache_mib = 0;
   int chunk = 512;
   std::string numerics = "fast";
+  int ctx = 0;          // 0: the model's context_length
+  std::string kv_type;  // empty: the tier's default
   cuda::CudaOptions cuda;
 };
+
+// The KV cache a session would hold: its type, bytes per token and at the context asked for.
+struct KvCacheSize {
+  KvType type;
+  size_t bytes_per_token;
+  int context;
+};
+
+// From the model's hyperparameters; throws rl::Error naming --kv-type or --ctx when the model or
+// the tier refuses them, as loading the model would.
+KvCacheSize kv_cache_size(const InspectArgs& a) {
+  const Numerics numerics = *parse_numerics(a.numerics);
+  const KvType type = a.kv_type.empty() ? default_kv_type(numerics) : *parse_kv_type(a.kv_type);
+  const std::shared_ptr<const Model> model = Model::open(a.model_path);
+  const Config& c = model->config();
+  check_kv_type(numerics, type, c.head_dim);
+  if (a.ctx > 0 && c.n_ctx_train > 0 && a.ctx > c.n_ctx_train)
+    fail("--ctx {}: past the model's context_length of {} tokens ({})", a.ctx, c.n_ctx_train, a.model_path);
+  return {type, c.kv_bytes_per_token(type), a.ctx > 0 ? a.ctx : c.n_ctx_train};
+}
 
 nlohmann::json value_json(const GgufValue& v) {
   switch (v.type()) {
@@ -125,6 +148,7 @@ int run_plan(const InspectArgs& a) {
   cuda::CudaOptions o = a.cuda;
   o.cache_mib = a.cache_mib;
   o.numerics = *parse_numerics(a.numerics);
+  o.kv_type = kv_cache_size(a).type;
   o.preload = false;
   auto backend = cuda::make_cuda_backend(Model::open(a.model_path), o);
   std::fputs(backend->plan_report(a.chunk).c_str(), stdout);
@@ -146,11 +170,22 @@ int run_inspect(const InspectArgs& a) {
     return 0;
   }
   const ModelSummary s = summarize(*file);
+  // A file of another architecture has no KV cache to size unless one was asked for.
+  std::optional<KvCacheSize> kv;
+  if (s.architecture == "qwen3next" || a.ctx > 0 || !a.kv_type.empty()) kv = kv_cache_size(a);
   if (a.json) {
+    nlohmann::json j = summary_json(s, *file);
+    if (kv)
+      j["kv_cache"] = {{"type", kv_type_name(kv->type)}, {"bytes_per_token", kv->bytes_per_token},
+                       {"context", kv->context}, {"bytes", kv->bytes_per_token * (size_t)kv->context}};
     // GGUF strings are not guaranteed to be UTF-8; invalid bytes print as U+FFFD.
-    std::printf("%s\n", summary_json(s, *file).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::fputs(format_summary(s, *file).c_str(), stdout);
+    if (kv)
+      std::printf("KV cache: %s, %zu bytes per token; %zu bytes (%.1f MiB) at a context of %d tokens\n",
+                  kv_type_name(kv->type), kv->bytes_per_token, kv->bytes_per_token * (size_t)kv->context,
+                  kv->bytes_per_token * (double)kv->context / 1048576.0, kv->context);
   }
   return 0;
 }
@@ -178,9 +213,14 @@ const Registrar registrar(
       sub.add_option("--chunk", args->chunk, "Tokens of the prefill chunk whose plan --plan prints (1 to 512)")
           ->check(CLI::Range(1, 512))
           ->needs(plan);
-      sub.add_option("--numerics", args->numerics, "Numeric tier whose plan --plan prints: fast (default) or exact")
-          ->check(CLI::IsMember({"fast", "exact"}))
-          ->needs(plan);
+      sub.add_option("--numerics", args->numerics,
+                     "Numeric tier of the plan --plan prints and of the KV cache's default type: fast (default) or "
+                     "exact")
+          ->check(CLI::IsMember({"fast", "exact"}));
+      sub.add_option("--ctx", args->ctx, "Context whose KV cache bytes are reported (default: the model's "
+                                         "context_length)")
+          ->check(CLI::NonNegativeNumber);
+      add_kv_type_option(sub, args->kv_type);
       add_cuda_options(sub, args->cuda);
       return [args] { return run_inspect(*args); };
     });

@@ -35,6 +35,7 @@ int run_serve(ServeArgs& a) {
   if (common.ctx > 0) cfg.n_ctx = common.ctx;
   cfg.prompt_cache_bytes = (size_t)(a.cache_mib_prompt * 1024 * 1024);
   if (!std::filesystem::exists(common.model_path)) fail("{}: no such model file", common.model_path);
+  resolve_kv_type(common);  // a --kv-type the tier refuses fails at start, not in the background loader
   cfg.chat_template = a.chat_template.resolve();
 
   struct Owned {

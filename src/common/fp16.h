@@ -71,4 +71,14 @@ inline uint16_t f32_to_bf16(float f) {
   return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
 }
 
+// n values rounded by `round` (f32_to_fp16 or f32_to_bf16), stored as little-endian 16-bit words
+// at dst, which need not be aligned.
+template <uint16_t (*Round)(float)>
+inline void store_rounded(const float* x, int64_t n, uint8_t* dst) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t h = Round(x[i]);
+    std::memcpy(dst + 2 * i, &h, 2);
+  }
+}
+
 }  // namespace rl

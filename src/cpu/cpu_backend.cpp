@@ -12,11 +12,12 @@ namespace {
 // Everything sessions share: the model, its small vectors in fp32, the thread pool and the
 // tier's products.
 struct Shared {
-  Shared(std::shared_ptr<const Model> model, int n_threads, Numerics numerics)
-      : weights(std::move(model)), pool(n_threads), products(make_products(numerics, pool)) {}
+  Shared(std::shared_ptr<const Model> model, int n_threads, Numerics numerics, KvType kv)
+      : weights(std::move(model)), pool(n_threads), products(make_products(numerics, pool)), kv(kv) {}
   OracleWeights weights;
   ThreadPool pool;
   std::unique_ptr<Products> products;
+  KvType kv;  // every session's KV cache type
 };
 
 class CpuSnapshot final : public SessionSnapshot {
@@ -31,7 +32,7 @@ class CpuSnapshot final : public SessionSnapshot {
 class CpuSession final : public Session {
  public:
   CpuSession(std::shared_ptr<Shared> shared, int n_ctx)
-      : shared_(std::move(shared)), n_ctx_(n_ctx), state_(initial_state(config())) {}
+      : shared_(std::move(shared)), n_ctx_(n_ctx), state_(initial_state(config(), shared_->kv)) {}
 
   std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
     check_tokens(tokens);
@@ -75,7 +76,7 @@ class CpuSession final : public Session {
   }
 
   void reset() override {
-    state_ = initial_state(config());
+    state_ = initial_state(config(), shared_->kv);
     if (reserved_) reserve_context();
   }
   void set_trace(TraceSink* sink) override { trace_ = sink; }
@@ -84,7 +85,7 @@ class CpuSession final : public Session {
     try {
       reserve_positions(config(), state_, n_ctx_);
     } catch (const std::bad_alloc&) {
-      fail("cannot allocate {:.1f} MiB for a session of {} tokens", state_bytes(config(), n_ctx_) / 1048576.0, n_ctx_);
+      fail("cannot allocate {:.1f} MiB for a session of {} tokens", state_bytes(config(), n_ctx_, shared_->kv) / 1048576.0, n_ctx_);
     }
     reserved_ = true;
   }
@@ -116,14 +117,14 @@ class CpuSession final : public Session {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(std::shared_ptr<const Model> model, int n_threads, Numerics numerics)
-      : shared_(std::make_shared<Shared>(std::move(model), n_threads, numerics)) {}
+  CpuBackend(std::shared_ptr<const Model> model, int n_threads, Numerics numerics, KvType kv)
+      : shared_(std::make_shared<Shared>(std::move(model), n_threads, numerics, kv)) {}
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Session> new_session(int n_ctx) override {
     if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);
     return std::make_unique<CpuSession>(shared_, n_ctx);
   }
-  size_t session_bytes(int n_ctx) const override { return state_bytes(shared_->weights.model->config(), n_ctx); }
+  size_t session_bytes(int n_ctx) const override { return state_bytes(shared_->weights.model->config(), n_ctx, shared_->kv); }
 
   // One pass over every session's token: the products read each weight once for the whole batch
   // (forward.h); the sessions' states stay their own.
@@ -158,9 +159,11 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const Model> model, int n_threads, Numerics numerics) {
+std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const Model> model, int n_threads, Numerics numerics,
+                                          KvType kv) {
   if (!model) fail("make_cpu_backend: no model");
-  return std::make_unique<CpuBackend>(std::move(model), n_threads, numerics);
+  check_kv_type(numerics, kv, model->config().head_dim);
+  return std::make_unique<CpuBackend>(std::move(model), n_threads, numerics, kv);
 }
 
 }  // namespace rl::cpu

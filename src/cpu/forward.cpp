@@ -33,30 +33,34 @@ OracleWeights::OracleWeights(std::shared_ptr<const Model> m) : model(std::move(m
 size_t State::bytes() const {
   size_t n = sizeof(*this);
   for (const LayerState& l : layers)
-    n += (l.k_cache.size() + l.v_cache.size() + l.conv.size() + l.ssm.size()) * sizeof(float);
+    n += l.k_cache.bytes() + l.v_cache.bytes() + (l.conv.size() + l.ssm.size()) * sizeof(float);
   return n;
 }
 
-State initial_state(const Config& c) {
+State initial_state(const Config& c, KvType kv) {
   State s;
   s.layers.resize(c.n_layer);
   for (int L = 0; L < c.n_layer; L++) {
-    if (!c.is_recurrent[L]) continue;
+    if (!c.is_recurrent[L]) {
+      s.layers[L].k_cache = KvRows(kv, c.kv_dim());
+      s.layers[L].v_cache = KvRows(kv, c.kv_dim());
+      continue;
+    }
     s.layers[L].conv.assign((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim(), 0.0f);
     s.layers[L].ssm.assign((size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim, 0.0f);
   }
   return s;
 }
 
-size_t state_bytes(const Config& c, int n_positions) {
-  return sizeof(State) + c.recurrent_state_bytes() + c.kv_bytes_per_token() * (size_t)n_positions;
+size_t state_bytes(const Config& c, int n_positions, KvType kv) {
+  return sizeof(State) + c.recurrent_state_bytes() + c.kv_bytes_per_token(kv) * (size_t)n_positions;
 }
 
 void reserve_positions(const Config& c, State& state, int n_positions) {
   for (int L = 0; L < c.n_layer; L++) {
     if (c.is_recurrent[L]) continue;
-    state.layers[L].k_cache.reserve((size_t)n_positions * c.kv_dim());
-    state.layers[L].v_cache.reserve((size_t)n_positions * c.kv_dim());
+    state.layers[L].k_cache.reserve((size_t)n_positions);
+    state.layers[L].v_cache.reserve((size_t)n_positions);
   }
 }
 
@@ -158,10 +162,8 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
     LayerState& st = rows.layer(s, L);
     const size_t pos0 = (size_t)rows.seqs[s].state->position, n = (size_t)rows.n_rows_of(s);
     const size_t row0 = (size_t)rows.first[s] * kv_dim;
-    st.k_cache.resize((pos0 + n) * kv_dim);
-    st.v_cache.resize((pos0 + n) * kv_dim);
-    std::copy(k.begin() + row0, k.begin() + row0 + n * kv_dim, st.k_cache.begin() + pos0 * kv_dim);
-    std::copy(v.begin() + row0, v.begin() + row0 + n * kv_dim, st.v_cache.begin() + pos0 * kv_dim);
+    st.k_cache.write(pos0, k.data() + row0, n);
+    st.v_cache.write(pos0, v.data() + row0, n);
   }
 
   Buf attn((size_t)T * q_dim);  // [T][n_head][hd]
@@ -171,19 +173,20 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
     const int n_keys = rows.position((int)t) + 1;  // causal: positions 0..pos
     std::vector<double> p(n_keys);
     std::vector<double> acc(hd);
+    std::vector<float> row(hd);  // a key or value row decoded from a cache of another type than f32
     for (int hh = 0; hh < n_head; hh++) {
       const int kh = hh / group;
       const float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
       double max_score = -INFINITY;
       for (int s = 0; s < n_keys; s++) {
-        p[s] = dot(qh, st.k_cache.data() + (size_t)s * kv_dim + kh * hd, hd) * scale;
+        p[s] = dot(qh, st.k_cache.read(s, kh * hd, hd, row.data()), hd) * scale;
         max_score = std::max(max_score, p[s]);
       }
       double sum = 0.0;
       for (int s = 0; s < n_keys; s++) sum += (p[s] = std::exp(p[s] - max_score));
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int s = 0; s < n_keys; s++) {
-        const float* vs = st.v_cache.data() + (size_t)s * kv_dim + kh * hd;
+        const float* vs = st.v_cache.read(s, kh * hd, hd, row.data());
         for (int i = 0; i < hd; i++) acc[i] += p[s] * vs[i];
       }
       float* o = attn.data() + ((size_t)t * n_head + hh) * hd;

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "cpu/kv_cache.h"
 #include "cpu/products.h"
 #include "cpu/thread_pool.h"
 #include "model/model.h"
@@ -33,7 +34,7 @@ struct OracleWeights {
 
 // One sequence's state.
 struct LayerState {
-  std::vector<float> k_cache, v_cache;  // [position][kv_dim]; attention layers
+  KvRows k_cache, v_cache;              // [position][kv_dim] in the session's KV type; attention layers
   std::vector<float> conv;              // [conv_kernel-1][conv_dim], oldest input first; DeltaNet
   std::vector<float> ssm;               // [n_v_heads][dv][dk]; DeltaNet
 };
@@ -44,12 +45,12 @@ struct State {
   size_t bytes() const;
 };
 
-// Zero recurrent states, empty KV caches, position 0.
-State initial_state(const Config& c);
+// Zero recurrent states, empty KV caches of type kv, position 0.
+State initial_state(const Config& c, KvType kv = KvType::kF32);
 
-// What a state holding n_positions tokens takes (State::bytes() of it), and the KV capacity for
-// that many reserved now (std::bad_alloc when the memory is not there).
-size_t state_bytes(const Config& c, int n_positions);
+// What a state holding n_positions tokens in a KV cache of type kv takes (State::bytes() of it),
+// and the KV capacity for that many reserved now (std::bad_alloc when the memory is not there).
+size_t state_bytes(const Config& c, int n_positions, KvType kv = KvType::kF32);
 void reserve_positions(const Config& c, State& state, int n_positions);
 
 // Tokens processed in one pass at most (bounds activation memory; a longer prefill is split, which

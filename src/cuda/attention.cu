@@ -12,6 +12,7 @@
 // its token-by-token decode, which the tests check).
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
+#include "cuda/kv_cache_device.cuh"
 #include "cuda/math_device.cuh"
 
 #include <cuda_fp16.h>
@@ -27,28 +28,24 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;  // >= head dim: thread d owns output dim d
 constexpr int kMaxHeadDim = 256;
 
-// A cache value from fp32: itself for an fp32 cache, rounded to nearest for an f16 one (the fast
-// tier's --kv-type f16).
-__device__ __forceinline__ void to_cache(float& dst, float x) { dst = x; }
-__device__ __forceinline__ void to_cache(__half& dst, float x) { dst = __float2half_rn(x); }
-
-template <class Cache>
-__global__ void store_kv_kernel(const float* k, const float* v, Cache* kc, Cache* vc, int width, int pos0,
-                                const int32_t* pos_dev) {
+// store_kv: one warp per (KV head, token), writing the head's key and value rows as
+// store_row_warp does for the cache's type.
+template <class E>
+__global__ void __launch_bounds__(32) store_kv_kernel(const float* k, const float* v, KvPlane<E> kc, KvPlane<E> vc,
+                                                      int n_kv, int hd, int pos0, const int32_t* pos_dev) {
   if (pos_dev) pos0 = pos_dev[0];
-  const int t = blockIdx.y;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) {
-    to_cache(kc[(size_t)(pos0 + t) * width + i], k[(size_t)t * width + i]);
-    to_cache(vc[(size_t)(pos0 + t) * width + i], v[(size_t)t * width + i]);
-  }
+  const int j = blockIdx.x, t = blockIdx.y;
+  const size_t width = (size_t)n_kv * hd, src = (size_t)t * width + (size_t)j * hd;
+  store_row_warp(kc.row(pos0 + t, width, j * hd), k + src, hd, threadIdx.x);
+  store_row_warp(vc.row(pos0 + t, width, j * hd), v + src, hd, threadIdx.x);
 }
 
 // attention_prep: one warp per (head, token). Query heads (blockIdx.x < n_head): split the query
 // from attn_q's output, RMSNorm it with q_norm, rotate; key/value heads: RMSNorm and rotate the key
 // into the cache row pos_dev[0] + t, copy the value. The norm forms its sum of squares as rms_norm's
 // warp-per-row kernel does (float4 groups, lane-strided) and rope_pair is rope_neox's arithmetic,
-// so the result equals the six separate kernels bit for bit. An f16 cache gets the fp32 key (formed
-// in shared memory) and value rounded once each.
+// so the result equals the six separate kernels bit for bit. A cache of another type gets the fp32
+// key (formed in shared memory) and value stored as store_kv stores them.
 __device__ __forceinline__ void warp_rms_norm_row(const float* src, const float* __restrict__ w, float* dst, int hd,
                                                   float eps, int lane) {
   double ss = 0.0;
@@ -69,17 +66,18 @@ __device__ __forceinline__ void warp_rms_norm_row(const float* src, const float*
   }
 }
 
-template <class Cache>
+template <class E>
 __global__ void __launch_bounds__(32) attention_prep_kernel(
     const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ q,
-    float* __restrict__ gate, const float* __restrict__ q_norm, const float* __restrict__ k_norm, Cache* kc, Cache* vc,
-    int n_head, int n_kv, int hd, float eps, int n_rot, float theta_scale, const int32_t* __restrict__ pos_dev) {
-  constexpr bool kF32 = std::is_same_v<Cache, float>;
-  __shared__ __align__(16) float key_f32[kF32 ? 1 : kMaxHeadDim];  // an f16 cache's key before rounding
+    float* __restrict__ gate, const float* __restrict__ q_norm, const float* __restrict__ k_norm, KvPlane<E> kc,
+    KvPlane<E> vc, int n_head, int n_kv, int hd, float eps, int n_rot, float theta_scale,
+    const int32_t* __restrict__ pos_dev) {
+  constexpr bool kF32 = std::is_same_v<E, float>;
+  __shared__ __align__(16) float key_f32[kF32 ? 1 : kMaxHeadDim];  // the key before it is stored
   const int hh = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, half = n_rot / 2;
   const float pos = (float)pos_dev[t];
+  const size_t width = (size_t)n_kv * hd;
   float* dst;
-  Cache* key_row = nullptr;
   if (hh < n_head) {
     const float* src = qg + ((size_t)t * n_head + hh) * 2 * hd;
     dst = q + ((size_t)t * n_head + hh) * hd;
@@ -88,22 +86,18 @@ __global__ void __launch_bounds__(32) attention_prep_kernel(
     warp_rms_norm_row(src, q_norm, dst, hd, eps, lane);
   } else {
     const int j = hh - n_head;
-    const size_t row = (size_t)(pos_dev[0] + t) * n_kv * hd + (size_t)j * hd;
-    key_row = kc + row;
     if constexpr (kF32)
-      dst = key_row;
+      dst = kc.row(pos_dev[0] + t, width, j * hd);
     else
       dst = key_f32;
-    const float* vs = v + ((size_t)t * n_kv + j) * hd;
-    for (int i = lane; i < hd; i += 32) to_cache(vc[row + i], vs[i]);
+    store_row_warp(vc.row(pos_dev[0] + t, width, j * hd), v + ((size_t)t * n_kv + j) * hd, hd, lane);
     warp_rms_norm_row(k + ((size_t)t * n_kv + j) * hd, k_norm, dst, hd, eps, lane);
   }
   __syncwarp();  // the rotation pairs values other lanes wrote
   for (int i = lane; i < half; i += 32) rope_pair(dst, i, half, pos, theta_scale);
   if constexpr (!kF32) {
     __syncwarp();
-    if (key_row)
-      for (int i = lane; i < hd; i += 32) to_cache(key_row[i], dst[i]);
+    if (hh >= n_head) store_row_warp(kc.row(pos_dev[0] + t, width, (hh - n_head) * hd), dst, hd, lane);
   }
 }
 
@@ -414,52 +408,53 @@ void attention_decode(const float* q, const float* gate, const float* kc, const 
                                                                    sp.max_splits);
 }
 
-template <class Cache>
-void launch_attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate,
-                           const float* q_norm, const float* k_norm, Cache* k_cache, Cache* v_cache, int T,
-                           int n_head, int n_kv, int hd, float eps, int n_rot, float theta_scale,
-                           const int32_t* pos_dev, cudaStream_t stream) {
-  if (hd % 4 != 0 || hd > kMaxHeadDim || n_rot > hd || n_rot % 2 != 0)
-    throw_error("attention_prep: head dim " + std::to_string(hd) + " / rotary dims " + std::to_string(n_rot));
-  if (T == 0) return;
-  attention_prep_kernel<Cache><<<dim3(n_head + n_kv, T), 32, 0, stream>>>(qg, k, v, q, gate, q_norm, k_norm, k_cache,
-                                                                          v_cache, n_head, n_kv, hd, eps, n_rot,
-                                                                          theta_scale, pos_dev);
-  RL_CUDA_LAUNCH_CHECK();
-}
-
-template <class Cache>
-void launch_store_kv(const float* k, const float* v, Cache* k_cache, Cache* v_cache, int T, int n_kv, int hd, int pos0,
-                     cudaStream_t stream, const int32_t* pos_dev) {
-  if (T == 0) return;
-  const int width = n_kv * hd;
-  store_kv_kernel<Cache><<<dim3((width + 255) / 256, T), 256, 0, stream>>>(k, v, k_cache, v_cache, width, pos0,
-                                                                           pos_dev);
-  RL_CUDA_LAUNCH_CHECK();
+void check_kv_cache(const KvCacheRef& cache, int hd, const char* who) {
+  if (cache.type == KvType::kQ8_0 && hd % kKvQ8Block != 0)
+    throw_error(std::string(who) + ": a q8_0 cache needs a head dim that is a multiple of 32, not " +
+                std::to_string(hd));
 }
 
 }  // namespace
 
 void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
-                    const float* k_norm, float* k_cache, float* v_cache, int T, int n_head, int n_kv, int hd,
+                    const float* k_norm, const KvCacheRef& cache, int T, int n_head, int n_kv, int hd,
                     float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream) {
-  launch_attention_prep(qg, k, v, q, gate, q_norm, k_norm, k_cache, v_cache, T, n_head, n_kv, hd, eps, n_rot,
-                        theta_scale, pos_dev, stream);
+  if (hd % 4 != 0 || hd > kMaxHeadDim || n_rot > hd || n_rot % 2 != 0)
+    throw_error("attention_prep: head dim " + std::to_string(hd) + " / rotary dims " + std::to_string(n_rot));
+  check_kv_cache(cache, hd, "attention_prep");
+  if (T == 0) return;
+  with_kv_element(cache.type, [&](auto element) {
+    using E = decltype(element);
+    const size_t width = (size_t)n_kv * hd;
+    attention_prep_kernel<E><<<dim3(n_head + n_kv, T), 32, 0, stream>>>(
+        qg, k, v, q, gate, q_norm, k_norm, KvPlane<E>::of(cache.k, cache.n_ctx, width),
+        KvPlane<E>::of(cache.v, cache.n_ctx, width), n_head, n_kv, hd, eps, n_rot, theta_scale, pos_dev);
+  });
+  RL_CUDA_LAUNCH_CHECK();
 }
 void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
-                    const float* k_norm, __half* k_cache, __half* v_cache, int T, int n_head, int n_kv, int hd,
+                    const float* k_norm, float* k_cache, float* v_cache, int T, int n_head, int n_kv, int hd,
                     float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream) {
-  launch_attention_prep(qg, k, v, q, gate, q_norm, k_norm, k_cache, v_cache, T, n_head, n_kv, hd, eps, n_rot,
-                        theta_scale, pos_dev, stream);
+  attention_prep(qg, k, v, q, gate, q_norm, k_norm, KvCacheRef{k_cache, v_cache, KvType::kF32, 0}, T, n_head, n_kv,
+                 hd, eps, n_rot, theta_scale, pos_dev, stream);
 }
 
+void store_kv(const float* k, const float* v, const KvCacheRef& cache, int T, int n_kv, int hd, int pos0,
+              cudaStream_t stream, const int32_t* pos_dev) {
+  check_kv_cache(cache, hd, "store_kv");
+  if (T == 0) return;
+  with_kv_element(cache.type, [&](auto element) {
+    using E = decltype(element);
+    const size_t width = (size_t)n_kv * hd;
+    store_kv_kernel<E><<<dim3(n_kv, T), 32, 0, stream>>>(k, v, KvPlane<E>::of(cache.k, cache.n_ctx, width),
+                                                         KvPlane<E>::of(cache.v, cache.n_ctx, width), n_kv, hd, pos0,
+                                                         pos_dev);
+  });
+  RL_CUDA_LAUNCH_CHECK();
+}
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
               int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev) {
-  launch_store_kv(k, v, k_cache, v_cache, T, n_kv, hd, pos0, stream, pos_dev);
-}
-void store_kv(const float* k, const float* v, __half* k_cache, __half* v_cache, int T, int n_kv, int hd, int pos0,
-              cudaStream_t stream, const int32_t* pos_dev) {
-  launch_store_kv(k, v, k_cache, v_cache, T, n_kv, hd, pos0, stream, pos_dev);
+  store_kv(k, v, KvCacheRef{k_cache, v_cache, KvType::kF32, 0}, T, n_kv, hd, pos0, stream, pos_dev);
 }
 
 size_t AttentionSplits::bytes(int n_ctx, int n_head, int hd) {

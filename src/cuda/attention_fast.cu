@@ -1,8 +1,9 @@
 // Gated causal attention with GQA for the fast numeric tier (DESIGN.md §5a). The function is
 // attention.cu's gated_attention: query token t at position pos = pos0 + t sees cache rows
 // 0 .. pos, out = softmax(q·kᵀ·scale)·v · sigmoid(gate), query head h on KV head h / (n_head / n_kv).
-// The arithmetic is fp32, with fp16 tensor-core operands in the prefill. The caches are fp32 or
-// f16 (--kv-type f16): the kernels are templates on the cache element, converting as they load.
+// The arithmetic is fp32, with fp16 tensor-core operands in the prefill. The caches are of any
+// --kv-type: the kernels are templates on the cache element, reading it through
+// kv_cache_device.cuh's accessor and converting as they load.
 //
 // Prefill (T > 1): flash attention on tensor cores. A block takes kPrefillRows query rows of one KV
 // head, a row being a (token, query head) pair of the heads that share the KV head, so one staging
@@ -86,10 +87,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
 // together, so twice the loads are in flight): tile k's row r gets the first hd values at
 // row_ptr(k, r) for r < n_valid, zeros for the rest (a padding key then adds 0·0, a padding query
 // scores 0). Columns from hd to TIER are never read. A thread keeps one column of four values and
-// takes every kRowStep-th row, so its addresses step by a constant.
+// takes every kRowStep-th row. row_ptr gives a row as its element type addresses it (KvRow).
 template <int TIER, int ROWS, int NS, class Src, class RowPtr>
 __device__ __forceinline__ void stage_tiles(__half* const (&dst)[NS], RowPtr row_ptr, int n_valid, int hd, int tid) {
-  using Q = Quad<Src>;
+  using Q = KvQuad<Src>;
   constexpr int kQuads = TIER / 4, kRowStep = kPrefillThreads / kQuads, kPer = ROWS / kRowStep;
   constexpr int kStageBatch = kStageBytes / (int)sizeof(typename Q::Raw);
   static_assert(kPrefillThreads % kQuads == 0 && kPer % kStageBatch == 0, "whole rows and batches a thread");
@@ -103,7 +104,7 @@ __device__ __forceinline__ void stage_tiles(__half* const (&dst)[NS], RowPtr row
 #pragma unroll
       for (int u = 0; u < kStageBatch; u++) {
         const int row = r_first + (b + u) * kRowStep;
-        r[k][u] = row < n_valid ? Q::load(row_ptr(k, row) + 4 * c) : Q::zero();
+        r[k][u] = row < n_valid ? Q::load(row_ptr(k, row), 4 * c) : Q::zero();
       }
 #pragma unroll
     for (int k = 0; k < NS; k++)
@@ -122,10 +123,9 @@ int prefill_row_tiles(int T, int group) { return (T * group + kPrefillRows - 1) 
 // With n_splits > 1 (blockIdx.z = split) the block takes the split's share of the chunk's key
 // tiles and writes each row's unnormalised output, maximum and sum as a partial of (token, head)
 // t·n_head + h, which the decode combine kernel folds.
-template <int TIER, class Cache>
+template <int TIER, class E>
 __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel(
-    const float* __restrict__ q, const float* __restrict__ gate, const Cache* __restrict__ kc,
-    const Cache* __restrict__ vc, float* __restrict__ out, int T, int n_head, int n_kv, int hd, int pos0,
+    const float* __restrict__ q, const float* __restrict__ gate, KvPlane<E> kc, KvPlane<E> vc, float* __restrict__ out, int T, int n_head, int n_kv, int hd, int pos0,
     const int32_t* __restrict__ pos_dev, float scale_log2, int n_splits, float* __restrict__ part_acc,
     float* __restrict__ part_ml) {
   using Tile = PrefillTile<TIER>;
@@ -171,9 +171,8 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel
   for (int j0 = key_begin; j0 < key_end; j0 += kPrefillKeys) {
     __syncthreads();  // the previous tile is read
     const int valid = min(kPrefillKeys, n_keys - j0);
-    stage_tiles<TIER, kPrefillKeys, 2, Cache>(
-        kv_tiles, [&](int k, int r) { return (k == 0 ? kc : vc) + (size_t)(j0 + r) * kv_row + kv_off; }, valid, hd,
-        tid);
+    stage_tiles<TIER, kPrefillKeys, 2, E>(
+        kv_tiles, [&](int k, int r) { return (k == 0 ? kc : vc).row(j0 + r, kv_row, kv_off); }, valid, hd, tid);
     __syncthreads();
     if (j0 > warp_last) continue;  // every row of this warp ends before the tile
 
@@ -283,19 +282,19 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_fast_kernel
   }
 }
 
-template <int TIER, class Cache>
-void launch_prefill(const float* q, const float* gate, const Cache* kc, const Cache* vc, float* out, int T,
+template <int TIER, class E>
+void launch_prefill(const float* q, const float* gate, KvPlane<E> kc, KvPlane<E> vc, float* out, int T,
                     int n_head, int n_kv, int hd, int pos0, const int32_t* pos_dev, float scale_log2,
                     int n_splits, const AttentionSplitsF* sp, cudaStream_t stream) {
   constexpr size_t kBytes = PrefillTile<TIER>::kBytes;
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
   static const bool opted_in = [] {
-    RL_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_fast_kernel<TIER, Cache>,
+    RL_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_fast_kernel<TIER, E>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBytes));
     return true;
   }();
   (void)opted_in;
-  attention_prefill_fast_kernel<TIER, Cache>
+  attention_prefill_fast_kernel<TIER, E>
       <<<dim3(prefill_row_tiles(T, n_head / n_kv), n_kv, n_splits), kPrefillThreads, kBytes, stream>>>(
           q, gate, kc, vc, out, T, n_head, n_kv, hd, pos0, pos_dev, scale_log2, n_splits, sp ? sp->acc : nullptr,
           sp ? sp->ml : nullptr);
@@ -318,8 +317,8 @@ int chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* sp) {
   return std::max(n, 1);
 }
 
-template <class Cache>
-void gated_attention_fast_impl(const float* q, const float* gate, const Cache* k_cache, const Cache* v_cache,
+template <class E>
+void gated_attention_fast_impl(const float* q, const float* gate, KvPlane<E> k_cache, KvPlane<E> v_cache,
                                float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
                                cudaStream_t stream, const int32_t* pos_dev, const AttentionSplitsF* splits) {
   if (hd < 16 || hd > kMaxHeadDimF || hd % 16 != 0)
@@ -373,17 +372,25 @@ AttentionSplitsF AttentionSplitsF::within(void* storage, int n_ctx, int n_head, 
   return s;
 }
 
+void gated_attention_fast(const float* q, const float* gate, const KvCacheRef& cache, float* out, int T, int n_head,
+                          int n_kv, int hd, int pos0, float scale, cudaStream_t stream, const int32_t* pos_dev,
+                          const AttentionSplitsF* splits) {
+  if (cache.type == KvType::kQ8_0 && hd % kKvQ8Block != 0)
+    throw_error("attention (fast): a q8_0 cache needs a head dim that is a multiple of 32, not " +
+                std::to_string(hd));
+  with_kv_element(cache.type, [&](auto element) {
+    using E = decltype(element);
+    const size_t width = (size_t)n_kv * hd;
+    fast_attention::gated_attention_fast_impl(q, gate, KvPlane<E>::of(cache.k, cache.n_ctx, width),
+                                              KvPlane<E>::of(cache.v, cache.n_ctx, width), out, T, n_head, n_kv, hd,
+                                              pos0, scale, stream, pos_dev, splits);
+  });
+}
 void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache, float* out,
                           int T, int n_head, int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
                           const int32_t* pos_dev, const AttentionSplitsF* splits) {
-  fast_attention::gated_attention_fast_impl(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, scale, stream,
-                                            pos_dev, splits);
-}
-void gated_attention_fast(const float* q, const float* gate, const __half* k_cache, const __half* v_cache, float* out,
-                          int T, int n_head, int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
-                          const int32_t* pos_dev, const AttentionSplitsF* splits) {
-  fast_attention::gated_attention_fast_impl(q, gate, k_cache, v_cache, out, T, n_head, n_kv, hd, pos0, scale, stream,
-                                            pos_dev, splits);
+  gated_attention_fast(q, gate, KvCacheRef{const_cast<float*>(k_cache), const_cast<float*>(v_cache), KvType::kF32, 0},
+                       out, T, n_head, n_kv, hd, pos0, scale, stream, pos_dev, splits);
 }
 
 }  // namespace rl::cuda

@@ -8,6 +8,8 @@
 // weighted values, and a second kernel folds the splits and applies the gate. The position is read
 // from pos_dev when given, so a captured graph replays at any depth.
 //
+// The caches are of any --kv-type, read through kv_cache_device.cuh's accessor.
+//
 // Accuracy: fp32 operands and sums; a score's error is ~2^-24·√(hd/2) of the scores' spread and a
 // value sum of n keys ~2^-24·√(n/2) relative, n ≤ 2,048 a thread: ~1e-6 relative RMS.
 #include "cuda/attention_fast.cuh"
@@ -57,12 +59,12 @@ struct alignas(16) DecodeSmem {
 // Score pass: warp w scores keys 4w .. 4w + 3 of each round of 32, lane holding dims 4(lane + 32c)
 // of each, the 4·G dot products summed at once by warp_sum_scatter. Value pass: thread (group,
 // quad) accumulates dims 4·quad of its heads over keys ≡ group (mod groups).
-template <int G, class Cache>
+template <int G, class E>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_split_fast_kernel(
-    const float* __restrict__ q, const Cache* __restrict__ kc, const Cache* __restrict__ vc,
+    const float* __restrict__ q, KvPlane<E> kc, KvPlane<E> vc,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int n_head, int n_kv, int hd, int pos0,
     const int32_t* __restrict__ pos_dev, float scale_log2, int max_splits) {
-  using Q = Quad<Cache>;
+  using Q = KvQuad<E>;
   constexpr int kChunks = kMaxHeadDimF / 128, kRound = kDecodeWarps * kDecodeKeysPerWarp;
   if (pos_dev) pos0 = pos_dev[0];
   const int n_keys = pos0 + 1, ns = decode_splits(n_keys, max_splits), split = blockIdx.y;
@@ -87,11 +89,11 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_split_fast_ke
       typename Q::Raw kr[kDecodeKeysPerWarp][kChunks];
 #pragma unroll
       for (int kk = 0; kk < kDecodeKeysPerWarp; kk++) {
-        const Cache* row = kc + (size_t)(t0 + min(base + kk, nt - 1)) * kv_row + kv_off;
+        const auto row = kc.row(t0 + min(base + kk, nt - 1), kv_row, kv_off);
 #pragma unroll
         for (int c = 0; c < kChunks; c++) {
           const int d = 4 * (lane + 32 * c);
-          kr[kk][c] = d < hd ? Q::load(row + d) : Q::zero();
+          kr[kk][c] = d < hd ? Q::load(row, d) : Q::zero();
         }
       }
       float a[kDecodeKeysPerWarp * G];  // key kk, head i at kk·G + i
@@ -141,13 +143,12 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_split_fast_ke
         const float al = s.alpha[i];
         acc[i].x *= al, acc[i].y *= al, acc[i].z *= al, acc[i].w *= al;
       }
-      const Cache* vq = vc + (size_t)t0 * kv_row + kv_off + 4 * quad;
       for (int j = group; j < nt; j += groups * kValueUnroll) {
         typename Q::Raw vv[kValueUnroll];
 #pragma unroll
         for (int u = 0; u < kValueUnroll; u++) {
           const int jj = j + u * groups;
-          vv[u] = jj < nt ? Q::load(vq + (size_t)jj * kv_row) : Q::zero();
+          vv[u] = jj < nt ? Q::load(vc.row(t0 + jj, kv_row, kv_off), 4 * quad) : Q::zero();
         }
 #pragma unroll
         for (int u = 0; u < kValueUnroll; u++) {
@@ -244,20 +245,20 @@ int decode_heads_per_block(int group) {
   return g;
 }
 
-template <int G, class Cache>
-void launch_decode_split(const float* q, const Cache* kc, const Cache* vc, int n_head, int n_kv, int hd, int pos0,
+template <int G, class E>
+void launch_decode_split(const float* q, KvPlane<E> kc, KvPlane<E> vc, int n_head, int n_kv, int hd, int pos0,
                          const int32_t* pos_dev, float scale_log2, const AttentionSplitsF& sp,
                          cudaStream_t stream) {
   // With the position on the device every split a context could use gets a block; the ones past
   // the step's splits exit at once.
   const int grid_splits = pos_dev ? sp.max_splits : decode_splits(pos0 + 1, sp.max_splits);
-  attention_decode_split_fast_kernel<G, Cache><<<dim3(n_head / G, grid_splits), kDecodeThreads, 0, stream>>>(
+  attention_decode_split_fast_kernel<G, E><<<dim3(n_head / G, grid_splits), kDecodeThreads, 0, stream>>>(
       q, kc, vc, sp.acc, sp.ml, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp.max_splits);
   RL_CUDA_LAUNCH_CHECK();
 }
 
-template <class Cache>
-void attention_decode_fast(const float* q, const float* gate, const Cache* kc, const Cache* vc, float* out,
+template <class E>
+void attention_decode_fast(const float* q, const float* gate, KvPlane<E> kc, KvPlane<E> vc, float* out,
                            int n_head, int n_kv, int hd, int pos0, const int32_t* pos_dev, float scale_log2,
                            const AttentionSplitsF& sp, cudaStream_t stream) {
   switch (decode_heads_per_block(n_head / n_kv)) {
@@ -278,16 +279,20 @@ int max_decode_splits(int n_ctx) {
   return std::clamp((n_ctx + kMinSplitKeys - 1) / kMinSplitKeys, 1, kFastDecodeMaxSplits);
 }
 
-void decode_step(const float* q, const float* gate, const float* kc, const float* vc, float* out, int n_head, int n_kv,
+template <class E>
+void decode_step(const float* q, const float* gate, KvPlane<E> kc, KvPlane<E> vc, float* out, int n_head, int n_kv,
                  int hd, int pos0, const int32_t* pos_dev, float scale_log2, const AttentionSplitsF& sp,
                  cudaStream_t stream) {
   attention_decode_fast(q, gate, kc, vc, out, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
 }
-void decode_step(const float* q, const float* gate, const __half* kc, const __half* vc, float* out, int n_head,
-                 int n_kv, int hd, int pos0, const int32_t* pos_dev, float scale_log2, const AttentionSplitsF& sp,
-                 cudaStream_t stream) {
-  attention_decode_fast(q, gate, kc, vc, out, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
-}
+#define RL_DECODE_STEP(E)                                                                                          \
+  template void decode_step<E>(const float*, const float*, KvPlane<E>, KvPlane<E>, float*, int, int, int, int,   \
+                               const int32_t*, float, const AttentionSplitsF&, cudaStream_t);
+RL_DECODE_STEP(float)
+RL_DECODE_STEP(__half)
+RL_DECODE_STEP(__nv_bfloat16)
+RL_DECODE_STEP(KvQ8)
+#undef RL_DECODE_STEP
 
 void fold_chunk_splits(const AttentionSplitsF& sp, const float* gate, float* out, int rows, int hd, int n_splits,
                        cudaStream_t stream) {

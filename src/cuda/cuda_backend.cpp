@@ -121,6 +121,7 @@ class CudaBackendImpl final : public CudaBackend {
     engine_.profiler.reset();
   }
   std::string profile_report() const override { return engine_.profiler.report(); }
+  void check_session_fits(int n_ctx) const override { cuda::check_session_fits(engine_, n_ctx); }
   std::string plan_report(int tokens) const override {
     if (tokens < 1 || tokens > kMaxChunk) fail("plan: {} tokens is not a pass (1 to {})", tokens, kMaxChunk);
     const Engine& e = engine_;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cache/expert_cache.h"
+#include "model/kv_type.h"
 #include "model/numerics.h"
 
 namespace rl::cuda {
@@ -14,6 +15,9 @@ struct CudaOptions {
   // The numeric tier (--numerics, docs/cuda.md "Numeric forms"): exact reproduces the oracle;
   // fast takes the fp32-sum kernels where the tier has them.
   Numerics numerics = Numerics::kExact;
+  // The sessions' KV cache type (--kv-type, model/kv_type.h): the exact tier takes f32 only; the
+  // fast tier's attention reads any type (the command line's default for it: f16).
+  KvType kv_type = KvType::kF32;
   // Expert-cache budget in MiB (--cache-mib); 0: every expert when that fits in free device
   // memory, else what fits after the working set.
   int64_t cache_mib = 0;

@@ -16,11 +16,23 @@ class CudaSnapshot final : public SessionSnapshot {
  public:
   const Engine* owner = nullptr;  // the loaded model whose sessions may restore it
   int pos = 0;
-  std::vector<DeviceBuffer> k_cache, v_cache, conv, ssm;
+  KvType kv_type = KvType::kF32;
+  std::vector<DeviceBuffer> k_cache, v_cache, conv, ssm;  // KV: positions [0, pos) (kv_prefix, packed)
   size_t total = 0;
   size_t bytes() const override { return total; }
   int position() const override { return pos; }
 };
+
+// The parts of a layer's K (or V) cache that hold positions [0, pos): one range of the plain
+// types, a q8_0 cache's values and its scales (KvCacheRef's layout). {offset, bytes} each.
+struct KvRange {
+  size_t offset, bytes;
+};
+std::vector<KvRange> kv_prefix(KvType type, int n_ctx, size_t width, int pos) {
+  if (type != KvType::kQ8_0) return {{0, kv_bytes(type, (size_t)pos * width)}};
+  const size_t values = (size_t)pos * width;
+  return {{0, values}, {(size_t)n_ctx * width, kv_bytes(type, values) - values}};
+}
 
 // The decode attention's split buffers of the attention kernels in use.
 size_t split_bytes(const Config& c, int n_ctx, bool fast) {
@@ -33,24 +45,20 @@ class CudaSessionImpl final : public Session {
   CudaSessionImpl(Engine& engine, int n_ctx) : e_(engine) {
     const Config& c = e_.config();
     st_.n_ctx = n_ctx;
+    st_.kv_type = e_.forms.kv_type;
     st_.k_cache.resize(c.n_layer);
     st_.v_cache.resize(c.n_layer);
     st_.conv.resize(c.n_layer);
     st_.ssm.resize(c.n_layer);
-    const size_t need = session_bytes(c, e_.forms, n_ctx);
-    size_t free_bytes = 0, total_bytes = 0;
-    RL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    if (need > free_bytes)
-      fail("--ctx {}: a session of {} tokens needs {:.1f} MiB of device memory (KV cache {:.1f} MiB), but only "
-           "{:.1f} MiB are free", n_ctx, n_ctx, need / 1048576.0, c.kv_bytes_per_token() * n_ctx / 1048576.0,
-           free_bytes / 1048576.0);
+    check_session_fits(e_, n_ctx);
+    const size_t kv_layer_bytes = kv_bytes(st_.kv_type, (size_t)n_ctx * c.kv_dim());
     for (int L = 0; L < c.n_layer; L++) {
       if (c.is_recurrent[L]) {
         st_.conv[L].allocate((size_t)(c.ssm_conv_kernel - 1) * c.ssm_conv_dim() * sizeof(float));
         st_.ssm[L].allocate((size_t)c.ssm_n_v_heads * c.ssm_head_dim * c.ssm_head_dim * sizeof(float));
       } else {
-        st_.k_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
-        st_.v_cache[L].allocate((size_t)n_ctx * c.kv_dim() * sizeof(float));
+        st_.k_cache[L].allocate(kv_layer_bytes);
+        st_.v_cache[L].allocate(kv_layer_bytes);
       }
     }
     st_.attn_split_storage.allocate(split_bytes(c, n_ctx, e_.forms.fast_attention));
@@ -93,17 +101,28 @@ class CudaSessionImpl final : public Session {
     s->owner = &e_;
     s->pos = st_.position;
     const Config& c = e_.config();
-    auto copy = [&](const DeviceBuffer& src, size_t bytes, std::vector<DeviceBuffer>& dst) {
+    s->kv_type = st_.kv_type;
+    // Each buffer's ranges, one after another in the snapshot's buffer.
+    auto copy = [&](const DeviceBuffer& src, const std::vector<KvRange>& ranges, std::vector<DeviceBuffer>& dst) {
+      size_t bytes = 0;
+      for (const KvRange& r : ranges) bytes += r.bytes;
       dst.emplace_back(bytes);
-      if (bytes) RL_CUDA_CHECK(cudaMemcpy(dst.back().get(), src.get(), bytes, cudaMemcpyDeviceToDevice));
+      size_t at = 0;
+      for (const KvRange& r : ranges) {
+        if (r.bytes)
+          RL_CUDA_CHECK(cudaMemcpy(dst.back().get<uint8_t>() + at, src.get<uint8_t>() + r.offset, r.bytes,
+                                   cudaMemcpyDeviceToDevice));
+        at += r.bytes;
+      }
       s->total += bytes;
     };
+    const std::vector<KvRange> kv = kv_prefix(st_.kv_type, st_.n_ctx, c.kv_dim(), st_.position);
     for (int L = 0; L < c.n_layer; L++) {
-      const size_t kv = (size_t)st_.position * c.kv_dim() * sizeof(float);
-      copy(st_.k_cache[L], st_.k_cache[L].bytes() ? kv : 0, s->k_cache);
-      copy(st_.v_cache[L], st_.v_cache[L].bytes() ? kv : 0, s->v_cache);
-      copy(st_.conv[L], st_.conv[L].bytes(), s->conv);
-      copy(st_.ssm[L], st_.ssm[L].bytes(), s->ssm);
+      const bool attention = st_.k_cache[L].bytes() != 0;
+      copy(st_.k_cache[L], attention ? kv : std::vector<KvRange>{}, s->k_cache);
+      copy(st_.v_cache[L], attention ? kv : std::vector<KvRange>{}, s->v_cache);
+      copy(st_.conv[L], {{0, st_.conv[L].bytes()}}, s->conv);
+      copy(st_.ssm[L], {{0, st_.ssm[L].bytes()}}, s->ssm);
     }
     return s;
   }
@@ -115,11 +134,25 @@ class CudaSessionImpl final : public Session {
     if (s->pos > st_.n_ctx)
       fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->pos,
            st_.n_ctx);
+    if (s->kv_type != st_.kv_type) fail("restore: the snapshot's KV cache is of another type");
+    // The snapshot's KV ranges go where this session's layout puts positions [0, pos).
+    const std::vector<KvRange> kv = kv_prefix(st_.kv_type, st_.n_ctx, e_.config().kv_dim(), s->pos);
+    auto put = [](const DeviceBuffer& src, const std::vector<KvRange>& ranges, DeviceBuffer& dst) {
+      size_t at = 0;
+      for (const KvRange& r : ranges) {
+        if (r.bytes)
+          RL_CUDA_CHECK(cudaMemcpy(dst.get<uint8_t>() + r.offset, src.get<uint8_t>() + at, r.bytes,
+                                   cudaMemcpyDeviceToDevice));
+        at += r.bytes;
+      }
+    };
     for (size_t L = 0; L < st_.conv.size(); L++) {
-      for (auto [src, dst] : {std::pair{&s->k_cache[L], &st_.k_cache[L]}, {&s->v_cache[L], &st_.v_cache[L]},
-                              {&s->conv[L], &st_.conv[L]}, {&s->ssm[L], &st_.ssm[L]}})
-        if (src->bytes())
-          RL_CUDA_CHECK(cudaMemcpy(dst->get(), src->get(), src->bytes(), cudaMemcpyDeviceToDevice));
+      if (s->k_cache[L].bytes()) {
+        put(s->k_cache[L], kv, st_.k_cache[L]);
+        put(s->v_cache[L], kv, st_.v_cache[L]);
+      }
+      put(s->conv[L], {{0, s->conv[L].bytes()}}, st_.conv[L]);
+      put(s->ssm[L], {{0, s->ssm[L].bytes()}}, st_.ssm[L]);
     }
     st_.position = s->pos;
   }
@@ -160,7 +193,20 @@ class CudaSessionImpl final : public Session {
 
 size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx) {
   // The recurrent states twice: the GPU-routed token's backups.
-  return c.kv_bytes_per_token() * n_ctx + 2 * c.recurrent_state_bytes() + split_bytes(c, n_ctx, forms.fast_attention);
+  return c.kv_bytes_per_token(forms.kv_type) * n_ctx + 2 * c.recurrent_state_bytes() +
+         split_bytes(c, n_ctx, forms.fast_attention);
+}
+
+void check_session_fits(const Engine& e, int n_ctx) {
+  const Config& c = e.config();
+  const size_t need = session_bytes(c, e.forms, n_ctx);
+  size_t free_bytes = 0, total_bytes = 0;
+  RL_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (need > free_bytes)
+    fail("--ctx {}: a session of {} tokens needs {} bytes ({:.1f} MiB) of device memory (KV cache {} in {}: {} "
+         "bytes a token), but only {:.1f} MiB are free", n_ctx, n_ctx, need, need / 1048576.0,
+         c.kv_bytes_per_token(e.forms.kv_type) * (size_t)n_ctx, kv_type_name(e.forms.kv_type),
+         c.kv_bytes_per_token(e.forms.kv_type), free_bytes / 1048576.0);
 }
 
 SessionState& session_state(const Engine& e, Session& s, size_t index, bool* traced) {

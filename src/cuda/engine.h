@@ -38,7 +38,9 @@ namespace rl::cuda {
 struct SessionState {
   int position = 0;
   int n_ctx = 0;
-  std::vector<DeviceBuffer> k_cache, v_cache;  // [n_layer]: [n_ctx][kv_dim] (attention layers)
+  KvType kv_type = KvType::kF32;
+  std::vector<DeviceBuffer> k_cache, v_cache;  // [n_layer]: [n_ctx][kv_dim] of kv_type (attention layers;
+                                               // q8_0: values, then scales, KvCacheRef)
   std::vector<DeviceBuffer> conv, ssm;         // [n_layer]: [K-1][conv_dim], [nv][dv][dk] (DeltaNet layers)
   // A decode step's attention splits (kernels.h AttentionSplits; one set serves every layer, as
   // the layers run one after another): [n_head][ceil(n_ctx / kSplitKeys)][hd + 2] doubles.
@@ -50,6 +52,8 @@ struct SessionState {
   // first GPU-routed token; it holds this session's buffer addresses).
   std::vector<DeviceBuffer> conv_backup, ssm_backup;
   cudaGraphExec_t token_graph = nullptr;
+  // Layer L's caches as the attention kernels take them.
+  KvCacheRef kv(int L) const { return {k_cache[L].get(), v_cache[L].get(), kv_type, n_ctx}; }
   SessionState() = default;
   SessionState(const SessionState&) = delete;
   SessionState& operator=(const SessionState&) = delete;
@@ -115,9 +119,11 @@ std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx);
 // The state of session s (index: its place in a decode_batch call, for the error) when it is a
 // session of e; sets *traced when the session records a trace. Fails for another model's session.
 SessionState& session_state(const Engine& e, Session& s, size_t index, bool* traced);
-// Device bytes such a session allocates: the KV cache, the DeltaNet states (and their backups for
-// the GPU-routed token) and the decode attention's split buffers.
+// Device bytes such a session allocates: the KV cache (of forms.kv_type), the DeltaNet states (and
+// their backups for the GPU-routed token) and the decode attention's split buffers.
 size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx);
+// Throws rl::Error, naming --ctx and the bytes, when such a session does not fit in free device memory.
+void check_session_fits(const Engine& e, int n_ctx);
 
 // ---- decode_graph.cpp -----------------------------------------------------------------------
 // One decode token on the GPU-routed path. False (state unchanged) when the token must be

@@ -94,12 +94,11 @@ void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& vi
   const size_t q_row = (size_t)nh * hd, kv_row = (size_t)nkv * hd;
   const AttentionViews v{views.qg + row * 2 * q_row, views.q + row * q_row, views.gate + row * q_row,
                          views.att + row * q_row,    views.k + row * kv_row, views.v + row * kv_row};
-  attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.k_cache[L].f(), st.v_cache[L].f(), T, nh, nkv,
-                 hd, c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
+  attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.kv(L), T, nh, nkv, hd, c.rms_eps, c.rope_dim,
+                 theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
   if (e.forms.fast_attention)
-    gated_attention_fast(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream,
-                         pos_d, &st.attn_splits_f);
+    gated_attention_fast(v.q, v.gate, st.kv(L), v.att, T, nh, nkv, hd, 0, scale, stream, pos_d, &st.attn_splits_f);
   else
     gated_attention(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream, pos_d,
                     &st.attn_splits);

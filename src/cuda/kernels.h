@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "model/kv_type.h"
 #include "quant/quant.h"
 
 namespace rl::cuda {
@@ -201,24 +202,36 @@ void rope_neox(float* x, int T, int n_heads, int head_dim, size_t row_stride, in
                float theta_scale, const int32_t* positions, cudaStream_t stream);
 
 // ---- attention.cu: gated attention with GQA over a KV cache --------------------------------------
+// One attention layer's KV cache in device memory (--kv-type, model/kv_type.h): K and V, each
+// n_ctx rows of n_kv·hd values of `type`, position-major. A q8_0 cache holds every row's int8
+// values [n_ctx][n_kv·hd], then their fp16 scales [n_ctx][n_kv·hd / 32] (kv_cache_device.cuh);
+// kv_bytes(type, n_ctx·n_kv·hd) a cache.
+struct KvCacheRef {
+  void* k = nullptr;
+  void* v = nullptr;
+  KvType type = KvType::kF32;
+  int n_ctx = 0;  // rows allocated (where a q8_0 cache's scales begin)
+};
+
 // split_q_gate, rms_norm of q (q_norm) and k (k_norm) per head, rope_neox of both at positions
 // pos_dev[t], and store_kv at pos_dev[0] + t, in one launch with the same values: q, gate
-// [T][n_head][hd] from qg [T][n_head][2][hd]; k, v [T][n_kv][hd] are read, not changed.
+// [T][n_head][hd] from qg [T][n_head][2][hd]; k, v [T][n_kv][hd] are read, not changed. A cache of
+// another type than f32 gets the fp32 key and value rounded (quantised) once each, as store_kv.
+void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
+                    const float* k_norm, const KvCacheRef& cache, int T, int n_head, int n_kv, int hd,
+                    float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
+// The f32 cache of the exact tier (and of the tests).
 void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
                     const float* k_norm, float* k_cache, float* v_cache, int T, int n_head, int n_kv, int hd,
                     float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
-// The same into f16 caches (the fast tier's --kv-type f16): the fp32 key and value rounded once.
-void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
-                    const float* k_norm, __half* k_cache, __half* v_cache, int T, int n_head, int n_kv, int hd,
-                    float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
-// Appends k, v [T][n_kv][hd] at positions pos0.. to the caches [n_ctx][n_kv][hd].
+// Appends k, v [T][n_kv][hd] at positions pos0.. to the caches, each value rounded to the cache's
+// type (f16, bf16: to nearest even; q8_0: per block of 32 as ggml's quantize_row_q8_0_ref).
 // pos_dev (device, optional): when given, pos0 is read from pos_dev[0] at run time, so a captured
 // CUDA graph replays at any position.
+void store_kv(const float* k, const float* v, const KvCacheRef& cache, int T, int n_kv, int hd, int pos0,
+              cudaStream_t stream, const int32_t* pos_dev = nullptr);
 void store_kv(const float* k, const float* v, float* k_cache, float* v_cache, int T, int n_kv,
               int hd, int pos0, cudaStream_t stream, const int32_t* pos_dev = nullptr);
-// The same into f16 caches, each value rounded to nearest.
-void store_kv(const float* k, const float* v, __half* k_cache, __half* v_cache, int T, int n_kv, int hd, int pos0,
-              cudaStream_t stream, const int32_t* pos_dev = nullptr);
 // Keys per split of the attention kernels (attention.cu). A decode step at depth n runs
 // ceil(n / kSplitKeys) splits per KV head; 256 keys keep a split's scores in shared memory and give
 // a 32k-token context 128 splits (256 blocks at the 80B's 2 KV heads) to fill the GPU.
@@ -288,12 +301,13 @@ void gated_attention_fast(const float* q, const float* gate, const float* k_cach
 // 512-token chunk 2 ways, 16 tokens 64 ways), folding them as a decode step does; this many
 // (1: not split). Without `splits` a chunk is never split.
 int fast_chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* splits);
-// The same over f16 caches (store_kv / attention_prep's f16 forms): the same kernels reading
-// halves, the same arithmetic after the load (the prefill's k and v are then not rounded again).
-void gated_attention_fast(const float* q, const float* gate, const __half* k_cache, const __half* v_cache,
-                          float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
-                          cudaStream_t stream, const int32_t* pos_dev = nullptr,
-                          const AttentionSplitsF* splits = nullptr);
+// The same over a cache of any --kv-type (KvCacheRef): the same kernels reading each type through
+// one element accessor (kv_cache_device.cuh), the same arithmetic after the load (a chunk's k and
+// v are rounded to fp16 for the tensor cores, which leaves an f16 cache's values as they are).
+// q8_0 needs hd a multiple of 32.
+void gated_attention_fast(const float* q, const float* gate, const KvCacheRef& cache, float* out, int T, int n_head,
+                          int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
+                          const int32_t* pos_dev = nullptr, const AttentionSplitsF* splits = nullptr);
 
 // ---- deltanet.cu: Gated DeltaNet ---------------------------------------------------------------------
 // Causal depthwise conv (kernel K) + SiLU over channels [T][C] with state [K-1][C] (the previous

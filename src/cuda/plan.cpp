@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 
@@ -18,6 +19,10 @@ NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const
   f.fast_routing = fast_tier && opts.fast_routing;
   f.fast_attention = fast_tier && opts.fast_attention;
   f.fast_deltanet = fast_tier && opts.fast_deltanet;
+  check_kv_type(opts.numerics, opts.kv_type, c.head_dim);
+  if (opts.kv_type != KvType::kF32 && !f.fast_attention)
+    fail("--kv-type {}: the exact tier's attention kernels read an f32 cache only", kv_type_name(opts.kv_type));
+  f.kv_type = opts.kv_type;
   f.x32_always = opts.x32_always;
   for (const LayerDev& d : w.layers) {
     for (const TensorView* v : {&d.moe.gate_exps, &d.moe.up_exps, &d.moe.down_exps})

@@ -49,6 +49,9 @@ struct NumericForms {
   // The fast tier's routing, attention and DeltaNet kernels (fp32; CudaOptions::fast_*): the
   // plan's, the session's split buffers and the forward pass's one choice.
   bool fast_routing = false, fast_attention = false, fast_deltanet = false;
+  // The sessions' KV cache type (CudaOptions::kv_type): f32 for the exact kernels, any type for
+  // the fast tier's attention.
+  KvType kv_type = KvType::kF32;
   bool x32_always = false;  // X32 also for products whose grid does not fill the GPU
   int x32_cols = 0;         // the widest input an X32 product takes (its buffer's width; 0: none)
   bool routed_x24 = false;  // some routed expert matrix runs on X24 (expert_in_x24, expert_act_x24)

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model/kv_type.h"
 #include "quant/quant.h"
 
 namespace rl {
@@ -81,11 +82,11 @@ struct Config {
   int ssm_v_per_k() const { return ssm_n_v_heads / ssm_n_k_heads; }   // value heads per key head
   int q_dim() const { return n_head * head_dim; }
   int kv_dim() const { return n_head_kv * head_dim; }
-  // Bytes of the f32 K and V rows one token adds over every attention layer.
-  size_t kv_bytes_per_token() const {
+  // Bytes of the K and V rows one token adds over every attention layer, in the cache's type.
+  size_t kv_bytes_per_token(KvType kv = KvType::kF32) const {
     size_t attention_layers = 0;
     for (bool r : is_recurrent) attention_layers += !r;
-    return attention_layers * 2 * (size_t)kv_dim() * sizeof(float);
+    return attention_layers * 2 * kv_bytes(kv, (size_t)kv_dim());
   }
   // Bytes of the f32 recurrent states of every DeltaNet layer: the conv window and the SSM state.
   size_t recurrent_state_bytes() const {

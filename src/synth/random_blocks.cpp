@@ -410,16 +410,10 @@ void store_float_row(GgmlType type, const float* values, int64_t n, uint8_t* dst
       std::memcpy(dst, values, (size_t)n * 4);
       return;
     case GgmlType::F16:
-      for (int64_t i = 0; i < n; i++) {
-        const uint16_t h = f32_to_fp16(values[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
+      store_rounded<f32_to_fp16>(values, n, dst);
       return;
     case GgmlType::BF16:
-      for (int64_t i = 0; i < n; i++) {
-        const uint16_t h = f32_to_bf16(values[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
+      store_rounded<f32_to_bf16>(values, n, dst);
       return;
     default:
       fail("synth: values of type {} cannot be stored directly (float types only)", type_name(type));

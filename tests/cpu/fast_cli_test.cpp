@@ -6,24 +6,15 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "model_b_test.h"
 #include "test_util.h"
 
 namespace rl {
 namespace {
 
-test::ShellRun run_redlite(const std::string& args, bool stdout_only = false) {
-  return test::run_shell(test::redlite_bin() + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1"));
-}
+using test::run_redlite;
 
-class FastCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!std::filesystem::exists(test::redlite_bin())) GTEST_SKIP() << "redlite binary not built";
-    model_ = test::fixture("tiny-qwen3next-q4km.gguf");
-    RL_REQUIRE_FIXTURE(model_);
-  }
-  std::string model_;
-};
+class FastCli : public test::ModelBCliTest {};
 
 TEST_F(FastCli, ParityPrintsTheFiguresAgainstTheNativeBar) {
   const std::string ref = test::fixture("tiny-qwen3next-q4km.ref-f32.json");

@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,17 @@ class ModelBTest : public ::testing::Test {
 
   std::shared_ptr<const Model> model_;
   std::vector<int32_t> tokens_;
+};
+
+// Tests of the redlite binary on model B: skip without the binary or the fixture.
+class ModelBCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(redlite_bin())) GTEST_SKIP() << "redlite binary not built";
+    model_ = model_b_gguf();
+    RL_REQUIRE_FIXTURE(model_);
+  }
+  std::string model_;
 };
 
 }  // namespace rl::test

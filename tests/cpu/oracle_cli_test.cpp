@@ -129,7 +129,8 @@ TEST_F(OracleCli, UserErrorsExitNonZeroWithTheArgumentNamed) {
 // and the decode tokens after it, and the KV bytes per token of the file: model B has one attention
 // layer of 2 KV heads of dim 64, so K and V in f32 take 2 * 2 * 64 * 4 = 1,024 bytes a token.
 TEST_F(OracleCli, BenchAtDepthReportsEachDepth) {
-  CliRun r = run_redlite("bench -m " + model_ + " --backend cpu --reps 1 --depths 0,300 --depth-decode-tokens 4 --json",
+  CliRun r = run_redlite("bench -m " + model_ + " --backend cpu --reps 1 --depths 0,300 --depth-decode-tokens 4 --json "
+                         "--kv-type f32",
                          true);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);

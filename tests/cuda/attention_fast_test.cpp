@@ -47,37 +47,46 @@ struct Heads {
 // The fixtures' and the 80B's head shapes.
 const Heads kShapes[] = {{4, 2, 64}, {8, 2, 128}, {16, 2, 256}};
 
-// Random KV caches [n_ctx][n_kv][hd] on the device, fp32 or f16, and on the host the values they
-// hold (an f16 cache's rounded to nearest by common/fp16.h), for shape kShapes[shape] (or any
-// head count over its n_kv and hd).
+// Random KV caches [n_ctx][n_kv][hd] on the device in a --kv-type, and on the host the values they
+// hold, for shape kShapes[shape] (or any head count over its n_kv and hd). A cache of another type
+// than f32 is written by store_kv from the fp32 values, and its host values are what the CPU
+// backend's cache of that type holds for them (cpu::KvRows), so the kernels are checked against
+// the CPU backend's values (and CacheStoresMatchTheCpuBackend checks store_kv's bits).
 struct Caches {
   int n_kv = 0, hd = 0, n_ctx = 0;
-  bool f16 = false;
+  KvType type = KvType::kF32;
   std::vector<float> k, v;
   cuda::DeviceBuffer dk, dv;
+  cuda::KvCacheRef ref() const { return {dk.get(), dv.get(), type, n_ctx}; }
 };
 
-cuda::DeviceBuffer to_device_as_f16(std::vector<float>& x) {
-  std::vector<uint16_t> bits(x.size());
-  for (size_t i = 0; i < x.size(); i++) x[i] = fp16_to_f32(bits[i] = f32_to_fp16(x[i]));
-  return to_device(bits);
-}
-
 // The caches are the tests' largest inputs: made once per shape and type for the whole binary.
-const Caches& caches(int shape, bool f16 = false) {
+const Caches& caches(int shape, KvType type = KvType::kF32) {
   static const int kCtx[] = {262144, 70100, 70100};  // 4/2 reaches the 80B's full context
-  static Caches made[2][3];
-  Caches& c = made[f16][shape];
+  static Caches made[4][3];
+  Caches& c = made[(int)type][shape];
   if (c.n_ctx == 0) {
     c.n_kv = kShapes[shape].n_kv;
     c.hd = kShapes[shape].hd;
-    c.n_ctx = f16 ? 70100 : kCtx[shape];
-    c.f16 = f16;
-    const size_t n = (size_t)c.n_ctx * c.n_kv * c.hd;
+    c.n_ctx = type != KvType::kF32 ? 70100 : kCtx[shape];
+    c.type = type;
+    const size_t width = (size_t)c.n_kv * c.hd, n = (size_t)c.n_ctx * width;
     c.k = random_floats(n, 100 + shape);
     c.v = random_floats(n, 200 + shape);
-    c.dk = f16 ? to_device_as_f16(c.k) : to_device(c.k);
-    c.dv = f16 ? to_device_as_f16(c.v) : to_device(c.v);
+    if (type == KvType::kF32) {
+      c.dk = to_device(c.k);
+      c.dv = to_device(c.v);
+    } else {
+      c.dk.allocate(kv_bytes(type, n));
+      c.dv.allocate(kv_bytes(type, n));
+      const auto dk32 = to_device(c.k), dv32 = to_device(c.v);
+      for (int pos = 0; pos < c.n_ctx; pos += 8192)
+        cuda::store_kv(dk32.f() + pos * width, dv32.f() + pos * width, c.ref(), std::min(8192, c.n_ctx - pos), c.n_kv,
+                       c.hd, pos, nullptr);
+      RL_CUDA_CHECK(cudaDeviceSynchronize());
+      c.k = test::kv_values(type, c.k, width);
+      c.v = test::kv_values(type, c.v, width);
+    }
   }
   return c;
 }
@@ -87,12 +96,8 @@ float scale_of(const Heads& h) { return 1.0f / std::sqrt((float)h.hd); }
 // gated_attention_fast over the caches, of their type.
 void attend(const Caches& c, const Heads& h, const float* q, const float* g, float* out, int T, int pos0,
             cudaStream_t stream, const int32_t* pos_dev, const cuda::AttentionSplitsF* splits) {
-  if (c.f16)
-    cuda::gated_attention_fast(q, g, c.dk.get<__half>(), c.dv.get<__half>(), out, T, h.n_head, h.n_kv, h.hd, pos0,
-                               scale_of(h), stream, pos_dev, splits);
-  else
-    cuda::gated_attention_fast(q, g, c.dk.f(), c.dv.f(), out, T, h.n_head, h.n_kv, h.hd, pos0, scale_of(h), stream,
-                               pos_dev, splits);
+  cuda::gated_attention_fast(q, g, c.ref(), out, T, h.n_head, h.n_kv, h.hd, pos0, scale_of(h), stream, pos_dev,
+                             splits);
 }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -199,11 +204,11 @@ std::vector<float> decode(const Caches& c, const Heads& h, Step& st, const cuda:
   return to_host<float>(dout, row);
 }
 
-// A decode step of query heads h over caches(shape, f16) at `length` keys.
-void check_decode(int shape, Heads h, int length, uint32_t seed, bool f16 = false) {
-  const Caches& c = caches(shape, f16);
+// A decode step of query heads h over caches(shape, type) at `length` keys.
+void check_decode(int shape, Heads h, int length, uint32_t seed, KvType type = KvType::kF32) {
+  const Caches& c = caches(shape, type);
   SCOPED_TRACE(::testing::Message() << h.n_head << "/" << h.n_kv << " heads, hd " << h.hd << ", " << length
-                                    << " keys" << (f16 ? ", f16 cache" : ""));
+                                    << " keys, " << kv_type_name(type) << " cache");
   const int pos = length - 1, row = h.n_head * h.hd;
   auto q = random_floats(row, seed, 2.0f), g = random_floats(row, seed + 1);
   auto dq = to_device(q), dg = to_device(g);
@@ -231,10 +236,12 @@ TEST_F(CudaFastAttention, DecodeAtDepth) {
 // A chunk of T queries at pos0 (keys through pos0 + T - 1 in the cache): against the reference,
 // the pos_dev path bit for bit, and the decode step of its last token within the prefill bound.
 // With split buffers given, a short chunk splits its keys (fast_chunk_key_splits).
-void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed, bool f16 = false, bool with_splits = false) {
-  const Caches& c = caches(shape, f16);
+void check_prefill(int shape, Heads h, int pos0, int T, uint32_t seed, KvType type = KvType::kF32,
+                   bool with_splits = false) {
+  const Caches& c = caches(shape, type);
   SCOPED_TRACE(::testing::Message() << h.n_head << "/" << h.n_kv << " heads, hd " << h.hd << ", pos0 " << pos0
-                                    << ", T " << T << (f16 ? ", f16 cache" : "") << (with_splits ? ", split buffers" : ""));
+                                    << ", T " << T << ", " << kv_type_name(type) << " cache"
+                                    << (with_splits ? ", split buffers" : ""));
   ASSERT_LE(pos0 + T, c.n_ctx);
   const int n_head = h.n_head, hd = h.hd;
   const size_t row = (size_t)n_head * hd;
@@ -298,9 +305,9 @@ TEST_F(CudaFastAttention, ChunksSplitTheirKeys) {
       if (T < 512) {
         ASSERT_GT(cuda::fast_chunk_key_splits(T, h.n_head, h.n_kv, &st.splits), 1) << "T " << T;
       }
-      for (int end : {4095, 70001}) check_prefill(shape, h, end - T, T, 60 + T, false, true);
+      for (int end : {4095, 70001}) check_prefill(shape, h, end - T, T, 60 + T, KvType::kF32, true);
     }
-    check_prefill(shape, h, 0, 16, 61, false, true);
+    check_prefill(shape, h, 0, 16, 61, KvType::kF32, true);
   }
   EXPECT_EQ(cuda::fast_chunk_key_splits(16, 16, 2, nullptr), 1);
 }
@@ -344,63 +351,26 @@ TEST_F(CudaFastAttention, CapturedDecodeReplaysAtAnyDepth) {
   RL_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-// f16 caches (--kv-type f16): the same kernels reading halves, against the reference over the
-// values the caches hold. The bounds are the fp32 caches' (the prefill rounds k and v to fp16
-// anyway; the decode reads the halves exactly).
-TEST_F(CudaFastAttention, DecodeOverF16Caches) {
-  for (int shape = 0; shape < 3; shape++)
-    for (int length : {1, 33, 4095, 70001}) check_decode(shape, kShapes[shape], length, 30 + length, true);
+// Caches of every --kv-type but f32 (f16, bf16, q8_0): the same kernels reading each type,
+// against the reference over the values the CPU backend's cache of that type holds. The bounds
+// are the fp32 caches': a decode step reads the stored values exactly (a q8_0 value q·d is exact
+// in fp32), and a chunk rounds k and v to fp16 as it does an fp32 cache's (bf16 and q8_0 values
+// round once, f16 values not at all). A split chunk too (its fold reads the partials only).
+TEST_F(CudaFastAttention, DecodeOverEachKvType) {
+  for (KvType type : {KvType::kF16, KvType::kBF16, KvType::kQ8_0})
+    for (int shape = 0; shape < 3; shape++)
+      for (int length : {1, 33, 4095, 70001}) check_decode(shape, kShapes[shape], length, 30 + length, type);
 }
 
-TEST_F(CudaFastAttention, PrefillOverF16Caches) {
-  for (int shape = 0; shape < 3; shape++) {
-    check_prefill(shape, kShapes[shape], 0, 31, 41, true);
-    check_prefill(shape, kShapes[shape], 4095 - 77, 77, 42, true);
-    check_prefill(shape, kShapes[shape], 70001 - 512, 512, 43, true);
-  }
-}
-
-// store_kv and attention_prep into f16 caches: every value the fp32 forms store, rounded to
-// nearest even (common/fp16.h), bit for bit; q and gate as the fp32 form gives them. The values
-// span fp16's subnormals (~1e-5) to ~3e3.
-TEST_F(CudaFastAttention, F16CacheStores) {
-  const int T = 3, n_head = 4, n_kv = 2, hd = 64, n_rot = 32, pos0 = 5, n_ctx = pos0 + T + 2;
-  const size_t width = (size_t)n_kv * hd, cache = (size_t)n_ctx * width, qn_floats = (size_t)T * n_head * hd;
-  auto k = random_floats(T * width, 51), v = random_floats(T * width, 52);
-  for (size_t i = 0; i < k.size(); i++) {
-    const float mag = i % 3 == 0 ? 1e-5f : i % 3 == 1 ? 1.0f : 3e3f;
-    k[i] *= mag, v[i] *= mag;
-  }
-  auto qg = random_floats((size_t)T * n_head * 2 * hd, 53, 2.0f), qn = random_floats(hd, 54), kn = random_floats(hd, 55);
-  std::vector<int32_t> pos(T);
-  for (int t = 0; t < T; t++) pos[t] = pos0 + t;
-  auto dk = to_device(k), dv = to_device(v), dqg = to_device(qg), dqn = to_device(qn), dkn = to_device(kn),
-       dpos = to_device(pos);
-  cuda::DeviceBuffer kc32(cache * 4), vc32(cache * 4), kc16(cache * 2), vc16(cache * 2);
-  auto expect_rounded = [&](const char* what) {
-    const auto k32 = to_host<float>(kc32, cache), v32 = to_host<float>(vc32, cache);
-    const auto k16 = to_host<uint16_t>(kc16, cache), v16 = to_host<uint16_t>(vc16, cache);
-    for (size_t i = pos0 * width; i < (pos0 + T) * width; i++) {
-      ASSERT_EQ(k16[i], f32_to_fp16(k32[i])) << what << ": k value " << i;
-      ASSERT_EQ(v16[i], f32_to_fp16(v32[i])) << what << ": v value " << i;
+TEST_F(CudaFastAttention, PrefillOverEachKvType) {
+  for (KvType type : {KvType::kF16, KvType::kBF16, KvType::kQ8_0}) {
+    for (int shape = 0; shape < 3; shape++) {
+      check_prefill(shape, kShapes[shape], 0, 31, 41, type);
+      check_prefill(shape, kShapes[shape], 4095 - 77, 77, 42, type);
+      check_prefill(shape, kShapes[shape], 70001 - 512, 512, 43, type);
     }
-  };
-  for (auto* b : {&kc32, &vc32, &kc16, &vc16}) RL_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
-  cuda::store_kv(dk.f(), dv.f(), kc32.f(), vc32.f(), T, n_kv, hd, pos0, nullptr);
-  cuda::store_kv(dk.f(), dv.f(), kc16.get<__half>(), vc16.get<__half>(), T, n_kv, hd, 0, nullptr,
-                 dpos.get<int32_t>());
-  expect_rounded("store_kv");
-
-  cuda::DeviceBuffer q32(qn_floats * 4), g32(qn_floats * 4), q16(qn_floats * 4), g16(qn_floats * 4);
-  const float theta_scale = std::pow(10000.0f, -2.0f / (float)n_rot);
-  cuda::attention_prep(dqg.f(), dk.f(), dv.f(), q32.f(), g32.f(), dqn.f(), dkn.f(), kc32.f(), vc32.f(), T, n_head,
-                       n_kv, hd, 1e-6f, n_rot, theta_scale, dpos.get<int32_t>(), nullptr);
-  cuda::attention_prep(dqg.f(), dk.f(), dv.f(), q16.f(), g16.f(), dqn.f(), dkn.f(), kc16.get<__half>(),
-                       vc16.get<__half>(), T, n_head, n_kv, hd, 1e-6f, n_rot, theta_scale, dpos.get<int32_t>(),
-                       nullptr);
-  expect_rounded("attention_prep");
-  EXPECT_EQ(to_host<float>(q16, qn_floats), to_host<float>(q32, qn_floats)) << "q";
-  EXPECT_EQ(to_host<float>(g16, qn_floats), to_host<float>(g32, qn_floats)) << "gate";
+    check_prefill(2, kShapes[2], 4095 - 16, 16, 44, type, true);
+  }
 }
 
 // Bad arguments are refused before anything is launched, naming what is wrong (no GPU needed).

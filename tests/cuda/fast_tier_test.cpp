@@ -2,7 +2,8 @@
 // the fixture models present: its top-1 agreement over all prompt positions must be at least, and
 // its last-position relative RMS error (mean over the prompts) at most, what llama.cpp's own native
 // path (`.ref.json`) scores against the same reference — the bar the CPU fast tier meets
-// (tests/cpu/fast_parity_test.cpp). Needs a GPU and the fixtures.
+// (tests/cpu/fast_parity_test.cpp), with every KV cache type (--kv-type; f16 is the tier's
+// default). Needs a GPU and the fixtures.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -38,19 +39,24 @@ TEST(CudaFastTier, MeetsLlamaCppNativeBarOnTheFixtures) {
     for (const RefPrompt& p : f32.prompts) names.push_back(p.name);
     const TierAccuracy bar = native_accuracy(f32, native, names);
 
-    cuda::CudaOptions opts;
-    opts.numerics = Numerics::kFast;
-    auto backend = cuda::make_cuda_backend(Model::open(stem + ".gguf"), opts);
-    auto session = backend->new_session(2048);
-    std::vector<PromptParity> scored;
-    for (const RefPrompt& p : f32.prompts)
-      scored.push_back(score_prompt(run_prompt(*session, p.token_ids, 0), p, f32.n_vocab));
-    const TierAccuracy got = tier_accuracy(scored);
-    std::printf("[cuda fast tier] %s: top-1 %.4f (bar %.4f), mean last rel rms %.4f (bar %.4f)\n", name,
-                got.top1_agreement(), bar.top1_agreement(), got.mean_last_rel_rms, bar.mean_last_rel_rms);
-    EXPECT_EQ(got.n_positions, bar.n_positions);
-    EXPECT_GE(got.top1_agreement(), bar.top1_agreement());
-    EXPECT_LE(got.mean_last_rel_rms, bar.mean_last_rel_rms);
+    for (KvType kv : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kQ8_0}) {
+      SCOPED_TRACE(kv_type_name(kv));
+      cuda::CudaOptions opts;
+      opts.numerics = Numerics::kFast;
+      opts.kv_type = kv;
+      auto backend = cuda::make_cuda_backend(Model::open(stem + ".gguf"), opts);
+      auto session = backend->new_session(2048);
+      std::vector<PromptParity> scored;
+      for (const RefPrompt& p : f32.prompts)
+        scored.push_back(score_prompt(run_prompt(*session, p.token_ids, 0), p, f32.n_vocab));
+      const TierAccuracy got = tier_accuracy(scored);
+      std::printf("[cuda fast tier] %s, KV %s: top-1 %.4f (bar %.4f), mean last rel rms %.4f (bar %.4f)\n", name,
+                  kv_type_name(kv), got.top1_agreement(), bar.top1_agreement(), got.mean_last_rel_rms,
+                  bar.mean_last_rel_rms);
+      EXPECT_EQ(got.n_positions, bar.n_positions);
+      EXPECT_GE(got.top1_agreement(), bar.top1_agreement());
+      EXPECT_LE(got.mean_last_rel_rms, bar.mean_last_rel_rms);
+    }
     ran++;
   }
   if (!missing.empty())

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "common/fp16.h"
+#include "cpu/kv_cache.h"
 #include "cuda/cuda_check.h"
+#include "model/kv_type.h"
 #include "quant/quant.h"
 #include "random_weights.h"
 
@@ -72,6 +74,41 @@ inline void expect_fp32_rounding(float got, double want, double magnitude, const
   const double half_ulp = w == 0.0f || !std::isnormal(w) ? std::ldexp(1.0, -150) : std::ldexp(1.0, std::ilogb(w) - 24);
   EXPECT_LE(std::fabs(got - want), half_ulp + 1e-13 * magnitude)
       << what << " [" << i << "]: got " << got << ", reference " << want << " (rounds to " << w << ")";
+}
+
+// The values the CPU backend's KV cache of `type` holds for rows x [rows][width] (cpu::KvRows).
+inline std::vector<float> kv_values(KvType type, const std::vector<float>& x, size_t width) {
+  const size_t rows = x.size() / width;
+  cpu::KvRows cache(type, (int)width);
+  cache.write(0, x.data(), rows);
+  std::vector<float> out(x.size()), scratch(width);
+  for (size_t r = 0; r < rows; r++) {
+    const float* got = cache.read(r, 0, (int)width, scratch.data());
+    std::copy(got, got + width, out.begin() + r * width);
+  }
+  return out;
+}
+
+// Rows [0, rows) of a device KV cache (cuda::KvCacheRef's layout: n_ctx rows of width values;
+// q8_0 the int8 values, then the fp16 scales), decoded on the host.
+inline std::vector<float> device_kv_values(KvType type, const cuda::DeviceBuffer& b, int n_ctx, size_t width,
+                                           size_t rows) {
+  const size_t n = rows * width;
+  std::vector<float> out(n);
+  if (type == KvType::kF32) return to_host<float>(b, n);
+  if (type != KvType::kQ8_0) {
+    const auto bits = to_host<uint16_t>(b, n);
+    for (size_t i = 0; i < n; i++) out[i] = type == KvType::kF16 ? fp16_to_f32(bits[i]) : bf16_to_f32(bits[i]);
+    return out;
+  }
+  const auto all = to_host<uint8_t>(b, kv_bytes(type, (size_t)n_ctx * width));
+  const uint8_t* scales = all.data() + (size_t)n_ctx * width;
+  for (size_t i = 0; i < n; i++) {
+    uint16_t d;
+    std::memcpy(&d, scales + 2 * (i / kKvQ8Block), 2);
+    out[i] = (float)(int8_t)all[i] * fp16_to_f32(d);
+  }
+  return out;
 }
 
 }  // namespace rl::test
