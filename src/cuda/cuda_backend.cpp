@@ -5,8 +5,6 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "common/error.h"
 #include "cuda/engine.h"
 #include "cuda/kernels.h"
@@ -78,32 +76,16 @@ class CudaBackendImpl final : public CudaBackend {
   std::string name() const override { return "cuda"; }
   std::unique_ptr<Session> new_session(int n_ctx) override { return new_cuda_session(engine_, n_ctx); }
   size_t session_bytes(int n_ctx) const override { return cuda::session_bytes(engine_.config(), engine_.forms, n_ctx); }
-  // The fast tier decodes the sequences in one pass (run_batch_pass, in batches of up to
-  // kMaxChunk); the exact tier, a profile or a traced session one after another (each on its own
-  // graph), so that every sequence's tokens are those it gets alone.
+  // The sessions decode one after another, each on its own graph. A batched pass (the products
+  // and MoE once over the rows, each sequence's DeltaNet and attention on its own state: branch
+  // cuda-batch-pass) measured slower through `serve --parallel 4` on the H200 (97 tok/s in all
+  // against 225 for one stream; docs/PERF.md): the prefill products it takes for a few rows are
+  // made for 512. It waits for decode products that take several token columns.
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
                                                std::span<const int32_t> tokens) override {
     check_decode_batch(sessions, tokens);
-    std::vector<SessionState*> sts;
-    bool traced = false;
-    for (size_t i = 0; i < sessions.size(); i++) sts.push_back(&session_state(engine_, *sessions[i], i, &traced));
-    if (sessions.size() < 2 || !engine_.forms.fast || engine_.opts.profile || traced)
-      return decode_one_after_another(sessions, tokens);
-    const size_t n_vocab = (size_t)engine_.config().n_vocab;
-    std::vector<std::vector<float>> out;
-    std::vector<float> flat;
-    for (size_t b = 0; b < sts.size(); b += kMaxChunk) {
-      const size_t n = std::min(sts.size() - b, (size_t)kMaxChunk);
-      if (n == 1) {  // a last sequence alone
-        out.push_back(sessions[b]->decode(tokens[b]));
-        continue;
-      }
-      flat.resize(n * n_vocab);
-      run_batch_pass(engine_, std::span(sts).subspan(b, n), tokens.subspan(b, n), flat.data());
-      engine_.stats.tokens_decoded += n;
-      for (size_t i = 0; i < n; i++) out.emplace_back(flat.begin() + i * n_vocab, flat.begin() + (i + 1) * n_vocab);
-    }
-    return out;
+    for (size_t i = 0; i < sessions.size(); i++) check_session_of(engine_, *sessions[i], i);
+    return decode_one_after_another(sessions, tokens);
   }
   EngineStats stats() const override {
     EngineStats s = engine_.stats;

@@ -167,10 +167,7 @@ class CudaSessionImpl final : public Session {
 
   void set_trace(TraceSink* sink) override { trace_ = sink; }
 
-  // For the backend's batched decode step.
   bool of(const Engine& e) const { return &e_ == &e; }
-  bool traced() const { return trace_ != nullptr; }
-  SessionState& state() { return st_; }
 
  private:
   void check_tokens(std::span<const int32_t> tokens) const {
@@ -209,11 +206,9 @@ void check_session_fits(const Engine& e, int n_ctx) {
          c.kv_bytes_per_token(e.forms.kv_type), free_bytes / 1048576.0);
 }
 
-SessionState& session_state(const Engine& e, Session& s, size_t index, bool* traced) {
+void check_session_of(const Engine& e, Session& s, size_t index) {
   auto* cs = dynamic_cast<CudaSessionImpl*>(&s);
   if (!cs || !cs->of(e)) fail("decode_batch: session {} is not a session of this loaded model", index);
-  if (cs->traced()) *traced = true;
-  return cs->state();
 }
 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {

@@ -74,8 +74,7 @@ void capture_token_graph(Engine& e, SessionState& st) {
   try {
     if (token_backs_up(e)) copy_recurrent_states(e, st, true);
     const int32_t* tp = e.ws.token_position.get<int32_t>();
-    SessionState* one[] = {&st};
-    encode_pass(e, one, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
+    encode_pass(e, st, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
   } catch (...) {
     cudaGraph_t partial = nullptr;
     cudaStreamEndCapture(stream, &partial);
@@ -117,8 +116,7 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
     if (token_backs_up(e)) copy_recurrent_states(e, st, true);
     profiler.mark(kOther, stream);
     const int32_t* tp = ws.token_position.get<int32_t>();
-    SessionState* one[] = {&st};
-    encode_pass(e, one, tp, tp + 1, 1, false, ws.routed_logits.f(), nullptr, true);
+    encode_pass(e, st, tp, tp + 1, 1, false, ws.routed_logits.f(), nullptr, true);
     profiler.mark(kOther, stream);
   } else if (!st.token_graph) {
     try {

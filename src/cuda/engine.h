@@ -97,14 +97,8 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
 // Enqueues a forward pass of T tokens whose ids and positions are already in device memory, up to
 // the LM head's logits in `logits` ([T or 1][n_vocab]). gpu_routed (T == 1): the routing runs on
 // the GPU and the pass never waits for the host, so it can be captured into a graph.
-// sts: the pass's one session, or (a batched decode step) T sessions, row t being sts[t]'s token.
-void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* ids_d, const int32_t* pos_d, int T,
-                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed);
-// One decode step of several sequences in one pass on the synchronous path: sts[i] (2 to
-// kMaxChunk distinct sessions) decodes tokens[i] at its own position. The products and the MoE
-// block run once over the rows (the plan of T-row passes: each weight read once for all of them),
-// each sequence's DeltaNet and attention on its own state and cache; logits_out [T][n_vocab].
-void run_batch_pass(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens, float* logits_out);
+void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
+                 float* logits, TraceSink* trace, bool gpu_routed);
 
 // ---- moe_layer.cpp --------------------------------------------------------------------------
 // The MoE block of layer L on h2 [T][n_embd]: x += routed experts + shared expert; then
@@ -116,9 +110,8 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
 // ---- cuda_session.cpp -----------------------------------------------------------------------
 // A session of n_ctx positions on this engine (refused when n_ctx <= 0).
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx);
-// The state of session s (index: its place in a decode_batch call, for the error) when it is a
-// session of e; sets *traced when the session records a trace. Fails for another model's session.
-SessionState& session_state(const Engine& e, Session& s, size_t index, bool* traced);
+// Fails, naming its index in a decode_batch call, when session s is not a session of e.
+void check_session_of(const Engine& e, Session& s, size_t index);
 // Device bytes such a session allocates: the KV cache (of forms.kv_type), the DeltaNet states (and
 // their backups for the GPU-routed token) and the decode attention's split buffers.
 size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx);

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
 #include "cuda/engine.h"
 #include "cuda/kernels.h"
 
@@ -59,10 +58,8 @@ void deltanet_core(Engine& e, SessionState& st, int L, const DeltaNetViews& view
                         nk, nv, dk, dv, stream, norm);
 }
 
-// Gated DeltaNet of T tokens: of one session (sts[0]), or of one token each of T sessions (a
-// batched decode step: sts[t] for row t).                         h, out: [T][n_embd]
-void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
-                    float* out) {
+// Gated DeltaNet.                                                 h, out: [T][n_embd]
+void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
@@ -73,10 +70,7 @@ void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const 
                             {&w.ba, plan.mixer_in[2], h, v.ba}},
                            T);
   e.profiler.mark(kDeltaNet, stream);
-  if (sts.size() == 1)
-    deltanet_core(e, *sts[0], L, v, 0, T);
-  else
-    for (int t = 0; t < T; t++) deltanet_core(e, *sts[t], L, v, t, 1);
+  deltanet_core(e, st, L, v, 0, T);
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * c.ssm_n_v_heads, c.ssm_head_dim, c.rms_eps, stream);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
@@ -104,10 +98,9 @@ void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& vi
                     &st.attn_splits);
 }
 
-// Gated attention of T tokens: of one session (sts[0]), or of one token each of T sessions (sts[t]
-// for row t). Positions come from pos_d, so a captured graph replays at any position.
+// Gated attention. Positions come from pos_d, so a captured graph replays at any position.
 //                                                                  h, out: [T][n_embd]
-void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
+void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T,
                      const int32_t* pos_d, float* out) {
   const AttnDev& w = e.weights.layers[L].attn;
   const cudaStream_t stream = e.streams.compute;
@@ -116,10 +109,7 @@ void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const
   e.products.project_group(
       {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
   e.profiler.mark(kAttention, stream);
-  if (sts.size() == 1)
-    attention_core(e, *sts[0], L, v, 0, T, pos_d);
-  else
-    for (int t = 0; t < T; t++) attention_core(e, *sts[t], L, v, t, 1, pos_d + t);
+  attention_core(e, st, L, v, 0, T, pos_d);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.o, plan.mixer_out, v.att, T, out);
 }
@@ -142,8 +132,8 @@ void trace_rows(Engine& e, TraceSink* trace, const std::string& name, const floa
 
 }  // namespace
 
-void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* ids_d, const int32_t* pos_d, int T,
-                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed) {
+void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
+                 float* logits, TraceSink* trace, bool gpu_routed) {
   const Config& c = e.config();
   const int n_embd = c.n_embd;
   const cudaStream_t stream = e.streams.compute;
@@ -163,9 +153,9 @@ void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* i
     e.profiler.mark(kNorms, stream);
     if (L == 0) rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream);
     if (d.recurrent)
-      deltanet_block(e, sts, L, lp, h, T, mixer_out);
+      deltanet_block(e, st, L, lp, h, T, mixer_out);
     else
-      attention_block(e, sts, L, lp, h, T, pos_d, mixer_out);
+      attention_block(e, st, L, lp, h, T, pos_d, mixer_out);
     // x += mixer_out; h = RMSNorm(x) * post_attention_norm: one kernel unless the trace needs x.
     e.profiler.mark(kNorms, stream);
     if (tensors) {
@@ -187,16 +177,10 @@ void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* i
   lm_head(e, plan, h, T, all_logits, logits);
 }
 
-namespace {
-
-// A pass on the synchronous path: row t is token tokens[t] of sts[t] (a batched decode step), or,
-// with one session, of sts[0] at its position + t. The logits of every row (all_logits) or of the
-// last into logits_out; the positions advance.
-void run_rows(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens, bool all_logits,
-              float* logits_out, TraceSink* trace) {
+void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
+              TraceSink* trace) {
   const Config& c = e.config();
-  const int T = (int)tokens.size();
-  const bool batch = sts.size() > 1;
+  const int T = (int)tokens.size(), pos0 = st.position;
   const cudaStream_t stream = e.streams.compute;
   Workspace& ws = e.ws;
   ws.staging.reset();
@@ -209,7 +193,7 @@ void run_rows(Engine& e, std::span<SessionState* const> sts, std::span<const int
   (void)pos_staged;
   for (int t = 0; t < T; t++) {
     ids_h[t] = tokens[t];
-    pos_h[t] = batch ? sts[t]->position : sts[0]->position + t;
+    pos_h[t] = pos0 + t;
   }
   // Into buffers of their own: the staging area is reused from the first layer on.
   int32_t* ids_d = ws.ids.get<int32_t>();
@@ -219,7 +203,7 @@ void run_rows(Engine& e, std::span<SessionState* const> sts, std::span<const int
   const int rows = all_logits ? T : 1;
   ws.reserve_logits(rows, c.n_vocab);
   e.grouped_layers.clear();
-  encode_pass(e, sts, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
+  encode_pass(e, st, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
   if (!e.grouped_layers.empty())
     RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
                                   (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
@@ -229,10 +213,7 @@ void run_rows(Engine& e, std::span<SessionState* const> sts, std::span<const int
   e.profiler.mark(kOther, stream);
   RL_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::memcpy(logits_out, logits_host, n_out * sizeof(float));
-  if (batch)
-    for (SessionState* st : sts) st->position++;
-  else
-    sts[0]->position += T;
+  st.position = pos0 + T;
   e.residency.end_pass();
   // The GPU-grouped layers' experts, each a hit (as a reservation would have counted them).
   uint64_t grouped_hits = 0;
@@ -243,20 +224,6 @@ void run_rows(Engine& e, std::span<SessionState* const> sts, std::span<const int
   RL_CUDA_CHECK(cudaStreamSynchronize(e.streams.copy));
   e.residency.record_copy_times(e.profiler);
   e.profiler.collect();
-}
-
-}  // namespace
-
-void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
-              TraceSink* trace) {
-  SessionState* one[] = {&st};
-  run_rows(e, one, tokens, all_logits, logits_out, trace);
-}
-
-void run_batch_pass(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens, float* logits_out) {
-  if (sts.size() != tokens.size() || sts.size() < 2 || sts.size() > (size_t)kMaxChunk)
-    fail("run_batch_pass: {} sessions and {} tokens (2 to {} of each)", sts.size(), tokens.size(), kMaxChunk);
-  run_rows(e, sts, tokens, true, logits_out, nullptr);
 }
 
 }  // namespace rl::cuda

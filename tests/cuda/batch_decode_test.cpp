@@ -1,11 +1,12 @@
-// The CUDA backend's batched decode step (decode_batch, fast tier: run_batch_pass) against the CPU
-// oracle on the fixture models: five sequences of different prompt lengths (so different positions
-// and states) decode together, teacher-forced on the oracle's greedy tokens, and each sequence's
-// logits must meet the fast tier's bar against the oracle (the bar CudaFastTier.EachPartOnThe80BShape
-// and the recipes use: top-1 agreement >= 0.85, mean relative RMS <= 0.075); a sequence decoding on
-// the wrong state, cache row or position scores near 1. Then each sequence decodes once more alone
-// (the GPU-routed graph) from where the batch left it. The exact tier decodes the sequences one after
-// another: its tokens are those each gets alone, bit for bit. Needs a GPU and the fixtures.
+// The CUDA backend's decode_batch (the server's --parallel step) against the CPU oracle on the
+// fixture models: five sequences of different prompt lengths (so different positions and states)
+// decode together, teacher-forced on the oracle's greedy tokens, and each sequence's logits must
+// meet the fast tier's bar against the oracle (the bar CudaFastTier.EachPartOnThe80BShape and the
+// recipes use: top-1 agreement >= 0.85, mean relative RMS <= 0.075); a sequence decoding on the
+// wrong state, cache row or position scores near 1. Then each sequence decodes once more alone
+// from where the batch left it. In the exact tier its tokens are those each gets alone, bit for
+// bit. (The backend decodes the sequences one after another: src/cuda/cuda_backend.cpp says why.)
+// Needs a GPU and the fixtures.
 #include <gtest/gtest.h>
 
 #include <cstdio>
