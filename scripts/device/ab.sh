@@ -7,6 +7,11 @@
 #   scripts/device/ab.sh STEP...     steps, in order:
 #     build        build both (redlite; the tree's test_cuda too); SKIP_BASE=1: the tree only
 #     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX)
+#     unpack-a     fixture A and its references from .deps/fixApack (the gguf as .xz, the two
+#                  reference JSONs as refs-json.tar.xz, the last-logits files) into /tmp/rl-fix-a:
+#                  with the tree they fit a call's 64 MiB only without .deps/debs, so run it on a
+#                  warm machine right after a call that built, e.g.
+#                  FIX_DIR=/tmp/rl-fix-a ab.sh unpack-a test parity parity-fast   (carry .deps/fixApack)
 #     parity       the tree's `parity --backend cuda` on each carried fixture model vs the oracle,
 #                  prompts up to $PARITY_TOKENS (default 40) tokens, budgets 1, 0.5, 0.1
 #     parity-fast  the tree's fast tier against each carried fixture's F32 reference (<model>.ref-f32.json
@@ -52,7 +57,7 @@ OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT"
 source "$ROOT/scripts/device/deps.sh"
 BUILD=/tmp/rl-build-tree BASE_SRC=/tmp/rl-base-src BASE_BUILD=/tmp/rl-build-base
-FIX=$ROOT/${FIX_DIR:-.deps/fix}
+case "${FIX_DIR:-.deps/fix}" in /*) FIX=$FIX_DIR ;; *) FIX=$ROOT/${FIX_DIR:-.deps/fix} ;; esac
 M80=/dev/shm/redlite/80b-seed-mix.gguf
 DEPTHS=${DEPTHS:-0,4096,16384,32768,65536}
 # The recipes modelled on published files (docs/synth.md); together they hold all 23 types.
@@ -88,6 +93,12 @@ for s in "$@"; do
       fi
       ;;
     test) REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step test_cuda "$BUILD/test_cuda" ;;
+    unpack-a)
+      P=$ROOT/.deps/fixApack A=/tmp/rl-fix-a
+      mkdir -p $A && xz -dc $P/tiny-qwen3next-iq2xxs.gguf.xz > $A/tiny-qwen3next-iq2xxs.gguf &&
+        tar -xJf $P/refs-json.tar.xz -C $A && cp $P/*.last_logits.f32 $A/ && log "unpack-a: $(ls $A | wc -l) files in $A" ||
+        { log "unpack-a failed"; status=1; }
+      ;;
     parity)
       for m in "$FIX"/*.gguf; do
         STEP_TIMEOUT=400 step "parity-$(basename "$m" .gguf)" "$BUILD/redlite" parity -m "$m" --backend cuda --repeat 2 \
