@@ -62,17 +62,16 @@ struct NumericForms {
   // The decode product of the tier: kMatvec or kMatvecF32.
   Kernel matvec() const;
   // A prefill product without an X24 / X32 form: kMatmulBf16 in the fast tier (from compute
-  // capability 8.0), else kMatmulF64. Where X24 / X32 apply the fast tier takes them too: on the 80B seed-mix the exact
-  // tier's products prefilled 3,175 tok/s where bf16 products everywhere did 2,298, and at the 80B's
-  // widths they left the logits 4.9e-5 from the oracle where bf16 everywhere left 3.7e-2 (H200,
-  // 2026-12-01; CudaFastTier.EachPartOnThe80BShape).
+  // capability 8.0), else kMatmulF64. (bf16 products everywhere prefilled the 80B seed-mix at 2,298
+  // tok/s where the exact tier's X24 / X32 did 3,175; the fast tier keeps those kernels where they
+  // apply, on its X8 form: 3,950. H200, 2026-12-01, PERF.md.)
   Kernel prefill_matmul() const;
   bool use_x24(GgmlType t) const;
-  // The kernel of a product that uses_x24: the X24 form, or X8 in the fast tier — one byte plane
-  // instead of three, a third of the tensor-core work (bench_cuda_kernels: PERF.md).
+  // The kernel of a product that use_x24: the X24 form, or X8 in the fast tier — one byte plane
+  // instead of three (bench_cuda_kernels, PERF.md: the experts' gate/up 900 -> 735 us a chunk).
   Kernel x24_kernel() const { return fast ? Kernel::kMatmulX8 : Kernel::kMatmulX24; }
   XForm x24_form() const { return fast ? XForm::kX8 : XForm::kX24; }
-  // The kernel of a product that use_x32: X32, or X8 in the fast tier.
+  // The kernel of a product that use_x32: X32, or X8 in the fast tier (ssm_qkv 278 -> 187 us a chunk).
   Kernel x32_kernel() const { return fast ? Kernel::kMatmulX8Q4K : Kernel::kMatmulX32; }
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte
   // aligned rows, and a grid of a block per SM unless x32_always.
