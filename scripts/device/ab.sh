@@ -80,6 +80,13 @@ model() {
   mkdir -p "$(dirname $M80)"
   [ -e $M80 ] || STEP_TIMEOUT=400 step synth-80b "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
 }
+# The 80B seed-mix with the real vocabulary of the carried fixture model, in $MV (text prompts).
+MV=/dev/shm/redlite/80b-seed-mix-vocab.gguf
+vocab_model() {
+  mkdir -p "$(dirname $MV)"
+  [ -e $MV ] || STEP_TIMEOUT=400 step synth-80b-vocab "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 \
+    --vocab-from "$(ls "$FIX"/*.gguf | head -1)" --out $MV
+}
 for s in "$@"; do
   case "$s" in
     build)
@@ -215,18 +222,13 @@ for s in "$@"; do
       grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
       ;;
     parallel)
-      MV=/dev/shm/redlite/80b-seed-mix-vocab.gguf
-      [ -e $MV ] || STEP_TIMEOUT=400 step synth-80b-vocab "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 \
-        --vocab-from "$(ls "$FIX"/*.gguf | head -1)" --out $MV
+      vocab_model
       STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step parallel python3 "$ROOT/bench/server_parallel.py" --bin "$BUILD/redlite" \
         -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n 64
       grep -E '"streams"|aggregate' "$OUT/parallel.log" | tail -4 | tee -a "$OUT/summary.txt"
       ;;
     mask)
-      MV=/dev/shm/redlite/80b-seed-mix-vocab.gguf
-      VOCAB=$(ls "$FIX"/*.gguf | head -1)
-      [ -e $MV ] || STEP_TIMEOUT=400 step synth-80b-vocab "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 \
-        --vocab-from "$VOCAB" --out $MV
+      vocab_model
       for seed in 1 2; do
         for sc in none "$ROOT"/bench/schemas/*.json; do
           name=$(basename "$sc" .json)

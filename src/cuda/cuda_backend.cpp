@@ -40,7 +40,7 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
   profiler.on = opts.profile;
   // Independent decode launches of a layer run side by side, except under --profile, which times
   // the stages one after another.
-  if (!opts.profile) products.set_side(streams.side, streams.side_fork, streams.side_join);
+  if (!opts.profile) products.set_side(&streams);
   const ExpertCache& cache = residency.cache();
   stats.dense_bytes = weights.dense_bytes;
   stats.decode_bytes_per_token = weights.decode_bytes_per_token;
@@ -79,8 +79,8 @@ class CudaBackendImpl final : public CudaBackend {
   // The sessions decode one after another, each on its own graph. A batched pass (the products
   // and MoE once over the rows, each sequence's DeltaNet and attention on its own state: branch
   // cuda-batch-pass) measured slower through `serve --parallel 4` on the H200 (97 tok/s in all
-  // against 225 for one stream; docs/PERF.md): the prefill products it takes for a few rows are
-  // made for 512. It waits for decode products that take several token columns.
+  // against 225 for one stream; docs/PERF.md). Where its time went was not measured; the likely
+  // part is the prefill products it takes for a few rows, tiled for 512.
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
                                                std::span<const int32_t> tokens) override {
     check_decode_batch(sessions, tokens);

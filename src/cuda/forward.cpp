@@ -25,19 +25,20 @@ void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
   get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
 }
 
-// The recurrent part of Gated DeltaNet for rows [row, row + T) of the views, T tokens of one
-// session in order: the causal conv and gates, the L2 norm of q and k, the recurrence over the
-// session's state.
-void deltanet_core(Engine& e, SessionState& st, int L, const DeltaNetViews& views, int row, int T) {
+// Gated DeltaNet.                                                 h, out: [T][n_embd]
+void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
   const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, dk = c.ssm_head_dim, dv = c.ssm_head_dim;
   const int key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
-  const DeltaNetViews v{views.qkv + (size_t)row * conv_dim, views.conv + (size_t)row * conv_dim,
-                        views.z + (size_t)row * nv * dv,   views.o + (size_t)row * nv * dv,
-                        views.ba + (size_t)row * 2 * nv,   views.beta + (size_t)row * nv,
-                        views.g + (size_t)row * nv};
+  const DeltaNetViews v = e.ws.deltanet_views(c, T);
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
+                            {&w.z, plan.mixer_in[1], h, v.z},
+                            {&w.ba, plan.mixer_in[2], h, v.ba}},
+                           T);
+  e.profiler.mark(kDeltaNet, stream);
   // The fast tier's kernels are fp32 (deltanet_fast.cu), the exact tier's the oracle's arithmetic.
   const bool fast = e.forms.fast_deltanet;
   (fast ? deltanet_conv_gates_fast : deltanet_conv_gates)(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T,
@@ -56,38 +57,25 @@ void deltanet_core(Engine& e, SessionState& st, int L, const DeltaNetViews& view
   else
     deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
                         nk, nv, dk, dv, stream, norm);
-}
-
-// Gated DeltaNet.                                                 h, out: [T][n_embd]
-void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
-  const Config& c = e.config();
-  const SsmDev& w = e.weights.layers[L].ssm;
-  const cudaStream_t stream = e.streams.compute;
-  const DeltaNetViews v = e.ws.deltanet_views(c, T);
-  e.profiler.mark(kProjections, stream);
-  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
-                            {&w.z, plan.mixer_in[1], h, v.z},
-                            {&w.ba, plan.mixer_in[2], h, v.ba}},
-                           T);
-  e.profiler.mark(kDeltaNet, stream);
-  deltanet_core(e, st, L, v, 0, T);
-  gated_rms_norm(v.o, v.z, w.norm, v.o, T * c.ssm_n_v_heads, c.ssm_head_dim, c.rms_eps, stream);
+  gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
 }
 
-// Attention of rows [row, row + T) of the views, T tokens of one session at positions pos_d[0..T):
-// per-head norms, RoPE and the KV append, then the gated attention over the session's cache.
-void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& views, int row, int T,
-                    const int32_t* pos_d) {
+// Gated attention. Positions come from pos_d, so a captured graph replays at any position.
+//                                                                  h, out: [T][n_embd]
+void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T,
+                     const int32_t* pos_d, float* out) {
   const Config& c = e.config();
   const AttnDev& w = e.weights.layers[L].attn;
   const cudaStream_t stream = e.streams.compute;
   const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
   const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
-  const size_t q_row = (size_t)nh * hd, kv_row = (size_t)nkv * hd;
-  const AttentionViews v{views.qg + row * 2 * q_row, views.q + row * q_row, views.gate + row * q_row,
-                         views.att + row * q_row,    views.k + row * kv_row, views.v + row * kv_row};
+  const AttentionViews v = e.ws.attention_views();
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group(
+      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
+  e.profiler.mark(kAttention, stream);
   attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.kv(L), T, nh, nkv, hd, c.rms_eps, c.rope_dim,
                  theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
@@ -96,20 +84,6 @@ void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& vi
   else
     gated_attention(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream, pos_d,
                     &st.attn_splits);
-}
-
-// Gated attention. Positions come from pos_d, so a captured graph replays at any position.
-//                                                                  h, out: [T][n_embd]
-void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T,
-                     const int32_t* pos_d, float* out) {
-  const AttnDev& w = e.weights.layers[L].attn;
-  const cudaStream_t stream = e.streams.compute;
-  const AttentionViews v = e.ws.attention_views();
-  e.profiler.mark(kProjections, stream);
-  e.products.project_group(
-      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
-  e.profiler.mark(kAttention, stream);
-  attention_core(e, st, L, v, 0, T, pos_d);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.o, plan.mixer_out, v.att, T, out);
 }

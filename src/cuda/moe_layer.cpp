@@ -78,7 +78,7 @@ void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, fl
   const ExpertGroups groups{ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, nullptr, K, 0, 0, (size_t)K};
   const Assignment a{nullptr, ws.assign_identity.get<int32_t>(), ws.routed_weights.f() + (size_t)L * K};
   expert_products(e, L, plan, h2, 1, groups);
-  if (shared_on_side) RL_CUDA_CHECK(cudaStreamWaitEvent(e.streams.compute, e.streams.side_join));
+  if (shared_on_side) e.streams.join_side();
   combine(e, 1, a, x, next_norm, h_out);
 }
 
@@ -283,11 +283,10 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   // times the stages one after another.
   const bool shared_on_side = routing == Routing::kGpuRouted && !e.profiler.on;
   if (shared_on_side) {
-    RL_CUDA_CHECK(cudaEventRecord(e.streams.side_fork, stream));
-    RL_CUDA_CHECK(cudaStreamWaitEvent(e.streams.side, e.streams.side_fork));
+    e.streams.fork_side();
     e.side_products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f());
     e.side_products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
-    RL_CUDA_CHECK(cudaEventRecord(e.streams.side_join, e.streams.side));
+    e.streams.end_side();
   }
 
   // Router logits and the shared expert's gate scalar; the routing kernel; for the host (to
@@ -321,7 +320,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   // Prefill: h2 in the X24 form once, for the shared pair and (gathered) the routed gate and up.
   if (plan.moe_input_x24)
     quantize_x24(h2, T, c.n_embd, ws.moe_input_x24.q.get<uint8_t>(), ws.moe_input_x24.scale.get<double>(), stream,
-                 e.forms.x24_form());
+                 x24_form_of(e.forms.x24_kernel()));
   if (!shared_on_side) {
     e.products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
                                plan.moe_input_x24);

@@ -70,7 +70,6 @@ struct NumericForms {
   // The kernel of a product that use_x24: the X24 form, or X8 in the fast tier — one byte plane
   // instead of three (bench_cuda_kernels, PERF.md: the experts' gate/up 900 -> 735 us a chunk).
   Kernel x24_kernel() const { return fast ? Kernel::kMatmulX8 : Kernel::kMatmulX24; }
-  XForm x24_form() const { return fast ? XForm::kX8 : XForm::kX24; }
   // The kernel of a product that use_x32: X32, or X8 in the fast tier (ssm_qkv 278 -> 187 us a chunk).
   Kernel x32_kernel() const { return fast ? Kernel::kMatmulX8Q4K : Kernel::kMatmulX32; }
   // A dense prefill product of T tokens on X32: the type, whole blocks, a held width, 16-byte

@@ -56,19 +56,16 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
     j.y = p.y;
     launches.back().jobs.push_back(j);
   }
-  const bool branch = launches.size() > 1 && side_.stream;
-  if (branch) {  // the side branch starts where the inputs are ready
-    RL_CUDA_CHECK(cudaEventRecord(side_.fork, stream_));
-    RL_CUDA_CHECK(cudaStreamWaitEvent(side_.stream, side_.fork));
-  }
+  const bool branch = launches.size() > 1 && side_;
+  if (branch) side_->fork_side();  // where the inputs are ready
   for (size_t i = 0; i < launches.size(); i++) {
     const Launch& l = launches[i];
     matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs.data(), (int)l.jobs.size(),
-                branch && i > 0 ? side_.stream : stream_, sums_of(l.first->kernel));
+                branch && i > 0 ? side_->side : stream_, sums_of(l.first->kernel));
   }
   if (branch) {
-    RL_CUDA_CHECK(cudaEventRecord(side_.join, side_.stream));
-    RL_CUDA_CHECK(cudaStreamWaitEvent(stream_, side_.join));
+    side_->end_side();
+    side_->join_side();
   }
 }
 

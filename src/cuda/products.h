@@ -8,6 +8,7 @@
 
 #include "cuda/device_weights.h"
 #include "cuda/plan.h"
+#include "cuda/streams.h"
 #include "cuda/workspace.h"
 #include "model/model.h"
 
@@ -39,8 +40,9 @@ class Products {
   // branch (set_side) the launches after the first run on it, beside the first, joined before
   // the call returns.
   void project_group(std::initializer_list<Projection> list, int T);
-  // The stream and the events of the side branch (Streams::side; none: one launch after another).
-  void set_side(cudaStream_t side, cudaEvent_t fork, cudaEvent_t join) { side_ = {side, fork, join}; }
+  // The side branch (Streams::side, forked from and joined into Streams::compute, which must be
+  // this launcher's stream; none: one launch after another).
+  void set_side(Streams* streams) { side_ = streams; }
   // act = SiLU(gate · x) * (up · x) for T tokens as the plan's pair says (act [T][rows]; `up_out`
   // holds up · x where the two products are separate launches). x_in_x24: moe_input_x24 already
   // holds x.
@@ -65,10 +67,7 @@ class Products {
   const Config& c_;
   Workspace& ws_;
   cudaStream_t stream_;
-  struct Side {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-  } side_;
+  Streams* side_ = nullptr;
   uint64_t* x32_count_;  // EngineStats::x32_products
 };
 

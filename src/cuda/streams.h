@@ -34,6 +34,15 @@ struct Streams {
   Streams(const Streams&) = delete;
   Streams& operator=(const Streams&) = delete;
 
+  // The side branch: fork_side() starts it where `compute` is (what it enqueues on `side` next
+  // waits for that), end_side() marks its end, join_side() makes `compute` wait for that end.
+  void fork_side() {
+    RL_CUDA_CHECK(cudaEventRecord(side_fork, compute));
+    RL_CUDA_CHECK(cudaStreamWaitEvent(side, side_fork));
+  }
+  void end_side() { RL_CUDA_CHECK(cudaEventRecord(side_join, side)); }
+  void join_side() { RL_CUDA_CHECK(cudaStreamWaitEvent(compute, side_join)); }
+
   cudaStream_t compute = nullptr, copy = nullptr, side = nullptr;
   cudaEvent_t slots_free = nullptr, copies_done = nullptr, router_ready = nullptr;
   cudaEvent_t side_fork = nullptr, side_join = nullptr;
