@@ -106,14 +106,15 @@ Numerics resolve_numerics(const CommonOptions& opts) {
   return *n;
 }
 
-KvType resolve_kv_type(const CommonOptions& opts) {
-  const Numerics numerics = resolve_numerics(opts);
-  if (opts.kv_type.empty()) return default_kv_type(numerics);
-  const std::optional<KvType> kv = parse_kv_type(opts.kv_type);
-  if (!kv) fail("--kv-type {}: expected f32, f16, bf16 or q8_0", opts.kv_type);
+KvType kv_type_for(Numerics numerics, const std::string& kv_type) {
+  if (kv_type.empty()) return default_kv_type(numerics);
+  const std::optional<KvType> kv = parse_kv_type(kv_type);
+  if (!kv) fail("--kv-type {}: expected f32, f16, bf16 or q8_0", kv_type);
   check_kv_tier(numerics, *kv);
   return *kv;
 }
+
+KvType resolve_kv_type(const CommonOptions& opts) { return kv_type_for(resolve_numerics(opts), opts.kv_type); }
 
 std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<const Model> model,
                                       const CommonOptions& opts) {

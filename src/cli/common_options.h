@@ -45,6 +45,9 @@ Numerics resolve_numerics(const CommonOptions& opts);
 // The KV cache type of these options (--kv-type; the tier's default when not given); throws
 // rl::Error naming both flags when the tier does not take it (exact: f32 only).
 KvType resolve_kv_type(const CommonOptions& opts);
+// The --kv-type value `kv_type` (empty: the tier's default) for `numerics`; fails naming the flag
+// for an unknown type or one the tier refuses.
+KvType kv_type_for(Numerics numerics, const std::string& kv_type);
 // --kv-type's flag with its help text (also inspect's, which has no CommonOptions).
 CLI::Option* add_kv_type_option(CLI::App& app, std::string& kv_type);
 

@@ -51,7 +51,7 @@ struct KvCacheSize {
 // the tier refuses them, as loading the model would.
 KvCacheSize kv_cache_size(const InspectArgs& a) {
   const Numerics numerics = *parse_numerics(a.numerics);
-  const KvType type = a.kv_type.empty() ? default_kv_type(numerics) : *parse_kv_type(a.kv_type);
+  const KvType type = kv_type_for(numerics, a.kv_type);
   const std::shared_ptr<const Model> model = Model::open(a.model_path);
   const Config& c = model->config();
   check_kv_type(numerics, type, c.head_dim);
