@@ -110,8 +110,8 @@ F_TESTS[q8-unaligned]=$Q8_PRODUCT_TESTS
 F_OLD[q8-lane-sum]='for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);'
 F_NEW[q8-lane-sum]='for (int o = G / 4; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);'
 F_TESTS[q8-lane-sum]="$Q8_PRODUCT_TESTS CudaQ8.ExpertPairOfTwoTypes"
-F_OLD[q8-expert-input]='j.xq = xq + (size_t)e * x_rows_per_expert * cols;'
-F_NEW[q8-expert-input]='j.xq = xq;'
+F_OLD[q8-expert-input]='jobs[e].xq = xq + (size_t)e * x_rows_per_expert * cols;'
+F_NEW[q8-expert-input]='jobs[e].xq = xq;'
 F_TESTS[q8-expert-input]="CudaQ8.ExpertProductsWithinTheTierBound"
 
 # ---- arguments ----------------------------------------------------------------------------------------

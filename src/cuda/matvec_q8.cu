@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.h"
+#include "cuda/expert_jobs.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
 #include "cuda/quant_device.cuh"
@@ -455,17 +456,10 @@ void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaS
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
                        int cols, const int8_t* xq, const float2* xds, int x_rows_per_expert, float* y, int n,
                        cudaStream_t stream) {
-  std::vector<MatvecJob> jobs(n);
+  std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
   for (int e = 0; e < n; e++) {
-    MatvecJob& j = jobs[e];
-    j.slot_ptrs = slot_ptrs;
-    j.slot = e;
-    j.w_offset = w_offset;
-    j.row_bytes = row_bytes;
-    j.rows = rows;
-    j.xq = xq + (size_t)e * x_rows_per_expert * cols;
-    j.xds = xds + (size_t)e * x_rows_per_expert * (cols / 32);
-    j.y = y + (size_t)e * rows;
+    jobs[e].xq = xq + (size_t)e * x_rows_per_expert * cols;
+    jobs[e].xds = xds + (size_t)e * x_rows_per_expert * (cols / 32);
   }
   launch_q8_jobs(t, cols, jobs.data(), n, stream);
 }
@@ -479,19 +473,8 @@ void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* co
     swiglu(act, scratch, act, (size_t)n * rows, stream);
     return;
   }
-  std::vector<GateUpJob> jobs(n);
-  for (int e = 0; e < n; e++) {
-    GateUpJob& j = jobs[e];
-    j.slot_ptrs = slot_ptrs;
-    j.slot = e;
-    j.up_offset = up_offset;
-    j.row_bytes_gate = row_bytes_gate;
-    j.row_bytes_up = row_bytes_up;
-    j.rows = rows;
-    j.xq = xq;
-    j.xds = xds;
-    j.act = act + (size_t)e * rows;
-  }
+  std::vector<GateUpJob> jobs = expert_gate_up_jobs(slot_ptrs, up_offset, row_bytes_gate, row_bytes_up, rows, act, n);
+  for (GateUpJob& j : jobs) j.xq = xq, j.xds = xds;
   launch_q8_jobs(t_gate, cols, jobs.data(), n, stream);
 }
 

@@ -81,6 +81,12 @@ double reference_dot(GgmlType t, const uint8_t* row, const float* x, int cols) {
   return test::exact_dot(w.data(), x, cols).first;
 }
 
+// SiLU(gate · x) * (up · x) from the reference products.
+double swiglu_reference(GgmlType tg, const uint8_t* gate, GgmlType tu, const uint8_t* up, const float* x, int cols) {
+  const double g = reference_dot(tg, gate, x, cols), u = reference_dot(tu, up, x, cols);
+  return g / (1.0 + std::exp(-g)) * u;
+}
+
 class CudaQ8 : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -176,7 +182,10 @@ struct ExpertSlots {
   cuda::DeviceBuffer pool, ptrs;
   ExpertSlots(const std::vector<std::pair<GgmlType, std::pair<int, int>>>& lists, int n) {
     size_t slot = 0;
-    for (auto& [t, shape] : lists) offsets.push_back(slot), slot += (row_size(t, shape.second) * shape.first + 255) / 256 * 256;
+    for (auto& [t, shape] : lists) {  // 256-byte aligned matrices, as the cache's slots hold them
+      offsets.push_back(slot);
+      slot += (row_size(t, shape.second) * shape.first + 255) / 256 * 256;
+    }
     std::vector<uint8_t> host(slot * n);
     mats.resize(lists.size());
     for (size_t l = 0; l < lists.size(); l++)
@@ -212,11 +221,9 @@ TEST_F(CudaQ8, ExpertProductsWithinTheTierBound) {
     const auto act = to_host<float>(da, (size_t)n * ff);
     Nmse gu;
     for (int e = 0; e < n; e++)
-      for (int r = 0; r < ff; r++) {
-        const double g = reference_dot(t, slots.mats[0][e].data() + r * rb_gu, x.data(), n_embd);
-        const double u = reference_dot(t, slots.mats[1][e].data() + r * rb_gu, x.data(), n_embd);
-        gu.add(act[(size_t)e * ff + r], g / (1.0 + std::exp(-g)) * u);
-      }
+      for (int r = 0; r < ff; r++)
+        gu.add(act[(size_t)e * ff + r], swiglu_reference(t, slots.mats[0][e].data() + r * rb_gu, t,
+                                                         slots.mats[1][e].data() + r * rb_gu, x.data(), n_embd));
     EXPECT_LE(gu.value(), kMaxNmse) << "gate/up";
 
     auto xd = random_floats((size_t)n * ff, 22);
@@ -243,11 +250,9 @@ TEST_F(CudaQ8, ExpertProductsWithinTheTierBound) {
     cuda::matvec_q8_gate_up(t, n_embd, &j, 1, nullptr);
     const auto sh = to_host<float>(da, ff);
     Nmse shared;
-    for (int r = 0; r < ff; r++) {
-      const double g = reference_dot(t, slots.mats[0][0].data() + r * rb_gu, x.data(), n_embd);
-      const double u = reference_dot(t, slots.mats[1][0].data() + r * rb_gu, x.data(), n_embd);
-      shared.add(sh[r], g / (1.0 + std::exp(-g)) * u);
-    }
+    for (int r = 0; r < ff; r++)
+      shared.add(sh[r], swiglu_reference(t, slots.mats[0][0].data() + r * rb_gu, t, slots.mats[1][0].data() + r * rb_gu,
+                                         x.data(), n_embd));
     EXPECT_LE(shared.value(), kMaxNmse) << "shared pair";
   }
 }
@@ -267,11 +272,9 @@ TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
   const auto act = to_host<float>(da, (size_t)n * ff);
   Nmse m;
   for (int e = 0; e < n; e++)
-    for (int r = 0; r < ff; r++) {
-      const double g = reference_dot(tg, slots.mats[0][e].data() + r * rbg, x.data(), n_embd);
-      const double u = reference_dot(tu, slots.mats[1][e].data() + r * rbu, x.data(), n_embd);
-      m.add(act[(size_t)e * ff + r], g / (1.0 + std::exp(-g)) * u);
-    }
+    for (int r = 0; r < ff; r++)
+      m.add(act[(size_t)e * ff + r], swiglu_reference(tg, slots.mats[0][e].data() + r * rbg, tu,
+                                                      slots.mats[1][e].data() + r * rbu, x.data(), n_embd));
   EXPECT_LE(m.value(), kMaxNmse);
 }
 
