@@ -216,7 +216,50 @@ struct Q8Dot<GgmlType::Q6_K> {
 };
 
 // The IQ types in their integer form: unit u is activation block u, chunks 4u .. 4u + 3 of
-// Dequant<T>::load / decode; a chunk adds s · (Σ u_j q_j − b · Σ q_j) (exact in fp32: |Σ| < 2^17).
+// Dequant<T>::decode; a chunk adds s · (Σ u_j q_j − b · Σ q_j) (exact in fp32: |Σ| < 2^17). The
+// four chunks' Dequant<T>::Raw fields come from one load a field of the unit (IqUnit<T>::load), not
+// one a field of each chunk.
+template <GgmlType T>
+struct IqUnit;
+template <>
+struct IqUnit<GgmlType::IQ2_XXS> {  // 8 bytes a group: four grid indices, then signs and scale
+  using Raw = Dequant<GgmlType::IQ2_XXS>::Raw;
+  __device__ static void load(const uint8_t* row, int u, Raw (&raw)[4]) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 66;
+    uint32_t w[2];
+    load_words_a2<2>(b + 2 + 8 * (u & 7), w);
+    const uint16_t d = load_u16(b);
+#pragma unroll
+    for (int c = 0; c < 4; c++) raw[c] = {w[1], d, (uint8_t)(w[0] >> (8 * c))};
+  }
+};
+template <>
+struct IqUnit<GgmlType::IQ2_XS> {  // four 16-bit codes a group, a byte of two scales
+  using Raw = Dequant<GgmlType::IQ2_XS>::Raw;
+  __device__ static void load(const uint8_t* row, int u, Raw (&raw)[4]) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 74;
+    uint32_t w[2];
+    load_words_a2<2>(b + 2 + 8 * (u & 7), w);
+    const uint16_t d = load_u16(b);
+    const uint8_t sc = b[66 + (u & 7)];
+#pragma unroll
+    for (int c = 0; c < 4; c++) raw[c] = {d, (uint16_t)(w[c >> 1] >> (16 * (c & 1))), sc};
+  }
+};
+template <>
+struct IqUnit<GgmlType::IQ1_M> {  // four index bytes, two high-bit bytes, the block's scale words
+  using Raw = Dequant<GgmlType::IQ1_M>::Raw;
+  __device__ static void load(const uint8_t* row, int u, Raw (&raw)[4]) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 56;  // 56-byte blocks: 8-byte aligned
+    const int ib = u & 7;
+    const uint2 sc = load8_a4(b + 48);
+    const uint32_t qs = load_u32(b + 4 * ib);
+    const uint32_t qh = load_u16(b + 32 + 2 * ib);
+#pragma unroll
+    for (int c = 0; c < 4; c++) raw[c] = {sc, (uint8_t)(qh >> (8 * (c >> 1))), (uint8_t)(qs >> (8 * c))};
+  }
+};
+
 template <GgmlType T>
 struct Q8DotIq {
   static constexpr int kValues = 32;
@@ -236,8 +279,7 @@ struct Q8DotIq {
   __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t* grid, const uint64_t* masks) {
     using Q = Dequant<T>;
     typename Q::Raw raw[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) raw[c] = Q::load(row, 4 * u + c);
+    IqUnit<T>::load(row, u, raw);
     float acc = 0.0f;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
