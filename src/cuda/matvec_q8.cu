@@ -9,6 +9,8 @@
 // activation blocks), lanes of a group taking consecutive units, so a warp's weight loads are
 // contiguous; rows narrower than 32 units take groups of 8 or 16 lanes, so that the 512-column down
 // products keep every lane busy. Job lists, slot pointers and warp shapes follow matvec.cu.
+// None of this is measured yet: kQ8Rows and the lane and warp rules of launch_q8_jobs are first
+// choices, to be tuned on the H200 (bench_cuda_kernels, "fast" against "fast-q8" cases).
 //
 // The weights' integer forms: Q4_K / Q5_K d·sc·q − dmin·m (the min term from the block sums),
 // Q6_K d·sc·(q − 32) (signed bytes), Q8_0 d·q, and the IQ types w = s·(u − b) (quant_device.cuh,
@@ -315,8 +317,8 @@ constexpr bool kStageQ8Codebook = GridOf<T>::kEntries * sizeof(uint64_t) < 16 * 
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-// Where a lane works: row group `group` of its warp (G lanes, 32 / G groups a warp; G < 32 only
-// with W = 1) takes R rows; warp `ws` of the rows' W.
+// Where a lane works: row group lane / G of its warp (G lanes, 32 / G groups a warp; G < 32 only
+// with W = 1) takes R rows from `row`; the lane is `sub` of its group, in warp `ws` of the rows' W.
 template <int W, int R>
 struct LaneSlot {
   int warp, lane, row, ws, sub;
@@ -363,7 +365,10 @@ struct Q8JobList {
   Job job[kMaxMatvecJobs];
 };
 
-constexpr int kQ8Rows = 2;  // rows a lane group computes (matvec); SwiGLU pairs: one
+// Rows a lane group computes (matvec; SwiGLU pairs: one pair): their weight loads are in flight
+// together and share the unit's activations. matvec.cu's fast shapes (2 rows, the IQ types 4) were
+// measured there; here 2 is a first choice (not measured; 4 would halve the activation loads).
+constexpr int kQ8Rows = 2;
 
 template <GgmlType T, int W>
 __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<MatvecJob> jobs, int cols, int G) {

@@ -36,7 +36,8 @@ inline bool is_x32(Kernel k) { return k == Kernel::kMatmulX32 || k == Kernel::kM
 inline XForm x32_form_of(Kernel k) { return k == Kernel::kMatmulX8Q4K ? XForm::kX8 : XForm::kX32; }
 
 // Which numeric forms this device and these weights allow. Decode (one token) runs every product
-// as a matvec; prefill runs the fp64 tensor-core products except:
+// as a matvec (the fast tier: matvec-q8 for the types with Q8 products, matvec-f32 for the rest);
+// prefill runs the fp64 tensor-core products except:
 //   X24: IQ2_XXS / IQ2_XS / IQ1_M weights (routed experts, a shared expert's SwiGLU pair) on the
 //        8-bit tensor cores with 24-bit activations per 256-column block (kernels.h, matmul_x24);
 //   X32: dense Q4_K products whose grid has a block for every SM (or all of them, x32_always) on
