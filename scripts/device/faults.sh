@@ -16,6 +16,7 @@
 #     kv-bf16-load a bf16 KV quad's second value is read as its first (kv_cache_device.cuh KvQuad)
 #     kv-q8-head   a q8_0 KV row ignores its head's column offset (kv_cache_device.cuh KvPlane::row)
 #     q8-round     quantize_q8 (matvec_q8.cu) rounds halves away from zero instead of to even
+#     q8-nan       quantize_q8 gives a block holding a NaN or an infinity a finite scale
 #     q8-kmin      the Q4_K/Q5_K Q8 products drop the min term (dmin·m·block sums)
 #     q8-q6-scale  the Q6_K Q8 product takes the first 16 values' scale for the second 16 as well
 #     q8-iq-bias   the IQ types' Q8 products drop the bias term s·b·Σq
@@ -42,7 +43,7 @@ FIX=$ROOT/${FIX_DIR:-.deps/fix}
 
 # ---- the faults -------------------------------------------------------------------------------------
 ALL_FAULTS=(router-fp32 dense-fp32 wrong-slot no-backups kv-q8-scale kv-bf16-load kv-q8-head
-            q8-round q8-kmin q8-q6-scale q8-iq-bias q8-unaligned q8-lane-sum q8-expert-input)
+            q8-round q8-nan q8-kmin q8-q6-scale q8-iq-bias q8-unaligned q8-lane-sum q8-expert-input)
 declare -A F_FILE F_OLD F_NEW F_COUNT F_TESTS
 F_FILE[router-fp32]=src/cuda/matvec.cu
 F_OLD[router-fp32]='for (int j = 0; j < 8; j++) acc[r] = fma((double)v[j], xd[j], acc[r]);'
@@ -92,9 +93,14 @@ for f in q8-round q8-kmin q8-q6-scale q8-iq-bias q8-unaligned q8-lane-sum q8-exp
   F_FILE[$f]=src/cuda/matvec_q8.cu
   F_COUNT[$f]=1
 done
-F_OLD[q8-round]='const int qi = d > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;'
-F_NEW[q8-round]='const int qi = d > 0.0f ? (int)roundf(__fdiv_rn(v, d)) : 0;'
+F_OLD[q8-round]='const int qi = finite && d > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;'
+F_NEW[q8-round]='const int qi = finite && d > 0.0f ? (int)roundf(__fdiv_rn(v, d)) : 0;'
 F_TESTS[q8-round]="CudaQ8.QuantizationMatchesItsDefinition"
+F_FILE[q8-nan]=src/cuda/matvec_q8.cu
+F_COUNT[q8-nan]=1
+F_OLD[q8-nan]='const float d = finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);'
+F_NEW[q8-nan]='const float d = __fdiv_rn(amax, 127.0f);'
+F_TESTS[q8-nan]="CudaQ8.QuantizationMatchesItsDefinition CudaQ8.NanActivationsPropagate"
 F_OLD[q8-kmin]='return fmaf(d, scaled, -dmin * mins);'
 F_NEW[q8-kmin]='return d * scaled;'
 F_TESTS[q8-kmin]=$Q8_PRODUCT_TESTS

@@ -81,7 +81,8 @@ void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const
 // The Q8 form of activations x [rows][cols] (cols a multiple of 32), per 32-value block b:
 // d_b = max|x| / 127 (fp32, IEEE division), q_i = x_i / d_b rounded to nearest even (0 where d_b is
 // 0), in q [rows][cols] (int8), and ds[b] = (d_b, d_b · Σ q_i) in ds [rows][cols / 32] (the block
-// sum as the quantised values hold it, as llama.cpp's q8_1). q and ds 16- and 8-byte aligned.
+// sum as the quantised values hold it, as llama.cpp's q8_1); a block holding a NaN or an infinity
+// has d_b = NaN and q 0, so its products are NaN. q and ds 16- and 8-byte aligned.
 void quantize_q8(const float* x, int rows, int cols, int8_t* q, float2* ds, cudaStream_t stream);
 // True for the weight types with Q8 products: Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ1_M.
 bool q8_supported(GgmlType t);

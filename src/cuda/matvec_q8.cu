@@ -33,7 +33,8 @@ constexpr int kWarps = 8;  // 256 threads per block, as matvec.cu
 
 // ---- the Q8 form --------------------------------------------------------------------------------
 
-// One warp per 32-value block: lane i quantises value i.
+// One warp per 32-value block: lane i quantises value i. A block holding a NaN or an infinity gets
+// the scale NaN (its q 0), so its products are NaN as the fp32 products would be non-finite.
 __global__ void quantize_q8_kernel(const float* __restrict__ x, size_t n_blocks, int8_t* __restrict__ q,
                                    float2* __restrict__ ds) {
   const size_t b = (size_t)blockIdx.x * kWarps + threadIdx.x / 32;
@@ -45,8 +46,9 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, size_t n_blocks,
   float amax = fabsf(v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = __fdiv_rn(amax, 127.0f);
-  const int qi = d > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
+  const bool finite = __all_sync(0xffffffffu, isfinite(v));
+  const float d = finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
+  const int qi = finite && d > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
   int sum = qi;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);

@@ -4,6 +4,7 @@
 // covers the activations' quantisation too).
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,8 @@ const GgmlType kQ8Types[] = {GgmlType::Q4_K,    GgmlType::Q5_K,   GgmlType::Q6_K
                              GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
 
 // The Q8 form by its definition (kernels.h, quantize_q8): per 32 values d = max|x| / 127, q =
-// x / d rounded to nearest even (0 when d is 0), s = d · Σq, each in fp32.
+// x / d rounded to nearest even (0 when d is 0), s = d · Σq, each in fp32; a block holding a NaN
+// or an infinity: d = s = NaN, q = 0.
 struct Q8Host {
   std::vector<int8_t> q;
   std::vector<float> d, s;
@@ -33,11 +35,15 @@ Q8Host quantize_q8_reference(const std::vector<float>& x) {
   r.q.resize(x.size());
   for (size_t b = 0; b < x.size() / 32; b++) {
     float amax = 0.0f;
-    for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(x[32 * b + i]));
-    const float d = amax / 127.0f;
+    bool finite = true;
+    for (int i = 0; i < 32; i++) {
+      amax = std::max(amax, std::fabs(x[32 * b + i]));
+      finite = finite && std::isfinite(x[32 * b + i]);
+    }
+    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
     int sum = 0;
     for (int i = 0; i < 32; i++) {
-      const int q = d > 0.0f ? (int)std::nearbyint(x[32 * b + i] / d) : 0;
+      const int q = finite && d > 0.0f ? (int)std::nearbyint(x[32 * b + i] / d) : 0;
       r.q[32 * b + i] = (int8_t)q;
       sum += q;
     }
@@ -47,7 +53,9 @@ Q8Host quantize_q8_reference(const std::vector<float>& x) {
   return r;
 }
 
+// The bits of a value, every NaN as one (the kernel's NaN need not be the CPU's).
 uint32_t bits(float f) {
+  if (std::isnan(f)) return 0x7fc00000u;
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
@@ -97,13 +105,15 @@ class CudaQ8 : public ::testing::Test {
 
 TEST_F(CudaQ8, QuantizationMatchesItsDefinition) {
   // Random rows at three shapes, then hand-made blocks: all zeros; a largest value of 127 (d = 1)
-  // with ties k + 0.5, which round to even; one value; negative largest.
-  std::vector<float> special(4 * 32, 0.0f);
+  // with ties k + 0.5, which round to even; one value; negative largest; a NaN; an infinity.
+  std::vector<float> special(6 * 32, 0.0f);
   special[32] = 127.0f;
   const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -3.5f};
   for (int i = 0; i < 8; i++) special[33 + i] = ties[i];
   special[64 + 7] = 1e-3f;
-  for (int i = 0; i < 32; i++) special[96 + i] = -0.25f * (float)i;
+  for (int i = 0; i < 32; i++) special[96 + i] = -0.25f * (float)i, special[128 + i] = special[160 + i] = 1.0f;
+  special[128 + 5] = std::numeric_limits<float>::quiet_NaN();
+  special[160 + 31] = -std::numeric_limits<float>::infinity();
   struct Case {
     int rows, cols;
     std::vector<float> x;
@@ -111,7 +121,7 @@ TEST_F(CudaQ8, QuantizationMatchesItsDefinition) {
   std::vector<Case> cases = {{1, 2048, random_floats(2048, 1)},
                              {10, 512, random_floats(10 * 512, 2, 0.1f)},
                              {3, 4096, random_floats(3 * 4096, 3, 4.0f)},
-                             {1, 128, special}};
+                             {1, 192, special}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols));
     auto dx = to_device(c.x);
@@ -132,6 +142,33 @@ TEST_F(CudaQ8, QuantizationMatchesItsDefinition) {
   EXPECT_EQ(ref.q[35], 2);
   EXPECT_EQ(ref.q[39], 126);
   EXPECT_EQ(ref.q[40], -4);
+  EXPECT_TRUE(std::isnan(ref.d[4]) && std::isnan(ref.d[5]) && std::isfinite(ref.d[3]));
+}
+
+// A NaN activation makes every product of its input NaN, and only those (the Q8 form's NaN scale).
+TEST_F(CudaQ8, NanActivationsPropagate) {
+  const int rows = 20, cols = 512;
+  for (GgmlType t : kQ8Types) {
+    SCOPED_TRACE(type_name(t));
+    auto w = random_rows(t, rows, cols, 31);
+    auto x = random_floats(2 * cols, 32);
+    x[cols + 300] = std::numeric_limits<float>::quiet_NaN();  // in the second input only
+    auto dw = to_device(w), dx = to_device(x);
+    Q8Device q8(dx, 2, cols);
+    cuda::DeviceBuffer dy(2 * rows * sizeof(float));
+    cuda::MatvecJob jobs[2];
+    for (int i = 0; i < 2; i++) {
+      jobs[i].w = dw.get<uint8_t>(), jobs[i].row_bytes = row_size(t, cols), jobs[i].rows = rows;
+      jobs[i].xq = q8.values((size_t)i * cols), jobs[i].xds = q8.scales((size_t)i * cols / 32);
+      jobs[i].y = dy.f() + i * rows;
+    }
+    cuda::matvec_q8_jobs(t, cols, jobs, 2, nullptr);
+    const auto y = to_host<float>(dy, 2 * rows);
+    for (int r = 0; r < rows; r++) {
+      EXPECT_TRUE(std::isfinite(y[r])) << "row " << r;
+      EXPECT_TRUE(std::isnan(y[rows + r])) << "row " << r;
+    }
+  }
 }
 
 // Dense products as project_group launches them: one job list of two matrices on one input
