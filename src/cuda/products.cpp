@@ -21,13 +21,16 @@ void Products::convert_moe_input_q8(const float* h2) {
 }
 
 namespace {
-// A decode job on the Q8 form held in `rows`.
-void read_q8(MatvecJob& j, const Q8Rows& rows) { j.xq = rows.values(), j.xds = rows.scales(); }
-void read_q8(GateUpJob& j, const Q8Rows& rows) { j.xq = rows.values(), j.xds = rows.scales(); }
+// A decode job (MatvecJob, GateUpJob) on the Q8 form held in `rows`.
+template <class Job>
+void read_q8(Job& j, const Q8Rows& rows) {
+  j.xq = rows.values(), j.xds = rows.scales();
+}
 }  // namespace
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
   if (k == Kernel::kMatvecQ8) {
+    if (T != 1) fail("Products::project: matvec-q8 takes one row, not {}", T);
     convert_q8(x, w.cols);
     MatvecJob j;
     j.w = w.data;
