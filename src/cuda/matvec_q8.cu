@@ -368,13 +368,15 @@ struct Q8JobList {
 };
 
 // Rows a lane group computes (matvec; SwiGLU pairs: one pair): their weight loads are in flight
-// together and share the unit's activations. matvec.cu's fast shapes (2 rows, the IQ types 4) were
-// measured there; here 2 is a first choice (not measured; 4 would halve the activation loads).
-constexpr int kQ8Rows = 2;
+// together and share the unit's activations. matvec.cu's shapes, measured there for its fast
+// kernels (kMatvecRows: the IQ types' down products faster with 4 rows than 2), taken as the
+// first choice here (not measured for these kernels).
+template <GgmlType T>
+constexpr int kQ8Rows = kIntegerForm<T> ? 4 : 2;
 
 template <GgmlType T, int W>
 __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<MatvecJob> jobs, int cols, int G) {
-  constexpr int R = kQ8Rows;
+  constexpr int R = kQ8Rows<T>;
   const MatvecJob& jb = jobs.job[blockIdx.y];
   LaneSlot<W, R> s(G);
   const SharedTables<T, kStageQ8Codebook<T>> tab;
@@ -421,7 +423,9 @@ template <GgmlType T, int W>
 auto q8_kernel_of(const MatvecJob*) { return matvec_q8_kernel<T, W>; }
 template <GgmlType T, int W>
 auto q8_kernel_of(const GateUpJob*) { return gate_up_q8_kernel<T, W>; }
-constexpr int q8_rows_of(const MatvecJob*) { return kQ8Rows; }
+template <GgmlType T>
+constexpr int q8_rows_of(const MatvecJob*) { return kQ8Rows<T>; }
+template <GgmlType T>
 constexpr int q8_rows_of(const GateUpJob*) { return 1; }
 
 bool aligned16(const MatvecJob& j) {
@@ -452,7 +456,7 @@ void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t s
     if (max_rows == 0) continue;
     const bool ok = dispatch_q8(t, [&]<GgmlType T>() {
       constexpr const Job* kind = nullptr;
-      constexpr int R = q8_rows_of(kind);
+      constexpr int R = q8_rows_of<T>(kind);
       const int n_units = cols / Q8Dot<T>::kValues;
       // Lanes a row: as many as it has units (8 to 32); then warps a row, as matvec.cu's
       // warps_per_row, while each lane keeps two units or more.
