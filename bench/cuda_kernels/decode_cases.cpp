@@ -19,12 +19,32 @@ constexpr size_t kF = sizeof(float);
 // The numeric tier a product's sums are formed in, as the case names say it.
 const char* tier_name(cuda::Sums sums) { return sums == cuda::Sums::kFast ? "fast" : "exact"; }
 
+// A decode product's numeric form: the exact tier's matvec, the fast tier's matvec-f32 or its
+// matvec-q8 (fp32 sums, dp4a on the Q8 form), named "exact", "fast", "fast-q8", so that a filter
+// on "fast" times both fast forms side by side.
+enum class Form { kExact, kFast, kQ8 };
+const char* form_name(Form f) { return f == Form::kExact ? "exact" : f == Form::kFast ? "fast" : "fast-q8"; }
+cuda::Sums sums_of(Form f) { return f == Form::kExact ? cuda::Sums::kExact : cuda::Sums::kFast; }
+
+// The Q8 form of `rows` inputs of `cols` values. A fast-q8 case converts its input in every run,
+// as the forward pass converts a product's input (decode/quantize_q8 times the conversion alone).
+struct Q8Input {
+  std::shared_ptr<cuda::DeviceBuffer> q, ds;
+  Q8Input(size_t rows, size_t cols)
+      : q(device_buffer(rows * cols)), ds(device_buffer(rows * (cols / 32) * sizeof(float2))) {}
+  void convert(const float* x, int rows, int cols, cudaStream_t s) const {
+    cuda::quantize_q8(x, rows, cols, values(), scales(), s);
+  }
+  int8_t* values() const { return q->get<int8_t>(); }
+  float2* scales() const { return ds->get<float2>(); }
+};
+
 // The decode products of one launch (matvec_jobs): matrices of type t and width cols with the
 // given row counts, as project_group makes them (one job each, a shared input).
-CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<int> rows, cuda::Sums sums) {
+CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<int> rows, Form form) {
   std::string shape;
   for (int r : rows) shape += fmt::format("{}{}", shape.empty() ? "" : "+", r);
-  return {fmt::format("decode/matvec/{} {} {}->{} {}", what, type_name(t), cols, shape, tier_name(sums)), [=] {
+  return {fmt::format("decode/matvec/{} {} {}->{} {}", what, type_name(t), cols, shape, form_name(form)), [=] {
             Case c;
             Image img;
             std::vector<size_t> off;
@@ -33,9 +53,11 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
             auto w = make_copies(img.bytes.data(), img.bytes.size(), copies_for(img.bytes.size()));
             auto x = device_vector(random_values(cols, 1));
             auto y = device_buffer((size_t)n_rows * kF);
+            const Q8Input xq(1, cols);
             c.copies = w->n();
             c.bytes = (double)row_size(t, cols) * n_rows + cols * kF + n_rows * kF;
             c.run = [=](int copy, cudaStream_t s) {
+              if (form == Form::kQ8) xq.convert(x->f(), 1, cols, s);
               std::vector<cuda::MatvecJob> jobs(rows.size());
               float* out = y->f();
               for (size_t i = 0; i < rows.size(); i++) {
@@ -43,20 +65,24 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
                 jobs[i].row_bytes = row_size(t, cols);
                 jobs[i].rows = rows[i];
                 jobs[i].x = x->f();
+                jobs[i].xq = xq.values(), jobs[i].xds = xq.scales();
                 jobs[i].y = out;
                 out += rows[i];
               }
-              cuda::matvec_jobs(t, cols, jobs.data(), (int)jobs.size(), s, sums);
+              if (form == Form::kQ8)
+                cuda::matvec_q8_jobs(t, cols, jobs.data(), (int)jobs.size(), s);
+              else
+                cuda::matvec_jobs(t, cols, jobs.data(), (int)jobs.size(), s, sums_of(form));
             };
-            c.keep = {w, x, y};
+            c.keep = {w, x, y, xq.q, xq.ds};
             return c;
           }};
 }
 
 // The shared expert's gate/up pair in one launch (matvec_gate_up).
-CaseDef gate_up_case(GgmlType t, cuda::Sums sums) {
+CaseDef gate_up_case(GgmlType t, Form form) {
   return {fmt::format("decode/matvec/shexp_gate_up {} {}->{}x2 {}", type_name(t), S::n_embd, S::n_ff_shexp,
-                      tier_name(sums)),
+                      form_name(form)),
           [=] {
             Case c;
             Image img;
@@ -65,6 +91,7 @@ CaseDef gate_up_case(GgmlType t, cuda::Sums sums) {
             auto w = make_copies(img.bytes.data(), img.bytes.size(), copies_for(img.bytes.size()));
             auto x = device_vector(random_values(S::n_embd, 2));
             auto act = device_buffer(S::n_ff_shexp * kF);
+            const Q8Input xq(1, S::n_embd);
             c.copies = w->n();
             c.bytes = 2.0 * row_size(t, S::n_embd) * S::n_ff_shexp + (S::n_embd + S::n_ff_shexp) * kF;
             c.run = [=](int copy, cudaStream_t s) {
@@ -75,9 +102,15 @@ CaseDef gate_up_case(GgmlType t, cuda::Sums sums) {
               j.rows = S::n_ff_shexp;
               j.x = x->f();
               j.act = act->f();
-              cuda::matvec_gate_up(t, S::n_embd, &j, 1, s, sums);
+              if (form == Form::kQ8) {
+                xq.convert(x->f(), 1, S::n_embd, s);
+                j.xq = xq.values(), j.xds = xq.scales();
+                cuda::matvec_q8_gate_up(t, S::n_embd, &j, 1, s);
+              } else {
+                cuda::matvec_gate_up(t, S::n_embd, &j, 1, s, sums_of(form));
+              }
             };
-            c.keep = {w, x, act};
+            c.keep = {w, x, act, xq.q, xq.ds};
             return c;
           }};
 }
@@ -97,13 +130,13 @@ ExpertSlot expert_slot(GgmlType gate_up, GgmlType down) {
 
 // The ten selected experts' products of a decode token through their slot pointers: gate/up with
 // SwiGLU in one launch, or down. Each copy is another ten slots.
-CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, cuda::Sums sums) {
+CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, Form form) {
   const GgmlType t = down_product ? down : gate_up;
   const std::string name =
       down_product ? fmt::format("decode/experts/down {} {}->{} x{} {}", type_name(t), S::n_ff_exp, S::n_embd,
-                                 S::n_expert_used, tier_name(sums))
+                                 S::n_expert_used, form_name(form))
                    : fmt::format("decode/experts/gate_up {} {}->{}x2 x{} {}", type_name(t), S::n_embd, S::n_ff_exp,
-                                 S::n_expert_used, tier_name(sums));
+                                 S::n_expert_used, form_name(form));
   return {name, [=] {
             Case c;
             const ExpertSlot slot = expert_slot(gate_up, down);
@@ -118,23 +151,37 @@ CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, cuda::S
             auto act = device_buffer((size_t)K * S::n_ff_exp * kF);
             auto scratch = device_buffer((size_t)K * S::n_ff_exp * kF);
             auto y = device_buffer((size_t)K * S::n_embd * kF);
+            const Q8Input xq((size_t)K, S::n_ff_exp);  // down: K rows of n_ff_exp; gate/up: one of n_embd
             c.copies = copies;
             const size_t rb_gu = row_size(gate_up, S::n_embd), rb_d = row_size(down, S::n_ff_exp);
             if (down_product) {
               c.bytes = (double)K * (rb_d * S::n_embd + (S::n_ff_exp + S::n_embd) * kF);
               c.run = [=](int copy, cudaStream_t s) {
-                cuda::matvec_experts(down, ptr_d->get<const uint8_t*>() + (size_t)copy * K, down_off, rb_d, S::n_embd,
-                                     S::n_ff_exp, x->f(), S::n_ff_exp, y->f(), K, s, sums);
+                const uint8_t* const* slots = ptr_d->get<const uint8_t*>() + (size_t)copy * K;
+                if (form == Form::kQ8) {
+                  xq.convert(x->f(), K, S::n_ff_exp, s);
+                  cuda::matvec_q8_experts(down, slots, down_off, rb_d, S::n_embd, S::n_ff_exp, xq.values(),
+                                          xq.scales(), 1, y->f(), K, s);
+                } else {
+                  cuda::matvec_experts(down, slots, down_off, rb_d, S::n_embd, S::n_ff_exp, x->f(), S::n_ff_exp,
+                                       y->f(), K, s, sums_of(form));
+                }
               };
             } else {
               c.bytes = (double)K * (2.0 * rb_gu * S::n_ff_exp + S::n_ff_exp * kF) + S::n_embd * kF;
               c.run = [=](int copy, cudaStream_t s) {
-                cuda::matvec_experts_gate_up(gate_up, gate_up, ptr_d->get<const uint8_t*>() + (size_t)copy * K, up_off,
-                                             rb_gu, rb_gu, S::n_ff_exp, S::n_embd, x->f(), act->f(), scratch->f(), K, s,
-                                             sums);
+                const uint8_t* const* slots = ptr_d->get<const uint8_t*>() + (size_t)copy * K;
+                if (form == Form::kQ8) {
+                  xq.convert(x->f(), 1, S::n_embd, s);
+                  cuda::matvec_q8_experts_gate_up(gate_up, gate_up, slots, up_off, rb_gu, rb_gu, S::n_ff_exp,
+                                                  S::n_embd, xq.values(), xq.scales(), act->f(), scratch->f(), K, s);
+                } else {
+                  cuda::matvec_experts_gate_up(gate_up, gate_up, slots, up_off, rb_gu, rb_gu, S::n_ff_exp, S::n_embd,
+                                               x->f(), act->f(), scratch->f(), K, s, sums_of(form));
+                }
               };
             }
-            c.keep = {pool, ptr_d, x, act, scratch, y};
+            c.keep = {pool, ptr_d, x, act, scratch, y, xq.q, xq.ds};
             return c;
           }};
 }
@@ -324,6 +371,20 @@ CaseDef embed_case() {
           }};
 }
 
+// The Q8 conversion alone (quantize_q8): one input of n_embd (h, h2), or the ten experts' SwiGLU
+// outputs.
+CaseDef quantize_q8_case(int cols, int rows) {
+  return {fmt::format("decode/quantize_q8 {}x{}", rows, cols), [=] {
+            Case c;
+            auto x = device_vector(random_values((size_t)rows * cols, 7));
+            const Q8Input xq((size_t)rows, (size_t)cols);
+            c.bytes = (double)rows * cols * (kF + 1) + rows * (cols / 32) * sizeof(float2);
+            c.run = [=](int, cudaStream_t s) { xq.convert(x->f(), rows, cols, s); };
+            c.keep = {x, xq.q, xq.ds};
+            return c;
+          }};
+}
+
 }  // namespace
 
 std::vector<CaseDef> decode_cases() {
@@ -332,28 +393,31 @@ std::vector<CaseDef> decode_cases() {
   std::vector<CaseDef> v;
   v.push_back(embed_case());
   for (CaseDef& d : norm_cases()) v.push_back(std::move(d));
-  for (cuda::Sums sums : {cuda::Sums::kExact, cuda::Sums::kFast}) {
+  for (Form form : {Form::kExact, Form::kFast, Form::kQ8}) {
+    const bool q8 = form == Form::kQ8;  // the F32 router and the top-k have no Q8 form
     // DeltaNet layers (36 of 48): in projections (qkv and z in one launch, ba), out.
-    v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}, sums));
-    v.push_back(matvec_case("ssm_ba", G::Q8_0, n, {2 * S::ssm_v_heads}, sums));
-    v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}, sums));
+    v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}, form));
+    v.push_back(matvec_case("ssm_ba", G::Q8_0, n, {2 * S::ssm_v_heads}, form));
+    v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}, form));
     // Attention layers (12 of 48): q and k in one launch, v, output.
-    v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}, sums));
-    v.push_back(matvec_case("attn_v", G::Q6_K, n, {S::n_kv * S::head_dim}, sums));
-    v.push_back(matvec_case("attn_output", G::Q4_K, S::n_head * S::head_dim, {n}, sums));
+    v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}, form));
+    v.push_back(matvec_case("attn_v", G::Q6_K, n, {S::n_kv * S::head_dim}, form));
+    v.push_back(matvec_case("attn_output", G::Q4_K, S::n_head * S::head_dim, {n}, form));
     // Every layer's MoE: router with the shared expert's gate scalar, top-k, experts, shared expert.
-    v.push_back(matvec_case("router+shexp_gate_inp", G::F32, n, {S::n_expert, 1}, sums));
-    v.push_back(route_case(sums));
-    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false, sums));
-    v.push_back(experts_case(G::IQ1_M, G::IQ2_XS, false, sums));
-    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true, sums));
+    if (!q8) v.push_back(matvec_case("router+shexp_gate_inp", G::F32, n, {S::n_expert, 1}, form));
+    if (!q8) v.push_back(route_case(sums_of(form)));
+    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false, form));
+    v.push_back(experts_case(G::IQ1_M, G::IQ2_XS, false, form));
+    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true, form));
     // IQ2_XXS experts (real IQ2_XXS files, fixture model A) for comparison.
-    v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, false, sums));
-    v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, true, sums));
-    v.push_back(gate_up_case(G::IQ2_XXS, sums));
-    v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, sums));
-    v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, sums));
+    v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, false, form));
+    v.push_back(experts_case(G::IQ2_XXS, G::IQ2_XXS, true, form));
+    v.push_back(gate_up_case(G::IQ2_XXS, form));
+    v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, form));
+    v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, form));
   }
+  v.push_back(quantize_q8_case(n, 1));
+  v.push_back(quantize_q8_case(S::n_ff_exp, S::n_expert_used));
   for (CaseDef& d : deltanet_cases()) v.push_back(std::move(d));
   v.push_back(attention_prep_case());
   for (int depth : {0, 4096, 32768}) v.push_back(attention_decode_case(depth));

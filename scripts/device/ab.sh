@@ -18,6 +18,8 @@
 #                  and .ref.json beside it): the bar of llama.cpp's native path
 #     parity-80b-fast  the fast tier against the oracle on the 80B model (report)
 #     tiers        AB_ROUNDS rounds of `bench --reps 1` on the tree, --numerics exact then fast
+#     fast-decode  AB_ROUNDS rounds of `bench --reps 1` on the tree, --numerics fast with
+#                  --fast-decode f32 then q8 (the decode products' two forms), alternating
 #     profile      `bench --profile` on the tree per tier in $PROFILE_TIERS (default: exact fast)
 #     parity-80b   the tree's parity on the 80B model at budgets 1, 0.5, 0.1, with and without
 #                  --x32-always (the parity prompts are too short for the default to use X32)
@@ -131,6 +133,15 @@ for s in "$@"; do
         for n in exact fast; do
           step "tier-$n-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --numerics $n --reps 1 --json
           log "tier $n $r: prefill $(grep '"prefill_tok_s"' "$OUT/tier-$n-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/tier-$n-$r.log" | tr -dc '0-9.')"
+        done
+      done
+      ;;
+    fast-decode)
+      model
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for f in f32 q8; do
+          step "fast-decode-$f-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --numerics fast --fast-decode $f --reps 1 --json
+          log "fast-decode $f $r: prefill $(grep '"prefill_tok_s"' "$OUT/fast-decode-$f-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/fast-decode-$f-$r.log" | tr -dc '0-9.')"
         done
       done
       ;;

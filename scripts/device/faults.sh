@@ -15,6 +15,14 @@
 #     kv-q8-scale  a q8_0 KV block's scale is max|x| / 126 (kv_cache_device.cuh store_row_warp)
 #     kv-bf16-load a bf16 KV quad's second value is read as its first (kv_cache_device.cuh KvQuad)
 #     kv-q8-head   a q8_0 KV row ignores its head's column offset (kv_cache_device.cuh KvPlane::row)
+#     q8-round     quantize_q8 (matvec_q8.cu) rounds halves away from zero instead of to even
+#     q8-nan       quantize_q8 gives a block holding a NaN or an infinity a finite scale
+#     q8-kmin      the Q4_K/Q5_K Q8 products drop the min term (dmin·m·block sums)
+#     q8-q6-scale  the Q6_K Q8 product takes the first 16 values' scale for the second 16 as well
+#     q8-iq-bias   the IQ types' Q8 products drop the bias term s·b·Σq
+#     q8-unaligned the 2-byte aligned weight words (Q6_K, Q8_0) are read as if 4-byte aligned
+#     q8-lane-sum  a row's lane sums skip the first shuffle step (half the lanes summed)
+#     q8-expert-input the routed down products read expert 0's Q8 values for every expert
 #     --dry-run    apply each patch to a scratch copy of its file and print the diff, then stop (no
 #                  build, no GPU: runs on any machine)
 #     --list       each fault, its file and the tests that must catch it
@@ -34,7 +42,8 @@ SRC=$W/src BUILD=$W/build
 FIX=$ROOT/${FIX_DIR:-.deps/fix}
 
 # ---- the faults -------------------------------------------------------------------------------------
-ALL_FAULTS=(router-fp32 dense-fp32 wrong-slot no-backups kv-q8-scale kv-bf16-load kv-q8-head)
+ALL_FAULTS=(router-fp32 dense-fp32 wrong-slot no-backups kv-q8-scale kv-bf16-load kv-q8-head
+            q8-round q8-nan q8-kmin q8-q6-scale q8-iq-bias q8-unaligned q8-lane-sum q8-expert-input)
 declare -A F_FILE F_OLD F_NEW F_COUNT F_TESTS
 F_FILE[router-fp32]=src/cuda/matvec.cu
 F_OLD[router-fp32]='for (int j = 0; j < 8; j++) acc[r] = fma((double)v[j], xd[j], acc[r]);'
@@ -77,6 +86,39 @@ F_OLD[kv-q8-head]='const size_t at = pos * width + off;'
 F_NEW[kv-q8-head]='const size_t at = pos * width;'
 F_COUNT[kv-q8-head]=1
 F_TESTS[kv-q8-head]="CudaKvTypes.CacheStoresMatchTheCpuBackend CudaFastAttention.DecodeOverEachKvType CudaFastAttention.PrefillOverEachKvType"
+
+# The fast tier's Q8 decode products (matvec_q8.cu).
+Q8_PRODUCT_TESTS="CudaQ8.DenseProductsWithinTheTierBound CudaQ8.ExpertProductsWithinTheTierBound"
+for f in q8-round q8-kmin q8-q6-scale q8-iq-bias q8-unaligned q8-lane-sum q8-expert-input; do
+  F_FILE[$f]=src/cuda/matvec_q8.cu
+  F_COUNT[$f]=1
+done
+F_OLD[q8-round]='const int qi = finite && d > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;'
+F_NEW[q8-round]='const int qi = finite && d > 0.0f ? (int)roundf(__fdiv_rn(v, d)) : 0;'
+F_TESTS[q8-round]="CudaQ8.QuantizationMatchesItsDefinition"
+F_FILE[q8-nan]=src/cuda/matvec_q8.cu
+F_COUNT[q8-nan]=1
+F_OLD[q8-nan]='const float d = finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);'
+F_NEW[q8-nan]='const float d = __fdiv_rn(amax, 127.0f);'
+F_TESTS[q8-nan]="CudaQ8.QuantizationMatchesItsDefinition CudaQ8.NanActivationsPropagate"
+F_OLD[q8-kmin]='return fmaf(d, scaled, -dmin * mins);'
+F_NEW[q8-kmin]='return d * scaled;'
+F_TESTS[q8-kmin]=$Q8_PRODUCT_TESTS
+F_OLD[q8-q6-scale]='reinterpret_cast<const int8_t*>(b + 192) + 8 * n + h;'
+F_NEW[q8-q6-scale]='reinterpret_cast<const int8_t*>(b + 192) + 8 * n;'
+F_TESTS[q8-q6-scale]=$Q8_PRODUCT_TESTS
+F_OLD[q8-iq-bias]='acc = fmaf(k.s, fmaf(-k.b, (float)x.sum[c], (float)s), acc);'
+F_NEW[q8-iq-bias]='acc = fmaf(k.s, (float)s, acc);'
+F_TESTS[q8-iq-bias]="$Q8_PRODUCT_TESTS CudaQ8.ExpertPairOfTwoTypes"
+F_OLD[q8-unaligned]='w[i] = __funnelshift_r(a[i], a[i + 1], odd ? 16 : 0);'
+F_NEW[q8-unaligned]='w[i] = __funnelshift_r(a[i], a[i + 1], 0);'
+F_TESTS[q8-unaligned]=$Q8_PRODUCT_TESTS
+F_OLD[q8-lane-sum]='for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);'
+F_NEW[q8-lane-sum]='for (int o = G / 4; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);'
+F_TESTS[q8-lane-sum]="$Q8_PRODUCT_TESTS CudaQ8.ExpertPairOfTwoTypes"
+F_OLD[q8-expert-input]='jobs[e].xq = xq + (size_t)e * x_rows_per_expert * cols;'
+F_NEW[q8-expert-input]='jobs[e].xq = xq;'
+F_TESTS[q8-expert-input]="CudaQ8.ExpertProductsWithinTheTierBound"
 
 # ---- arguments ----------------------------------------------------------------------------------------
 DRY_RUN=0

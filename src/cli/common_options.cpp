@@ -69,6 +69,12 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
   app.add_flag("--profile", opts.profile,
                "cuda: per-stage GPU times (the GPU-routed decode then runs kernel by kernel, not as a graph)")
       ->group(group);
+  app.add_option_function<std::string>(
+         "--fast-decode", [&opts](const std::string& v) { opts.q8_decode = v == "q8"; },
+         "cuda, --numerics fast: decode products on 8-bit activations with dp4a (q8, the default) for Q4_K, "
+         "Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ1_M, or on fp32 activations for every type (f32)")
+      ->check(CLI::IsMember({"q8", "f32"}))
+      ->group(group);
   app.add_flag("--x32-always", opts.x32_always,
                "cuda: every dense Q4_K prefill product on X32, also those too small to fill the GPU "
                "(parity checks on short prompts)")

@@ -35,8 +35,8 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
       forms(NumericForms::choose(model->config(), weights, opts)),
       ws(model->config(), forms),
       residency(*model, weights, streams, opts.cache_mib, opts.cache_policy, ws.bytes()),
-      products(model->config(), ws, streams.compute, &stats.x32_products),
-      side_products(model->config(), ws, streams.side, &stats.x32_products) {
+      products(model->config(), ws, ws.q8_input, streams.compute, &stats.x32_products),
+      side_products(model->config(), ws, ws.q8_side_input, streams.side, &stats.x32_products) {
   profiler.on = opts.profile;
   // Independent decode launches of a layer run side by side, except under --profile, which times
   // the stages one after another.

@@ -46,6 +46,10 @@ struct CudaOptions {
   // than the GPU has SMs (by default those keep the fp64 products' column splits): parity checks
   // on short prompts and tests, whose products are all small.
   bool x32_always = false;
+  // The fast tier's decode products on 8-bit activations (matvec-q8, dp4a) for the types that have
+  // them (--fast-decode q8, the default); f32: the fp32-activation matvecs (matvec-f32) for every
+  // type, the form they replace, for A/B measurements.
+  bool q8_decode = true;
 
   // Reference paths of the bit-identity tests (no flag: their experiments are over and the
   // default won; the tests compare the default against them).

@@ -28,6 +28,9 @@ struct MatvecJob {
   size_t row_bytes = 0;
   const float* x = nullptr;
   float* y = nullptr;
+  // The input's Q8 form (quantize_q8), read instead of x by the matvec_q8 products.
+  const int8_t* xq = nullptr;
+  const float2* xds = nullptr;
   int slot = 0;
   int rows = 0;
 };
@@ -41,6 +44,8 @@ struct GateUpJob {
   size_t row_bytes_gate = 0, row_bytes_up = 0;
   const float* x = nullptr;
   float* act = nullptr;
+  const int8_t* xq = nullptr;  // the input's Q8 form, as in MatvecJob
+  const float2* xds = nullptr;
   int slot = 0;
   int rows = 0;
 };
@@ -71,6 +76,30 @@ void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const
                             size_t up_offset, size_t row_bytes_gate, size_t row_bytes_up, int rows,
                             int cols, const float* x, float* act, float* scratch, int n, cudaStream_t stream,
                             Sums sums = Sums::kExact);
+
+// ---- matvec_q8.cu: the fast tier's decode products on 8-bit activations (dp4a) --------------------
+// The Q8 form of activations x [rows][cols] (cols a multiple of 32), per 32-value block b:
+// d_b = max|x| / 127 (fp32, IEEE division), q_i = x_i / d_b rounded to nearest even (0 where d_b is
+// 0), in q [rows][cols] (int8), and ds[b] = (d_b, d_b · Σ q_i) in ds [rows][cols / 32] (the block
+// sum as the quantised values hold it, as llama.cpp's q8_1); a block holding a NaN or an infinity
+// has d_b = NaN and q 0, so its products are NaN. q and ds 16- and 8-byte aligned.
+void quantize_q8(const float* x, int rows, int cols, int8_t* q, float2* ds, cudaStream_t stream);
+// True for the weight types with Q8 products: Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ1_M.
+bool q8_supported(GgmlType t);
+// As matvec_jobs / matvec_gate_up (fast tier: fp32 sums), each job reading its input's Q8 form
+// (xq, xds; x is not read): per 32-value block the int8 products summed in int32 by dp4a, then
+// scaled in fp32. Q4_K and Q5_K weights 16-byte aligned (rows and slot offsets); the others
+// 2-byte aligned, as row_size and cudaMalloc give.
+void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream);
+void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream);
+// As matvec_experts / matvec_experts_gate_up on Q8 inputs: expert e's input is the Q8 row e of
+// (xq, xds) when x_rows_per_expert is 1, the one row 0 for all when it is 0.
+void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
+                       int cols, const int8_t* xq, const float2* xds, int x_rows_per_expert, float* y, int n,
+                       cudaStream_t stream);
+void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
+                               size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const int8_t* xq,
+                               const float2* xds, float* act, float* scratch, int n, cudaStream_t stream);
 
 // ---- matmul.cu: prefill products (T tokens) -----------------------------------------------------
 // Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows]. token_tile (16, 32 or 64) and k_splits

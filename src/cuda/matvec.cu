@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.h"
+#include "cuda/expert_jobs.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
 #include "cuda/quant_device.cuh"
@@ -541,17 +542,8 @@ void matvec_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset
                     int rows, int cols, const float* x, size_t x_stride, float* y, int n,
                     cudaStream_t stream, Sums sums) {
   check_cols(cols);
-  std::vector<MatvecJob> jobs(n);
-  for (int e = 0; e < n; e++) {
-    MatvecJob& j = jobs[e];
-    j.slot_ptrs = slot_ptrs;
-    j.slot = e;
-    j.w_offset = w_offset;
-    j.row_bytes = row_bytes;
-    j.rows = rows;
-    j.x = x + (size_t)e * x_stride;
-    j.y = y + (size_t)e * rows;
-  }
+  std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
+  for (int e = 0; e < n; e++) jobs[e].x = x + (size_t)e * x_stride;
   matvec_jobs(t, cols, jobs.data(), n, stream, sums);
 }
 
@@ -564,18 +556,8 @@ void matvec_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const
     swiglu(act, u, act, (size_t)n * rows, stream);
     return;
   }
-  std::vector<GateUpJob> jobs(n);
-  for (int e = 0; e < n; e++) {
-    GateUpJob& j = jobs[e];
-    j.slot_ptrs = slot_ptrs;
-    j.slot = e;
-    j.up_offset = up_offset;
-    j.row_bytes_gate = row_bytes_gate;
-    j.row_bytes_up = row_bytes_up;
-    j.rows = rows;
-    j.x = x;
-    j.act = act + (size_t)e * rows;
-  }
+  std::vector<GateUpJob> jobs = expert_gate_up_jobs(slot_ptrs, up_offset, row_bytes_gate, row_bytes_up, rows, act, n);
+  for (GateUpJob& j : jobs) j.x = x;
   matvec_gate_up(t_gate, cols, jobs.data(), n, stream, sums);
 }
 

@@ -282,9 +282,13 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   // routing and the routed experts (the same kernels, so the same results), unless --profile
   // times the stages one after another.
   const bool shared_on_side = routing == Routing::kGpuRouted && !e.profiler.on;
+  // Decode: h2 in the Q8 form once, before the side branch forks, for every matvec-q8 product of it.
+  if (plan.moe_input_q8) e.products.convert_moe_input_q8(h2);
+  const float* h2_q8 = plan.moe_input_q8 ? h2 : nullptr;
   if (shared_on_side) {
     e.streams.fork_side();
-    e.side_products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f());
+    e.side_products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
+                                    plan.moe_input_q8);
     e.side_products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
     e.streams.end_side();
   }
@@ -296,7 +300,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   e.profiler.mark(kRouter, stream);
   e.products.project_group({{&moe.router, plan.router, h2, router},
                             {&moe.shared_gate_inp, plan.shared_gate_inp, h2, ws.shared_scalar.f()}},
-                           T);
+                           T, h2_q8);
   const Sums routing_sums = e.forms.fast_routing ? Sums::kFast : Sums::kExact;
   if (routing == Routing::kGpuRouted) {
     int32_t* io = ws.routed_io.get<int32_t>();
@@ -323,7 +327,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
                  x24_form_of(e.forms.x24_kernel()));
   if (!shared_on_side) {
     e.products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
-                               plan.moe_input_x24);
+                               plan.moe_input_x24 || plan.moe_input_q8);
     e.products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
   }
   if (trace && routing != Routing::kGpuRouted) {

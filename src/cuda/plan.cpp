@@ -15,6 +15,7 @@ NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const
   f.x24 = device_info().cc_major >= 8 && c.n_embd % 256 == 0 && c.n_ff_exp % 256 == 0;
   f.fast = opts.numerics == Numerics::kFast && opts.fast_products;
   f.bf16 = f.fast && device_info().cc_major >= 8;
+  f.q8 = f.fast && opts.q8_decode && device_info().cc_major >= 7;
   const bool fast_tier = opts.numerics == Numerics::kFast;
   f.fast_routing = fast_tier && opts.fast_routing;
   f.fast_attention = fast_tier && opts.fast_attention;
@@ -48,6 +49,8 @@ bool NumericForms::use_x24(GgmlType t) const { return x24 && x24_supported(t); }
 
 Kernel NumericForms::matvec() const { return fast ? Kernel::kMatvecF32 : Kernel::kMatvec; }
 
+Kernel NumericForms::matvec(GgmlType t) const { return fast && q8 && q8_supported(t) ? Kernel::kMatvecQ8 : matvec(); }
+
 Kernel NumericForms::prefill_matmul() const { return bf16 ? Kernel::kMatmulBf16 : Kernel::kMatmulF64; }
 
 bool NumericForms::use_x32(const DMat& w, int T) const {
@@ -64,6 +67,7 @@ const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::kMatvec: return "matvec";
     case Kernel::kMatvecF32: return "matvec-f32";
+    case Kernel::kMatvecQ8: return "matvec-q8";
     case Kernel::kMatmulF64: return "f64";
     case Kernel::kMatmulX24: return "x24";
     case Kernel::kMatmulX8: return "x8";
@@ -84,7 +88,7 @@ const char* routing_name(Routing r) {
 }
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
-  if (rows == 1) return forms.matvec();
+  if (rows == 1) return forms.matvec(w.type);
   return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();
 }
 
@@ -93,7 +97,10 @@ namespace {
 // A dense SwiGLU pair (Products::project_gate_up): one launch when both matrices have one type and
 // shape (X24 for an X24 type over n_embd columns, in prefill), else two products.
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
-  if (T == 1 && gate.type == up.type && gate.cols == up.cols) return {forms.matvec(), forms.matvec(), true};
+  if (T == 1 && gate.type == up.type && gate.cols == up.cols) {
+    const Kernel k = forms.matvec(gate.type);
+    return {k, k, true};
+  }
   if (gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows && gate.row_bytes == up.row_bytes) {
     const Kernel k =
         forms.use_x24(gate.type) && gate.cols == c.n_embd ? forms.x24_kernel() : forms.prefill_matmul();
@@ -142,8 +149,13 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
     l.shared_down = dense_kernel(forms, m.down_sh, T);
     l.moe_input_x24 = T > 1 && forms.moe_input_x24(m);
     if (T == 1) {
-      l.experts = {forms.matvec(), forms.matvec(), true};
-      l.expert_down = forms.matvec();
+      // One form for the pair (a launch, or two of its types and a swiglu, on one input).
+      const GgmlType gt = m.gate_exps.type, ut = m.up_exps.type;
+      const Kernel k = forms.matvec(gt) == forms.matvec(ut) ? forms.matvec(gt) : forms.matvec();
+      l.experts = {k, k, true};
+      l.expert_down = forms.matvec(m.down_exps.type);
+      l.moe_input_q8 = k == Kernel::kMatvecQ8 || l.shared.gate == Kernel::kMatvecQ8 ||
+                       l.router == Kernel::kMatvecQ8 || l.shared_gate_inp == Kernel::kMatvecQ8;
     } else {
       const TensorView gv = m.gate_exps.matrix(0), uv = m.up_exps.matrix(0);
       l.experts = {expert_kernel(forms, gv.type), expert_kernel(forms, uv.type),
@@ -169,8 +181,8 @@ std::string product_text(GgmlType t, Kernel k) { return fmt::format("{} {}", typ
 
 std::string format_plan(const PassPlan& plan, const DeviceWeights& w) {
   std::string out = fmt::format(
-      "{} ({} token{}): matrix type and kernel (matvec: fp32 activations, double sums; f64: fp64 tensor cores; "
-      "x24 / x32: 8-bit tensor cores on X24 / X32 activations)\n",
+      "{} ({} token{}): matrix type and kernel (matvec: fp32 activations, double sums; matvec-q8: dp4a on 8-bit "
+      "activations; f64: fp64 tensor cores; x24 / x32: 8-bit tensor cores on X24 / X32 activations)\n",
       plan.T == 1 ? "decode" : "prefill chunk", plan.T, plan.T == 1 ? "" : "s");
   for (size_t L = 0; L < plan.layers.size(); L++) {
     const LayerPlan& l = plan.layers[L];
@@ -189,7 +201,7 @@ std::string format_plan(const PassPlan& plan, const DeviceWeights& w) {
                        product_text(moe.router.type, l.router),
                        product_text(moe.shared_gate_inp.type, l.shared_gate_inp),
                        pair_text(l.shared, moe.gate_sh.type, moe.up_sh.type),
-                       product_text(moe.down_sh.type, l.shared_down), l.moe_input_x24 ? " (h2 to X24 once)" : "");
+                       product_text(moe.down_sh.type, l.shared_down), l.moe_input_x24 ? " (h2 to X24 once)" : l.moe_input_q8 ? " (h2 to Q8 once)" : "");
     out += fmt::format("         experts   {} gate/up={} down={}\n", routing_name(l.routing),
                        pair_text(l.experts, moe.gate_exps.type, moe.up_exps.type),
                        product_text(moe.down_exps.type, l.expert_down));

@@ -17,6 +17,7 @@ namespace rl::cuda {
 enum class Kernel : uint8_t {
   kMatvec,     // one row: matvec family, fp32 activations, double sums
   kMatvecF32,  // one row, fast tier: the matvec family with fp32 sums (Sums::kFast)
+  kMatvecQ8,   // one row, fast tier: dp4a products on the Q8 form of the input (matvec_q8 family)
   kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
   kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
   kMatmulX8,   // prefill, fast tier: the X24 kernels on X8 activations (int8 per value; XForm::kX8)
@@ -35,7 +36,8 @@ inline bool is_x32(Kernel k) { return k == Kernel::kMatmulX32 || k == Kernel::kM
 inline XForm x32_form_of(Kernel k) { return k == Kernel::kMatmulX8Q4K ? XForm::kX8 : XForm::kX32; }
 
 // Which numeric forms this device and these weights allow. Decode (one token) runs every product
-// as a matvec; prefill runs the fp64 tensor-core products except:
+// as a matvec (the fast tier: matvec-q8 for the types with Q8 products, matvec-f32 for the rest);
+// prefill runs the fp64 tensor-core products except:
 //   X24: IQ2_XXS / IQ2_XS / IQ1_M weights (routed experts, a shared expert's SwiGLU pair) on the
 //        8-bit tensor cores with 24-bit activations per 256-column block (kernels.h, matmul_x24);
 //   X32: dense Q4_K products whose grid has a block for every SM (or all of them, x32_always) on
@@ -46,6 +48,7 @@ struct NumericForms {
   bool x32 = false;         // X32 allowed: x24 and compute capability 9.0
   bool fast = false;        // the fast tier (CudaOptions::numerics): fp32-sum kernels where it has them
   bool bf16 = false;        // the fast tier's bf16 prefill products allowed: compute capability 8.0
+  bool q8 = false;          // the fast tier's Q8 decode products allowed (--fast-decode q8): compute capability 7.0
   // The fast tier's routing, attention and DeltaNet kernels (fp32; CudaOptions::fast_*): the
   // plan's, the session's split buffers and the forward pass's one choice.
   bool fast_routing = false, fast_attention = false, fast_deltanet = false;
@@ -61,6 +64,9 @@ struct NumericForms {
   static NumericForms choose(const Config& c, const DeviceWeights& w, const CudaOptions& opts);
   // The decode product of the tier: kMatvec or kMatvecF32.
   Kernel matvec() const;
+  // The decode product of a matrix of type t: kMatvecQ8 in the fast tier for the types with Q8
+  // products (q8_supported), else matvec().
+  Kernel matvec(GgmlType t) const;
   // A prefill product without an X24 / X32 form: kMatmulBf16 in the fast tier (from compute
   // capability 8.0), else kMatmulF64. (bf16 products everywhere prefilled the 80B seed-mix at 2,298
   // tok/s where the exact tier's X24 / X32 did 3,175; the fast tier keeps those kernels where they
@@ -104,6 +110,7 @@ struct LayerPlan {
   PairPlan shared;  // ffn_gate_shexp, ffn_up_shexp
   Kernel shared_down = Kernel::kMatvec;
   bool moe_input_x24 = false;  // h2 converted to X24 once, for the shared pair and the routed gate/up
+  bool moe_input_q8 = false;   // decode: h2 converted to Q8 once, for every matvec-q8 product that reads it
   PairPlan experts;            // ffn_gate_exps, ffn_up_exps
   Kernel expert_down = Kernel::kMatvec;
   Routing routing = Routing::kHostRouted;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/error.h"
 #include "cuda/kernels.h"
 
 namespace rl::cuda {
@@ -11,8 +12,34 @@ namespace {
 Sums sums_of(Kernel k) { return k == Kernel::kMatvecF32 ? Sums::kFast : Sums::kExact; }
 }  // namespace
 
+void Products::convert_q8(const float* x, int cols) {
+  quantize_q8(x, 1, cols, q8_scratch_.values(), q8_scratch_.scales(), stream_);
+}
+
+void Products::convert_moe_input_q8(const float* h2) {
+  quantize_q8(h2, 1, c_.n_embd, ws_.q8_moe_input.values(), ws_.q8_moe_input.scales(), stream_);
+}
+
+namespace {
+// A decode job (MatvecJob, GateUpJob) on the Q8 form held in `rows`.
+template <class Job>
+void read_q8(Job& j, const Q8Rows& rows) {
+  j.xq = rows.values(), j.xds = rows.scales();
+}
+}  // namespace
+
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
-  if (is_matvec(k)) {
+  if (k == Kernel::kMatvecQ8) {
+    if (T != 1) fail("Products::project: matvec-q8 takes one row, not {}", T);
+    convert_q8(x, w.cols);
+    MatvecJob j;
+    j.w = w.data;
+    j.row_bytes = w.row_bytes;
+    j.rows = w.rows;
+    j.y = y;
+    read_q8(j, q8_scratch_);
+    matvec_q8_jobs(w.type, w.cols, &j, 1, stream_);
+  } else if (is_matvec(k)) {
     matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_, sums_of(k));
   } else if (is_x32(k)) {
     const XForm form = x32_form_of(k);
@@ -33,7 +60,7 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
   if (held && held->x && y < held->x + (size_t)T * held->cols && held->x < y + (size_t)T * w.rows) *held = {};
 }
 
-void Products::project_group(std::initializer_list<Projection> list, int T) {
+void Products::project_group(std::initializer_list<Projection> list, int T, const float* moe_input) {
   if (T != 1) {
     KqHeld held;
     for (const Projection& p : list) project(*p.w, p.kernel, p.x, T, p.y, &held);
@@ -45,6 +72,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
     std::vector<MatvecJob> jobs;
   };
   std::vector<Launch> launches;
+  const float* converted = nullptr;  // the input held in q8_scratch_
   for (const Projection& p : list) {
     const Projection* f = launches.empty() ? nullptr : launches.back().first;
     if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel) launches.push_back({&p, {}});
@@ -54,14 +82,26 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
     j.rows = p.w->rows;
     j.x = p.x;
     j.y = p.y;
+    if (p.kernel == Kernel::kMatvecQ8) {  // converted on this stream, before the side branch forks
+      if (p.x == moe_input) {
+        read_q8(j, ws_.q8_moe_input);
+      } else {
+        if (converted && converted != p.x) fail("project_group: matvec-q8 products of two inputs in one group");
+        if (!converted) convert_q8(p.x, p.w->cols), converted = p.x;
+        read_q8(j, q8_scratch_);
+      }
+    }
     launches.back().jobs.push_back(j);
   }
   const bool branch = launches.size() > 1 && side_;
   if (branch) side_->fork_side();  // where the inputs are ready
   for (size_t i = 0; i < launches.size(); i++) {
     const Launch& l = launches[i];
-    matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs.data(), (int)l.jobs.size(),
-                branch && i > 0 ? side_->side : stream_, sums_of(l.first->kernel));
+    const cudaStream_t s = branch && i > 0 ? side_->side : stream_;
+    if (l.first->kernel == Kernel::kMatvecQ8)
+      matvec_q8_jobs(l.first->w->type, l.first->w->cols, l.jobs.data(), (int)l.jobs.size(), s);
+    else
+      matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs.data(), (int)l.jobs.size(), s, sums_of(l.first->kernel));
   }
   if (branch) {
     side_->end_side();
@@ -70,8 +110,8 @@ void Products::project_group(std::initializer_list<Projection> list, int T) {
 }
 
 void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T,
-                               float* act, float* up_out, bool x_in_x24) {
-  if (plan.fused && is_matvec(plan.gate)) {
+                               float* act, float* up_out, bool x_in_moe_input) {
+  if (plan.fused && (is_matvec(plan.gate) || plan.gate == Kernel::kMatvecQ8)) {
     GateUpJob j;
     j.gate = gate.data;
     j.up = up.data;
@@ -80,13 +120,19 @@ void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan&
     j.rows = gate.rows;
     j.x = x;
     j.act = act;
-    matvec_gate_up(gate.type, gate.cols, &j, 1, stream_, sums_of(plan.gate));
+    if (plan.gate != Kernel::kMatvecQ8) {
+      matvec_gate_up(gate.type, gate.cols, &j, 1, stream_, sums_of(plan.gate));
+      return;
+    }
+    if (!x_in_moe_input) convert_q8(x, gate.cols);
+    read_q8(j, x_in_moe_input ? ws_.q8_moe_input : q8_scratch_);
+    matvec_q8_gate_up(gate.type, gate.cols, &j, 1, stream_);
     return;
   }
   if (plan.fused && is_x24(plan.gate)) {
     QuantRows& xq = ws_.moe_input_x24;
     const XForm form = x24_form_of(plan.gate);
-    if (!x_in_x24) quantize_x24(x, T, gate.cols, xq.q.get<uint8_t>(), xq.scale.get<double>(), stream_, form);
+    if (!x_in_moe_input) quantize_x24(x, T, gate.cols, xq.q.get<uint8_t>(), xq.scale.get<double>(), stream_, form);
     matmul_x24_gate_up(gate.type, gate.data, up.data, gate.row_bytes, gate.rows, gate.cols, xq.q.get<uint8_t>(),
                        xq.scale.get<double>(), T, act, stream_, form);
     return;
@@ -156,11 +202,23 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
                               const float* x, int n, size_t row0) {
   const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
   const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
-  matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, x,
-                         ws_.expert_act.f() + row0 * ff, ws_.expert_up.f() + row0 * ff, n, stream_,
-                         sums_of(pair.gate));
-  matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, ws_.expert_act.f() + row0 * ff, ff,
-                 ws_.expert_out.f() + row0 * n_embd, n, stream_, sums_of(down));
+  float* act = ws_.expert_act.f() + row0 * ff;
+  if (pair.gate == Kernel::kMatvecQ8)
+    matvec_q8_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd,
+                              ws_.q8_moe_input.values(), ws_.q8_moe_input.scales(), act,
+                              ws_.expert_up.f() + row0 * ff, n, stream_);
+  else
+    matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, x, act,
+                           ws_.expert_up.f() + row0 * ff, n, stream_, sums_of(pair.gate));
+  if (down == Kernel::kMatvecQ8) {
+    const Q8Rows& aq = ws_.q8_expert_act;
+    quantize_q8(act, n, ff, aq.values() + row0 * ff, aq.scales() + row0 * (ff / 32), stream_);
+    matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values() + row0 * ff,
+                      aq.scales() + row0 * (ff / 32), 1, ws_.expert_out.f() + row0 * n_embd, n, stream_);
+  } else {
+    matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, act, ff,
+                   ws_.expert_out.f() + row0 * n_embd, n, stream_, sums_of(down));
+  }
 }
 
 void Products::gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n) {

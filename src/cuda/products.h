@@ -16,8 +16,10 @@ namespace rl::cuda {
 
 class Products {
  public:
-  Products(const Config& c, Workspace& ws, cudaStream_t stream, uint64_t* x32_count)
-      : c_(c), ws_(ws), stream_(stream), x32_count_(x32_count) {}
+  // q8_scratch: where this launcher converts a matvec-q8 product's input (Workspace::q8_input, or
+  // q8_side_input for the side branch's launcher).
+  Products(const Config& c, Workspace& ws, Q8Rows& q8_scratch, cudaStream_t stream, uint64_t* x32_count)
+      : c_(c), ws_(ws), q8_scratch_(q8_scratch), stream_(stream), x32_count_(x32_count) {}
 
   // What dense_input_x32 holds: the conversion of input x of `cols` columns (x null: nothing).
   struct KqHeld {
@@ -39,15 +41,19 @@ class Products {
   // consecutive products of one type and width are one launch (matvec_jobs), and with a side
   // branch (set_side) the launches after the first run on it, beside the first, joined before
   // the call returns.
-  void project_group(std::initializer_list<Projection> list, int T);
+  // moe_input: the input held in Workspace::q8_moe_input (LayerPlan::moe_input_q8), read by the
+  // matvec-q8 products of it; the others' one input is converted once.
+  void project_group(std::initializer_list<Projection> list, int T, const float* moe_input = nullptr);
   // The side branch (Streams::side, forked from and joined into Streams::compute, which must be
   // this launcher's stream; none: one launch after another).
   void set_side(Streams* streams) { side_ = streams; }
   // act = SiLU(gate · x) * (up · x) for T tokens as the plan's pair says (act [T][rows]; `up_out`
-  // holds up · x where the two products are separate launches). x_in_x24: moe_input_x24 already
-  // holds x.
+  // holds up · x where the two products are separate launches). x_in_moe_input: the layer's MoE
+  // input conversion (moe_input_x24, or q8_moe_input for matvec-q8) already holds x.
   void project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T, float* act,
-                       float* up_out, bool x_in_x24 = false);
+                       float* up_out, bool x_in_moe_input = false);
+  // Converts one decode token's MoE input h2 to the Q8 form (Workspace::q8_moe_input).
+  void convert_moe_input_q8(const float* h2);
   // The prefill products of a layer's routed experts on the gathered rows (expert_in and its X24
   // form), gate/up as `pair` says and down with `down`: group g (slot ptr_d[g]) over rows
   // [off_d[g], + off_d[n + g]) (at most max_cnt), the groups' rows being [row0, row0 + rows);
@@ -55,7 +61,8 @@ class Products {
   void expert_products(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
                        const int* off_d, int n, int max_cnt, size_t row0, size_t rows);
   // The decode products of n experts (slot addresses ptr_d) on one token's input x: expert g's
-  // rows are expert_act / expert_out row row0 + g.
+  // rows are expert_act / expert_out row row0 + g. matvec-q8 gate/up read q8_moe_input (the plan's
+  // moe_input_q8); a matvec-q8 down converts its input rows to q8_expert_act.
   void expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
                       const float* x, int n, size_t row0);
   // The gathered rows of the routed experts' input (row a = token gather_d[a] of h2): of h2's X24
@@ -64,8 +71,11 @@ class Products {
   void gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n);
 
  private:
+  // x [cols] in the Q8 form in q8_scratch_ (one input at a time).
+  void convert_q8(const float* x, int cols);
   const Config& c_;
   Workspace& ws_;
+  Q8Rows& q8_scratch_;
   cudaStream_t stream_;
   Streams* side_ = nullptr;
   uint64_t* x32_count_;  // EngineStats::x32_products

@@ -63,6 +63,7 @@ void upload_quant_tables_matvec(const QuantTablesHost& h);
 void upload_quant_tables_matmul(const QuantTablesHost& h);
 void upload_quant_tables_x24(const QuantTablesHost& h);
 void upload_quant_tables_bf16(const QuantTablesHost& h);
+void upload_quant_tables_matvec_q8(const QuantTablesHost& h);
 
 __device__ __forceinline__ float half_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }

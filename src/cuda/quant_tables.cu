@@ -30,6 +30,7 @@ void upload_quant_tables() {
     upload_quant_tables_matmul(*h);
     upload_quant_tables_x24(*h);
     upload_quant_tables_bf16(*h);
+    upload_quant_tables_matvec_q8(*h);
   });
 }
 

@@ -81,6 +81,17 @@ Workspace::Workspace(const Config& c, const NumericForms& forms) {
     alloc_bytes(dense_input_x32.scale, T * (cols / 256) * sizeof(double));
     alloc_bytes(dense_input_x32.sum, T * (cols / 32) * sizeof(double));
   }
+  if (forms.q8) {
+    auto alloc_q8 = [&](Q8Rows& b, size_t rows, size_t cols) {
+      alloc_bytes(b.q, rows * cols);
+      alloc_bytes(b.ds, rows * (cols / 32) * sizeof(float2));
+    };
+    const size_t dense = std::max<size_t>({n_embd, (size_t)c.ssm_value_dim(), (size_t)c.q_dim(), ff_sh});
+    alloc_q8(q8_input, 1, dense);
+    alloc_q8(q8_side_input, 1, std::max(n_embd, ff_sh));
+    alloc_q8(q8_moe_input, 1, n_embd);
+    alloc_q8(q8_expert_act, std::max(c.n_expert_used, 1), ff);
+  }
   alloc(shared_act, T * ff_sh);
   alloc(shared_up, T * ff_sh);
   alloc(shared_out, T * n_embd);

@@ -68,6 +68,14 @@ struct QuantRows {
   DeviceBuffer sum;    // [rows][cols / 32] double (X32)
 };
 
+// Decode inputs in the Q8 form (quantize_q8, kernels.h): int8 values and per-32-value (scale, sum).
+struct Q8Rows {
+  DeviceBuffer q;   // [rows][cols] int8
+  DeviceBuffer ds;  // [rows][cols / 32] float2
+  int8_t* values() const { return q.get<int8_t>(); }
+  float2* scales() const { return ds.get<float2>(); }
+};
+
 // The names the DeltaNet block gives the shared storage (one pass of T tokens).
 struct DeltaNetViews {
   float* qkv;   // [T][conv_dim]  input projection: q of all key heads | k | v
@@ -125,6 +133,11 @@ struct Workspace {
   QuantRows expert_in_x24;     // [TK][n_embd] gathered rows of moe_input_x24
   QuantRows expert_act_x24;    // [TK][ff]     expert_act for the X24 down products
   QuantRows dense_input_x32;   // [T][x32_cols] the input of consecutive dense X32 products
+  // The Q8 form of decode inputs (NumericForms::q8), one buffer per input that may be live at once.
+  Q8Rows q8_input;       // [1][max(n_embd, value_dim, q_dim, ff_sh)] a dense decode product's input
+  Q8Rows q8_side_input;  // [1][max(n_embd, ff_sh)] a product's input on the decode graph's side branch
+  Q8Rows q8_moe_input;   // [1][n_embd] h2, converted once a layer for every matvec-q8 product of it
+  Q8Rows q8_expert_act;  // [K][ff]     the routed experts' SwiGLU outputs, for their down products
   // GPU grouping of a prefill layer's selections (group_by_expert).
   DeviceBuffer grouped_gather;     // [TK] int32 token of each gathered row
   DeviceBuffer grouped_assign;     // [TK] int32 gathered row of each (token, selection) pair

@@ -1,8 +1,9 @@
 // The CUDA fast tier on the 80B's own widths (synth preset 80b, 4 layers: n_embd 2048, 16 query
 // heads of 256, 16/32 DeltaNet heads of 128, 512 experts of 512, top 10; a small vocabulary),
-// against the oracle, teacher-forced: the whole tier, and the tier with one part at a time put back
-// to the exact kernels (CudaOptions::fast_*), so that a part that breaks at these shapes is named
-// by the figures the test prints. The fixtures are too narrow for that (n_embd 256, heads of 64).
+// against the oracle, teacher-forced: the whole tier (decode products matvec-q8, and again
+// matvec-f32 with --fast-decode f32), and the tier with one part at a time put back to the exact
+// kernels (CudaOptions::fast_*), so that a part that breaks at these shapes is named by the
+// figures the test prints. The fixtures are too narrow for that (n_embd 256, heads of 64).
 //
 // The bound: mean relative RMS of the logits ≤ 0.075 and top-1 agreement ≥ 0.85 over the prompt
 // positions and the decode steps — the level of llama.cpp's native path against its F32 reference
@@ -77,8 +78,10 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
   struct Variant {
     const char* name;
     bool products, routing, attention, deltanet;
+    bool q8_decode = true;  // --fast-decode q8 (matvec-q8) or f32 (matvec-f32 for every type)
   };
   for (const Variant& v : {Variant{"every part fast", true, true, true, true},
+                           Variant{"f32 decode", true, true, true, true, false},
                            Variant{"exact products", false, true, true, true},
                            Variant{"exact routing", true, false, true, true},
                            Variant{"exact attention", true, true, false, true},
@@ -88,6 +91,7 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
     opts.numerics = Numerics::kFast;
     opts.fast_products = v.products, opts.fast_routing = v.routing;
     opts.fast_attention = v.attention, opts.fast_deltanet = v.deltanet;
+    opts.q8_decode = v.q8_decode;
     auto backend = cuda::make_cuda_backend(model, opts);
     const Logits got = run(*backend, toks, feed);
     Scores prefill, decode;

@@ -111,6 +111,67 @@ TEST(CudaPlan, DecodeIsAllMatvecsOfTheTier) {
   }
 }
 
+// The fast tier's decode takes matvec-q8 for the types with Q8 products (Q4_K, Q5_K, Q6_K, Q8_0,
+// IQ2_XXS, IQ2_XS, IQ1_M) and matvec-f32 for the others (here F32, and Q5_0 / IQ2_S put in);
+// a routed pair takes one form (IQ2_S gate and IQ2_XXS up: matvec-f32 for both); h2 goes to Q8
+// once where a product of it is matvec-q8. --fast-decode f32 (forms.q8 off): matvec-f32 everywhere.
+TEST(CudaPlan, FastDecodeTakesQ8ForItsTypes) {
+  NumericForms forms = both_forms();
+  forms.fast = forms.bf16 = forms.q8 = true;
+  DeviceWeights w = weights();
+  w.layers[0].ssm.ba = mat(GgmlType::Q5_0, 8, kEmbd);
+  w.layers[1].moe.gate_exps = experts(GgmlType::IQ2_S, kFf, kEmbd);
+  w.layers[1].moe.gate_sh = w.layers[1].moe.up_sh = mat(GgmlType::Q5_0, kFf, kEmbd);
+  const PassPlan p = make_pass_plan(config(), w, forms, {}, true, 1);
+  const LayerPlan& dn = p.layers[0];
+  EXPECT_EQ(dn.mixer_in[0], K::kMatvecQ8);   // Q4_K qkv
+  EXPECT_EQ(dn.mixer_in[1], K::kMatvecQ8);   // Q4_K z
+  EXPECT_EQ(dn.mixer_in[2], K::kMatvecF32);  // Q5_0 ba
+  EXPECT_EQ(dn.mixer_out, K::kMatvecQ8);
+  EXPECT_EQ(dn.router, K::kMatvecF32);       // F32
+  EXPECT_EQ(dn.shared_gate_inp, K::kMatvecF32);
+  EXPECT_TRUE(dn.shared.fused);              // Q8_0 pair
+  EXPECT_EQ(dn.shared.gate, K::kMatvecQ8);
+  EXPECT_EQ(dn.shared_down, K::kMatvecQ8);   // Q4_K
+  EXPECT_EQ(dn.experts.gate, K::kMatvecQ8);  // IQ2_XXS
+  EXPECT_EQ(dn.experts.up, K::kMatvecQ8);
+  EXPECT_EQ(dn.expert_down, K::kMatvecQ8);   // IQ2_XS
+  EXPECT_TRUE(dn.moe_input_q8);
+  EXPECT_FALSE(dn.moe_input_x24);
+  const LayerPlan& at = p.layers[1];
+  EXPECT_EQ(at.mixer_in[0], K::kMatvecQ8);   // Q4_K q
+  EXPECT_EQ(at.mixer_in[2], K::kMatvecQ8);   // Q6_K v
+  EXPECT_EQ(at.mixer_out, K::kMatvecQ8);     // Q6_K o
+  EXPECT_EQ(at.shared.gate, K::kMatvecF32);  // Q5_0 pair
+  EXPECT_EQ(at.experts.gate, K::kMatvecF32); // IQ2_S gate, IQ2_XXS up: one form, f32
+  EXPECT_EQ(at.experts.up, K::kMatvecF32);
+  EXPECT_EQ(at.expert_down, K::kMatvecQ8);   // IQ2_XXS
+  EXPECT_FALSE(at.moe_input_q8);             // nothing reads h2 in Q8
+  EXPECT_EQ(p.lm_head_last, K::kMatvecQ8);   // Q6_K
+  const std::string text = format_plan(p, w);
+  for (const char* part : {"qkv=q4_K matvec-q8", "ba=q5_0 matvec-f32", "(h2 to Q8 once)", "down=iq2_xs matvec-q8"})
+    EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
+  // An IQ1_M gate with an IQ2_XXS up: both have Q8 products, so the pair takes them, and h2 goes
+  // to Q8 for the routed experts alone (the shared pair is Q5_0).
+  w.layers[1].moe.gate_exps = experts(GgmlType::IQ1_M, kFf, kEmbd);
+  const LayerPlan routed_only = make_pass_plan(config(), w, forms, {}, true, 1).layers[1];
+  EXPECT_EQ(routed_only.experts.gate, K::kMatvecQ8);
+  EXPECT_EQ(routed_only.experts.up, K::kMatvecQ8);
+  EXPECT_TRUE(routed_only.moe_input_q8);
+  // Prefill is unchanged by the decode form.
+  EXPECT_EQ(make_pass_plan(config(), w, forms, {}, true, 512).layers[0].mixer_in[0], K::kMatmulX8Q4K);
+  // --fast-decode f32.
+  forms.q8 = false;
+  const PassPlan f32 = make_pass_plan(config(), w, forms, {}, true, 1);
+  for (const LayerPlan& l : f32.layers) {
+    for (K k : l.mixer_in) EXPECT_EQ(k, K::kMatvecF32);
+    EXPECT_EQ(l.experts.gate, K::kMatvecF32);
+    EXPECT_EQ(l.expert_down, K::kMatvecF32);
+    EXPECT_FALSE(l.moe_input_q8);
+  }
+  EXPECT_EQ(f32.lm_head_last, K::kMatvecF32);
+}
+
 // The fast tier's prefill takes the X8 form where the exact tier takes X24 or X32, and the bf16
 // products where it takes fp64 (the same model as PrefillFormsByType).
 TEST(CudaPlan, FastPrefillFormsByType) {

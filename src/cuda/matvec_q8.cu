@@ -1,0 +1,534 @@
+// The fast tier's decode products on 8-bit activations (plan kernel matvec-q8): y = W·x with x in
+// the Q8 form (quantize_q8: int8 per value, an fp32 scale and the block sum per 32 values).
+//
+// matvec.cu's fast kernels read 8 fp32 activations (32 bytes) for every 8 weights and form each
+// product with an FMA. Here a lane reads 32 activations in two 16-byte loads, shared by the R rows
+// it computes, and forms four products an instruction with __dp4a, summed in int32 over each
+// 32-value block (or 16-value sub-block), which then takes the weights' and the activations'
+// scales in fp32. A lane walks units of a row (Q8Dot<T>::kValues weights: a whole number of
+// activation blocks), lanes of a group taking consecutive units, so a warp's weight loads are
+// contiguous; rows narrower than 32 units take groups of 8 or 16 lanes, so that the 512-column down
+// products keep every lane busy. Job lists, slot pointers and warp shapes follow matvec.cu.
+// None of this is measured yet: kQ8Rows and the lane and warp rules of launch_q8_jobs are first
+// choices, to be tuned on the H200 (bench_cuda_kernels, "fast" against "fast-q8" cases).
+//
+// The weights' integer forms: Q4_K / Q5_K d·sc·q − dmin·m (the min term from the block sums),
+// Q6_K d·sc·(q − 32) (signed bytes), Q8_0 d·q, and the IQ types w = s·(u − b) (quant_device.cuh,
+// IqChunk), whose bias term takes Σq over each 8 values (one dp4a with ones, shared by the rows).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/expert_jobs.h"
+#include "cuda/kernels.h"
+#include "cuda/math_device.cuh"
+#include "cuda/quant_device.cuh"
+
+namespace rl::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;  // 256 threads per block, as matvec.cu
+
+// ---- the Q8 form --------------------------------------------------------------------------------
+
+// One warp per 32-value block: lane i quantises value i. A block holding a NaN or an infinity gets
+// the scale NaN (its q 0), so its products are NaN as the fp32 products would be non-finite.
+__global__ void quantize_q8_kernel(const float* __restrict__ x, size_t n_blocks, int8_t* __restrict__ q,
+                                   float2* __restrict__ ds) {
+  const size_t b = (size_t)blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  pdl_wait();
+  pdl_trigger();
+  if (b >= n_blocks) return;
+  const float v = x[32 * b + lane];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const bool finite = __all_sync(0xffffffffu, isfinite(v));
+  const float d = finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
+  const int qi = finite && d > 0.0f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
+  int sum = qi;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  q[32 * b + lane] = (int8_t)qi;
+  if (lane == 0) ds[b] = make_float2(d, __fmul_rn(d, (float)sum));
+}
+
+// ---- loads --------------------------------------------------------------------------------------
+
+// 32 activations of block b as eight words (two 16-byte loads).
+__device__ __forceinline__ void load_x32(const int8_t* __restrict__ xq, int b, int (&w)[8]) {
+  const int4 a = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);
+  const int4 c = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b + 1);
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = c.x, w[5] = c.y, w[6] = c.z, w[7] = c.w;
+}
+// 16 activations at value offset v (a multiple of 16): one 16-byte load.
+__device__ __forceinline__ void load_x16(const int8_t* __restrict__ xq, int v, int (&w)[4]) {
+  const int4 a = __ldg(reinterpret_cast<const int4*>(xq + v));
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+}
+// 4N bytes at a 2-byte aligned address p as N little-endian words: 32-bit loads of the aligned
+// words, joined by funnel shifts where p is not 4-byte aligned (the Q6_K, Q8_0 blocks every other
+// block), never reading outside [p, p + 4N).
+template <int N>
+__device__ __forceinline__ void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
+  const bool odd = (reinterpret_cast<uintptr_t>(p) & 2) != 0;
+  const uint8_t* base = p - (odd ? 2 : 0);
+  uint32_t a[N + 1];
+  a[0] = odd ? (uint32_t)load_u16(p) << 16 : load_u32(base);
+#pragma unroll
+  for (int i = 1; i < N; i++) a[i] = load_u32(base + 4 * i);
+  a[N] = odd ? (uint32_t)load_u16(base + 4 * N) : 0u;
+#pragma unroll
+  for (int i = 0; i < N; i++) w[i] = __funnelshift_r(a[i], a[i + 1], odd ? 16 : 0);
+}
+__device__ __forceinline__ int dot4x4(const uint32_t (&w)[4], const int* x, int acc) {
+#pragma unroll
+  for (int i = 0; i < 4; i++) acc = __dp4a((int)w[i], x[i], acc);
+  return acc;
+}
+
+// ---- per type: a unit of weights against its activations ----------------------------------------
+// Q8Dot<T>: kValues weights a unit; X, the unit's activations (loaded once for all rows); dot(row, u,
+// x, grid, masks): the unit's part of the row's product, in fp32.
+template <GgmlType T>
+struct Q8Dot;
+
+template <>
+struct Q8Dot<GgmlType::Q8_0> {
+  static constexpr int kValues = 32;
+  struct X {
+    int q[8];
+    float d;
+  };
+  __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
+    X x;
+    load_x32(xq, u, x.q);
+    x.d = __ldg(&xds[u].x);
+    return x;
+  }
+  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t*, const uint64_t*) {
+    const uint8_t* b = row + (size_t)u * 34;
+    uint32_t w[8];
+    load_words_a2<8>(b + 2, w);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s = __dp4a((int)w[i], x.q[i], s);
+    return half_bits_to_f32(load_u16(b)) * x.d * (float)s;
+  }
+};
+
+// Q4_K and Q5_K: unit u is pair p = u % 4 of super-block u / 4, activation blocks 2u (the low
+// nibbles of 32 bytes) and 2u + 1 (the high nibbles); Q5_K's fifth bits are bits 2p and 2p + 1 of
+// the super-block's 32 qh bytes.
+template <GgmlType T>
+struct Q8DotK4 {
+  static constexpr bool kQ5 = T == GgmlType::Q5_K;
+  static constexpr int kValues = 64;
+  struct X {
+    int q[2][8];
+    float2 ds[2];
+  };
+  __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
+    X x;
+    load_x32(xq, 2 * u, x.q[0]);
+    load_x32(xq, 2 * u + 1, x.q[1]);
+    x.ds[0] = __ldg(&xds[2 * u]), x.ds[1] = __ldg(&xds[2 * u + 1]);
+    return x;
+  }
+  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t*, const uint64_t*) {
+    const int p = u & 3;
+    const uint8_t* b = row + (size_t)(u >> 2) * Dequant<T>::kBytes;
+    const uint4 q0 = *reinterpret_cast<const uint4*>(b + (kQ5 ? 48 : 16) + 32 * p);
+    const uint4 q1 = *reinterpret_cast<const uint4*>(b + (kQ5 ? 48 : 16) + 32 * p + 16);
+    uint4 h0 = {}, h1 = {};
+    if constexpr (kQ5) {
+      h0 = *reinterpret_cast<const uint4*>(b + 16);
+      h1 = *reinterpret_cast<const uint4*>(b + 32);
+    }
+    int sc0, m0, sc1, m1;
+    k4_scale_min_w(2 * p, b + 4, sc0, m0);
+    k4_scale_min_w(2 * p + 1, b + 4, sc1, m1);
+    const uint32_t dm = load_u32(b);
+    const uint32_t words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    const uint32_t hwords[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (kQ5) {
+        lo |= ((hwords[i] >> (2 * p)) & 0x01010101u) << 4;
+        hi |= ((hwords[i] >> (2 * p + 1)) & 0x01010101u) << 4;
+      }
+      s0 = __dp4a((int)lo, x.q[0][i], s0);
+      s1 = __dp4a((int)hi, x.q[1][i], s1);
+    }
+    const float d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dm >> 16));
+    const float scaled = (float)sc0 * x.ds[0].x * (float)s0 + (float)sc1 * x.ds[1].x * (float)s1;
+    const float mins = (float)m0 * x.ds[0].y + (float)m1 * x.ds[1].y;
+    return fmaf(d, scaled, -dmin * mins);
+  }
+};
+template <>
+struct Q8Dot<GgmlType::Q4_K> : Q8DotK4<GgmlType::Q4_K> {};
+template <>
+struct Q8Dot<GgmlType::Q5_K> : Q8DotK4<GgmlType::Q5_K> {};
+
+// Q6_K: unit u covers, in half n = (u / 2) % 2 of super-block u / 4, the values 128n + 32k + 16h + j
+// (h = u % 2, k < 4, j < 16): 16 of each of the four activation blocks 4n + k, each one sub-block of
+// the scales (8n + h + 2k). The 6-bit values minus 32 are signed bytes.
+template <>
+struct Q8Dot<GgmlType::Q6_K> {
+  static constexpr int kValues = 64;
+  struct X {
+    int q[4][4];
+    float d[4];
+  };
+  __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
+    X x;
+    const int sb = u >> 2, n = (u >> 1) & 1, h = u & 1;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      load_x16(xq, 256 * sb + 128 * n + 32 * k + 16 * h, x.q[k]);
+      x.d[k] = __ldg(&xds[8 * sb + 4 * n + k].x);
+    }
+    return x;
+  }
+  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t*, const uint64_t*) {
+    const int n = (u >> 1) & 1, h = u & 1;
+    const uint8_t* b = row + (size_t)(u >> 2) * 210;
+    uint32_t ql[2][4], qh[4];
+    load_words_a2<4>(b + 64 * n + 16 * h, ql[0]);
+    load_words_a2<4>(b + 64 * n + 32 + 16 * h, ql[1]);
+    load_words_a2<4>(b + 128 + 32 * n + 16 * h, qh);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * n + h;
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const uint32_t lo = (k >= 2 ? ql[k & 1][i] >> 4 : ql[k & 1][i]) & 0x0F0F0F0Fu;
+        w[i] = __vsub4(lo | (((qh[i] >> (2 * k)) & 0x03030303u) << 4), 0x20202020u);
+      }
+      acc = fmaf((float)sc[2 * k] * x.d[k], (float)dot4x4(w, x.q[k], 0), acc);
+    }
+    return half_bits_to_f32(load_u16(b + 208)) * acc;
+  }
+};
+
+// The IQ types in their integer form: unit u is activation block u, chunks 4u .. 4u + 3 of
+// Dequant<T>::decode; a chunk adds s · (Σ u_j q_j − b · Σ q_j) (exact in fp32: |Σ| < 2^17). The
+// four chunks' Dequant<T>::Raw fields come from one load a field of the unit (IqUnit<T>::load), not
+// one a field of each chunk.
+template <GgmlType T>
+struct IqUnit;
+template <>
+struct IqUnit<GgmlType::IQ2_XXS> {  // 8 bytes a group: four grid indices, then signs and scale
+  using Raw = Dequant<GgmlType::IQ2_XXS>::Raw;
+  __device__ static void load(const uint8_t* row, int u, Raw (&raw)[4]) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 66;
+    uint32_t w[2];
+    load_words_a2<2>(b + 2 + 8 * (u & 7), w);
+    const uint16_t d = load_u16(b);
+#pragma unroll
+    for (int c = 0; c < 4; c++) raw[c] = {w[1], d, (uint8_t)(w[0] >> (8 * c))};
+  }
+};
+template <>
+struct IqUnit<GgmlType::IQ2_XS> {  // four 16-bit codes a group, a byte of two scales
+  using Raw = Dequant<GgmlType::IQ2_XS>::Raw;
+  __device__ static void load(const uint8_t* row, int u, Raw (&raw)[4]) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 74;
+    uint32_t w[2];
+    load_words_a2<2>(b + 2 + 8 * (u & 7), w);
+    const uint16_t d = load_u16(b);
+    const uint8_t sc = b[66 + (u & 7)];
+#pragma unroll
+    for (int c = 0; c < 4; c++) raw[c] = {d, (uint16_t)(w[c >> 1] >> (16 * (c & 1))), sc};
+  }
+};
+template <>
+struct IqUnit<GgmlType::IQ1_M> {  // four index bytes, two high-bit bytes, the block's scale words
+  using Raw = Dequant<GgmlType::IQ1_M>::Raw;
+  __device__ static void load(const uint8_t* row, int u, Raw (&raw)[4]) {
+    const uint8_t* b = row + (size_t)(u >> 3) * 56;  // 56-byte blocks: 8-byte aligned
+    const int ib = u & 7;
+    const uint2 sc = load8_a4(b + 48);
+    const uint32_t qs = load_u32(b + 4 * ib);
+    const uint32_t qh = load_u16(b + 32 + 2 * ib);
+#pragma unroll
+    for (int c = 0; c < 4; c++) raw[c] = {sc, (uint8_t)(qh >> (8 * (c >> 1))), (uint8_t)(qs >> (8 * c))};
+  }
+};
+
+template <GgmlType T>
+struct Q8DotIq {
+  static constexpr int kValues = 32;
+  struct X {
+    int q[8];
+    int sum[4];  // Σ q over each 8 values
+    float d;
+  };
+  __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
+    X x;
+    load_x32(xq, u, x.q);
+#pragma unroll
+    for (int c = 0; c < 4; c++) x.sum[c] = __dp4a(x.q[2 * c], 0x01010101, __dp4a(x.q[2 * c + 1], 0x01010101, 0));
+    x.d = __ldg(&xds[u].x);
+    return x;
+  }
+  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t* grid, const uint64_t* masks) {
+    using Q = Dequant<T>;
+    typename Q::Raw raw[4];
+    IqUnit<T>::load(row, u, raw);
+    float acc = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      const IqChunk k = Q::decode(raw[c], 4 * u + c, grid, masks);
+      const int s = __dp4a((int)k.u.x, x.q[2 * c], __dp4a((int)k.u.y, x.q[2 * c + 1], 0));
+      acc = fmaf(k.s, fmaf(-k.b, (float)x.sum[c], (float)s), acc);
+    }
+    return acc * x.d;
+  }
+};
+template <>
+struct Q8Dot<GgmlType::IQ2_XXS> : Q8DotIq<GgmlType::IQ2_XXS> {};
+template <>
+struct Q8Dot<GgmlType::IQ2_XS> : Q8DotIq<GgmlType::IQ2_XS> {};
+template <>
+struct Q8Dot<GgmlType::IQ1_M> : Q8DotIq<GgmlType::IQ1_M> {};
+
+template <class F>
+bool dispatch_q8(GgmlType t, F&& f) {
+  switch (t) {
+#define RL_Q8_DISPATCH(T) \
+  case GgmlType::T: f.template operator()<GgmlType::T>(); return true;
+    RL_Q8_DISPATCH(Q8_0) RL_Q8_DISPATCH(Q4_K) RL_Q8_DISPATCH(Q5_K) RL_Q8_DISPATCH(Q6_K)
+    RL_Q8_DISPATCH(IQ2_XXS) RL_Q8_DISPATCH(IQ2_XS) RL_Q8_DISPATCH(IQ1_M)
+#undef RL_Q8_DISPATCH
+    default: return false;
+  }
+}
+
+// As matvec.cu's kStageCodebook (its measurement): IQ1_M's 16 KiB codebook is read through L1.
+template <GgmlType T>
+constexpr bool kStageQ8Codebook = GridOf<T>::kEntries * sizeof(uint64_t) < 16 * 1024;
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+// Where a lane works: row group lane / G of its warp (G lanes, 32 / G groups a warp; G < 32 only
+// with W = 1) takes R rows from `row`; the lane is `sub` of its group, in warp `ws` of the rows' W.
+template <int W, int R>
+struct LaneSlot {
+  int warp, lane, row, ws, sub;
+  __device__ LaneSlot(int G) {
+    warp = threadIdx.x / 32, lane = threadIdx.x % 32, ws = warp % W, sub = lane % G;
+    row = ((blockIdx.x * (kWarps / W) + warp / W) * (32 / G) + lane / G) * R;
+  }
+  // Sums v over the row's G·W lanes; true on the one lane that holds the result. Every thread of
+  // the block must call it.
+  __device__ bool reduce(float& v, bool active, int G) {
+    for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (W > 1) {
+      __shared__ float red[kWarps];
+      __syncthreads();  // the previous call's reads are done
+      if (lane == 0) red[warp] = v;
+      __syncthreads();
+      if (lane == 0 && ws == 0) {
+        float s = red[warp];
+#pragma unroll
+        for (int i = 1; i < W; i++) s += red[warp + i];
+        v = s;
+      }
+    }
+    return active && ws == 0 && sub == 0;
+  }
+};
+
+// This lane's part of R rows' products: units u0, u0 + step, ...; two units' loads in flight.
+template <GgmlType T, int R>
+__device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], const int8_t* xq, const float2* xds,
+                                             int u0, int step, int n_units, const SharedTables<T, kStageQ8Codebook<T>>& tab,
+                                             float (&acc)[R]) {
+  using D = Q8Dot<T>;
+#pragma unroll 2
+  for (int u = u0; u < n_units; u += step) {
+    const typename D::X x = D::load_x(xq, xds, u);
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] += D::dot(wr[r], u, x, tab.grid, tab.masks);
+  }
+}
+
+template <class Job>
+struct Q8JobList {
+  Job job[kMaxMatvecJobs];
+};
+
+// Rows a lane group computes (matvec; SwiGLU pairs: one pair): their weight loads are in flight
+// together and share the unit's activations. matvec.cu's shapes, measured there for its fast
+// kernels (kMatvecRows: the IQ types' down products faster with 4 rows than 2), taken as the
+// first choice here (not measured for these kernels).
+template <GgmlType T>
+constexpr int kQ8Rows = kIntegerForm<T> ? 4 : 2;
+
+template <GgmlType T, int W>
+__global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<MatvecJob> jobs, int cols, int G) {
+  constexpr int R = kQ8Rows<T>;
+  const MatvecJob& jb = jobs.job[blockIdx.y];
+  LaneSlot<W, R> s(G);
+  const SharedTables<T, kStageQ8Codebook<T>> tab;
+  pdl_wait();  // inputs and slot pointers come from the previous kernel
+  pdl_trigger();
+  const bool active = s.row < jb.rows;
+  float acc[R] = {};
+  if (active) {
+    const uint8_t* base = (jb.w ? jb.w : jb.slot_ptrs[jb.slot]) + jb.w_offset;
+    const uint8_t* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = base + (size_t)min(s.row + r, jb.rows - 1) * jb.row_bytes;
+    lane_dots_q8<T, R>(wr, jb.xq, jb.xds, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++)
+    if (s.reduce(acc[r], active, G) && s.row + r < jb.rows) jb.y[s.row + r] = acc[r];
+}
+
+template <GgmlType T, int W>
+__global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList<GateUpJob> jobs, int cols, int G) {
+  const GateUpJob& jb = jobs.job[blockIdx.y];
+  LaneSlot<W, 1> s(G);
+  const SharedTables<T, kStageQ8Codebook<T>> tab;
+  pdl_wait();
+  pdl_trigger();
+  const bool active = s.row < jb.rows;
+  float acc[2] = {};
+  if (active) {
+    const uint8_t* base = jb.slot_ptrs ? jb.slot_ptrs[jb.slot] : nullptr;
+    const size_t row = (size_t)s.row;
+    const uint8_t* wr[2] = {(jb.gate ? jb.gate : base + jb.gate_offset) + row * jb.row_bytes_gate,
+                            (jb.up ? jb.up : base + jb.up_offset) + row * jb.row_bytes_up};
+    lane_dots_q8<T, 2>(wr, jb.xq, jb.xds, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
+  }
+  const bool own_g = s.reduce(acc[0], active, G);
+  const bool own_u = s.reduce(acc[1], active, G);
+  if (own_g && own_u) jb.act[s.row] = __fmul_rn(silu_f(acc[0]), acc[1]);
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+template <GgmlType T, int W>
+auto q8_kernel_of(const MatvecJob*) { return matvec_q8_kernel<T, W>; }
+template <GgmlType T, int W>
+auto q8_kernel_of(const GateUpJob*) { return gate_up_q8_kernel<T, W>; }
+template <GgmlType T>
+constexpr int q8_rows_of(const MatvecJob*) { return kQ8Rows<T>; }
+template <GgmlType T>
+constexpr int q8_rows_of(const GateUpJob*) { return 1; }
+
+bool aligned16(const MatvecJob& j) {
+  return (reinterpret_cast<uintptr_t>(j.w) | j.w_offset | j.row_bytes) % 16 == 0;
+}
+bool aligned16(const GateUpJob& j) {
+  return (reinterpret_cast<uintptr_t>(j.gate) | reinterpret_cast<uintptr_t>(j.up) | j.gate_offset | j.up_offset |
+          j.row_bytes_gate | j.row_bytes_up) % 16 == 0;
+}
+bool inputs_aligned(const MatvecJob& j) { return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0; }
+bool inputs_aligned(const GateUpJob& j) { return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0; }
+
+template <class Job>
+void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream) {
+  if (cols % 32 != 0 || (q8_supported(t) && cols % quant_type(t).block_size != 0))
+    throw_error("matvec_q8: " + std::to_string(cols) + " columns is not a whole number of " + type_name(t) +
+                " blocks");
+  for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
+    const int m = std::min(n - j0, kMaxMatvecJobs);
+    int max_rows = 0, total_rows = 0;
+    for (int j = 0; j < m; j++) {
+      const Job& jb = jobs[j0 + j];
+      max_rows = std::max(max_rows, jb.rows), total_rows += jb.rows;
+      if (!inputs_aligned(jb)) throw_error("matvec_q8: a job's Q8 input is missing or not 16-byte aligned");
+      if ((t == GgmlType::Q4_K || t == GgmlType::Q5_K) && !aligned16(jb))
+        throw_error(std::string("matvec_q8: ") + type_name(t) + " weights must be 16-byte aligned");
+    }
+    if (max_rows == 0) continue;
+    const bool ok = dispatch_q8(t, [&]<GgmlType T>() {
+      constexpr const Job* kind = nullptr;
+      constexpr int R = q8_rows_of<T>(kind);
+      const int n_units = cols / Q8Dot<T>::kValues;
+      // Lanes a row: as many as it has units (8 to 32); then warps a row, as matvec.cu's
+      // warps_per_row, while each lane keeps two units or more.
+      int G = 8;
+      while (G < 32 && n_units > G) G *= 2;
+      int W = 1;
+      while (G == 32 && W < 4 && total_rows / R * W < 4096 && n_units >= 2 * 32 * 2 * W) W *= 2;
+      const int rows_per_block = kWarps / W * (32 / G) * R;
+      const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
+      Q8JobList<Job> list{};
+      std::copy(jobs + j0, jobs + j0 + m, list.job);
+      auto kernel = W == 1 ? q8_kernel_of<T, 1>(kind) : W == 2 ? q8_kernel_of<T, 2>(kind) : q8_kernel_of<T, 4>(kind);
+      launch_dependent(kernel, grid, dim3(32 * kWarps), stream, list, cols, G);
+    });
+    if (!ok) throw_error(std::string("matvec_q8: weight type ") + type_name(t) + " has no Q8 product");
+    RL_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+RL_QUANT_TABLES_UPLOADER(upload_quant_tables_matvec_q8)
+
+namespace {
+struct Q8Probe {
+  template <GgmlType>
+  void operator()() const {}
+};
+}  // namespace
+
+bool q8_supported(GgmlType t) { return dispatch_q8(t, Q8Probe{}); }
+
+void quantize_q8(const float* x, int rows, int cols, int8_t* q, float2* ds, cudaStream_t stream) {
+  if (cols % 32 != 0) throw_error("quantize_q8: " + std::to_string(cols) + " columns is not a multiple of 32");
+  const size_t n_blocks = (size_t)rows * cols / 32;
+  if (n_blocks == 0) return;
+  launch_dependent(quantize_q8_kernel, dim3((unsigned)((n_blocks + kWarps - 1) / kWarps)), dim3(32 * kWarps), stream,
+                   x, n_blocks, q, ds);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream) {
+  launch_q8_jobs(t, cols, jobs, n, stream);
+}
+
+void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream) {
+  launch_q8_jobs(t, cols, jobs, n, stream);
+}
+
+void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
+                       int cols, const int8_t* xq, const float2* xds, int x_rows_per_expert, float* y, int n,
+                       cudaStream_t stream) {
+  std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
+  for (int e = 0; e < n; e++) {
+    jobs[e].xq = xq + (size_t)e * x_rows_per_expert * cols;
+    jobs[e].xds = xds + (size_t)e * x_rows_per_expert * (cols / 32);
+  }
+  launch_q8_jobs(t, cols, jobs.data(), n, stream);
+}
+
+void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
+                               size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const int8_t* xq,
+                               const float2* xds, float* act, float* scratch, int n, cudaStream_t stream) {
+  if (t_gate != t_up) {  // one kernel per type, then SwiGLU
+    matvec_q8_experts(t_gate, slot_ptrs, 0, row_bytes_gate, rows, cols, xq, xds, 0, act, n, stream);
+    matvec_q8_experts(t_up, slot_ptrs, up_offset, row_bytes_up, rows, cols, xq, xds, 0, scratch, n, stream);
+    swiglu(act, scratch, act, (size_t)n * rows, stream);
+    return;
+  }
+  std::vector<GateUpJob> jobs = expert_gate_up_jobs(slot_ptrs, up_offset, row_bytes_gate, row_bytes_up, rows, act, n);
+  for (GateUpJob& j : jobs) j.xq = xq, j.xds = xds;
+  launch_q8_jobs(t_gate, cols, jobs.data(), n, stream);
+}
+
+}  // namespace rl::cuda

@@ -1,0 +1,343 @@
+// The fast tier's decode products on 8-bit activations (matvec_q8.cu): quantize_q8 against its
+// definition computed here, and every covered type's products at the 80B's shapes against the CPU
+// reference, products in double on the dequantised weights and the fp32 activations (so the bound
+// covers the activations' quantisation too).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cuda/kernels.h"
+#include "gpu_test_util.h"
+
+namespace rl {
+namespace {
+
+using test::random_floats;
+using test::random_rows;
+using test::to_device;
+using test::to_host;
+
+const GgmlType kQ8Types[] = {GgmlType::Q4_K,    GgmlType::Q5_K,   GgmlType::Q6_K, GgmlType::Q8_0,
+                             GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ1_M};
+
+// The Q8 form by its definition (kernels.h, quantize_q8): per 32 values d = max|x| / 127, q =
+// x / d rounded to nearest even (0 when d is 0), s = d · Σq, each in fp32; a block holding a NaN
+// or an infinity: d = s = NaN, q = 0.
+struct Q8Host {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+};
+Q8Host quantize_q8_reference(const std::vector<float>& x) {
+  Q8Host r;
+  r.q.resize(x.size());
+  for (size_t b = 0; b < x.size() / 32; b++) {
+    float amax = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < 32; i++) {
+      amax = std::max(amax, std::fabs(x[32 * b + i]));
+      finite = finite && std::isfinite(x[32 * b + i]);
+    }
+    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    int sum = 0;
+    for (int i = 0; i < 32; i++) {
+      const int q = finite && d > 0.0f ? (int)std::nearbyint(x[32 * b + i] / d) : 0;
+      r.q[32 * b + i] = (int8_t)q;
+      sum += q;
+    }
+    r.d.push_back(d);
+    r.s.push_back(d * (float)sum);
+  }
+  return r;
+}
+
+// The bits of a value, every NaN as one (the kernel's NaN need not be the CPU's).
+uint32_t bits(float f) {
+  if (std::isnan(f)) return 0x7fc00000u;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// x's Q8 form on the device.
+struct Q8Device {
+  cuda::DeviceBuffer q, ds;
+  Q8Device(const cuda::DeviceBuffer& x, int rows, int cols)
+      : q((size_t)rows * cols), ds((size_t)rows * cols / 32 * sizeof(float2)) {
+    cuda::quantize_q8(x.f(), rows, cols, q.get<int8_t>(), ds.get<float2>(), nullptr);
+  }
+  const int8_t* values(size_t offset = 0) const { return q.get<int8_t>() + offset; }
+  const float2* scales(size_t offset = 0) const { return ds.get<float2>() + offset; }
+};
+
+// Normalised mean squared error Σ(y − ref)² / Σ ref².
+struct Nmse {
+  double err = 0, ref = 0;
+  void add(double y, double r) { err += (y - r) * (y - r), ref += r * r; }
+  double value() const { return ref > 0 ? err / ref : err; }
+};
+// The fast tier's bound per product (DESIGN.md §5a; llama.cpp's backend tests hold quantised
+// products to it). 8-bit activations err by ~1/254 of their block's largest value, an NMSE near
+// 3e-5 on these inputs; a wrong scale, min, sign or codebook term gives O(1).
+constexpr double kMaxNmse = 5e-4;
+
+double reference_dot(GgmlType t, const uint8_t* row, const float* x, int cols) {
+  std::vector<float> w(cols);
+  dequantize_row(t, row, w.data(), cols);
+  return test::exact_dot(w.data(), x, cols).first;
+}
+
+// SiLU(gate · x) * (up · x) from the reference products.
+double swiglu_reference(GgmlType tg, const uint8_t* gate, GgmlType tu, const uint8_t* up, const float* x, int cols) {
+  const double g = reference_dot(tg, gate, x, cols), u = reference_dot(tu, up, x, cols);
+  return g / (1.0 + std::exp(-g)) * u;
+}
+
+class CudaQ8 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RL_REQUIRE_GPU();
+    cuda::upload_quant_tables();
+  }
+};
+
+TEST_F(CudaQ8, QuantizationMatchesItsDefinition) {
+  // Random rows at three shapes, then hand-made blocks: all zeros; a largest value of 127 (d = 1)
+  // with ties k + 0.5, which round to even; one value; negative largest; a NaN; an infinity.
+  std::vector<float> special(6 * 32, 0.0f);
+  special[32] = 127.0f;
+  const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -3.5f};
+  for (int i = 0; i < 8; i++) special[33 + i] = ties[i];
+  special[64 + 7] = 1e-3f;
+  for (int i = 0; i < 32; i++) special[96 + i] = -0.25f * (float)i, special[128 + i] = special[160 + i] = 1.0f;
+  special[128 + 5] = std::numeric_limits<float>::quiet_NaN();
+  special[160 + 31] = -std::numeric_limits<float>::infinity();
+  struct Case {
+    int rows, cols;
+    std::vector<float> x;
+  };
+  std::vector<Case> cases = {{1, 2048, random_floats(2048, 1)},
+                             {10, 512, random_floats(10 * 512, 2, 0.1f)},
+                             {3, 4096, random_floats(3 * 4096, 3, 4.0f)},
+                             {1, 192, special}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols));
+    auto dx = to_device(c.x);
+    Q8Device q8(dx, c.rows, c.cols);
+    const auto q = to_host<int8_t>(q8.q, c.x.size());
+    const auto ds = to_host<float2>(q8.ds, c.x.size() / 32);
+    const Q8Host ref = quantize_q8_reference(c.x);
+    for (size_t i = 0; i < c.x.size(); i++) ASSERT_EQ(q[i], ref.q[i]) << "value " << i << " = " << c.x[i];
+    for (size_t b = 0; b < ds.size(); b++) {
+      ASSERT_EQ(bits(ds[b].x), bits(ref.d[b])) << "block " << b << " scale " << ds[b].x << " vs " << ref.d[b];
+      ASSERT_EQ(bits(ds[b].y), bits(ref.s[b])) << "block " << b << " sum " << ds[b].y << " vs " << ref.s[b];
+    }
+  }
+  // The tie block, spelled out: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, 126.5 -> 126, -3.5 -> -4.
+  const Q8Host ref = quantize_q8_reference(special);
+  EXPECT_EQ(ref.q[33], 0);
+  EXPECT_EQ(ref.q[34], 2);
+  EXPECT_EQ(ref.q[35], 2);
+  EXPECT_EQ(ref.q[39], 126);
+  EXPECT_EQ(ref.q[40], -4);
+  EXPECT_TRUE(std::isnan(ref.d[4]) && std::isnan(ref.d[5]) && std::isfinite(ref.d[3]));
+}
+
+// A NaN activation makes every product of its input NaN, and only those (the Q8 form's NaN scale).
+TEST_F(CudaQ8, NanActivationsPropagate) {
+  const int rows = 20, cols = 512;
+  for (GgmlType t : kQ8Types) {
+    SCOPED_TRACE(type_name(t));
+    auto w = random_rows(t, rows, cols, 31);
+    auto x = random_floats(2 * cols, 32);
+    x[cols + 300] = std::numeric_limits<float>::quiet_NaN();  // in the second input only
+    auto dw = to_device(w), dx = to_device(x);
+    Q8Device q8(dx, 2, cols);
+    cuda::DeviceBuffer dy(2 * rows * sizeof(float));
+    cuda::MatvecJob jobs[2];
+    for (int i = 0; i < 2; i++) {
+      jobs[i].w = dw.get<uint8_t>(), jobs[i].row_bytes = row_size(t, cols), jobs[i].rows = rows;
+      jobs[i].xq = q8.values((size_t)i * cols), jobs[i].xds = q8.scales((size_t)i * cols / 32);
+      jobs[i].y = dy.f() + i * rows;
+    }
+    cuda::matvec_q8_jobs(t, cols, jobs, 2, nullptr);
+    const auto y = to_host<float>(dy, 2 * rows);
+    for (int r = 0; r < rows; r++) {
+      EXPECT_TRUE(std::isfinite(y[r])) << "row " << r;
+      EXPECT_TRUE(std::isnan(y[rows + r])) << "row " << r;
+    }
+  }
+}
+
+// Dense products as project_group launches them: one job list of two matrices on one input
+// (the 80B's ssm_in pair 2048 -> 8192 + 4096), one matrix 4096 -> 2048, and 37 rows of 256
+// columns (rows of 4 or 8 units: the lane groups of 8, a partial block of rows).
+TEST_F(CudaQ8, DenseProductsWithinTheTierBound) {
+  struct Shape {
+    int cols;
+    std::vector<int> rows;
+  };
+  const Shape shapes[] = {{2048, {8192, 4096}}, {4096, {2048}}, {256, {37}}};
+  for (GgmlType t : kQ8Types) {
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(std::string(type_name(t)) + " cols " + std::to_string(s.cols) + " jobs " +
+                   std::to_string(s.rows.size()));
+      const size_t rb = row_size(t, s.cols);
+      auto x = random_floats(s.cols, 5 + s.cols);
+      auto dx = to_device(x);
+      Q8Device q8(dx, 1, s.cols);
+      std::vector<std::vector<uint8_t>> w;
+      std::vector<cuda::DeviceBuffer> dw, dy;
+      std::vector<cuda::MatvecJob> jobs;
+      for (size_t i = 0; i < s.rows.size(); i++) {
+        w.push_back(random_rows(t, s.rows[i], s.cols, 100 + (uint32_t)i + s.cols));
+        dw.push_back(to_device(w.back()));
+        dy.emplace_back((size_t)s.rows[i] * sizeof(float));
+        cuda::MatvecJob j;
+        j.w = dw.back().get<uint8_t>(), j.row_bytes = rb, j.rows = s.rows[i], j.y = dy.back().f();
+        j.xq = q8.values(), j.xds = q8.scales();
+        jobs.push_back(j);
+      }
+      cuda::matvec_q8_jobs(t, s.cols, jobs.data(), (int)jobs.size(), nullptr);
+      for (size_t i = 0; i < s.rows.size(); i++) {
+        const auto y = to_host<float>(dy[i], s.rows[i]);
+        Nmse m;
+        for (int r = 0; r < s.rows[i]; r++) m.add(y[r], reference_dot(t, w[i].data() + r * rb, x.data(), s.cols));
+        EXPECT_LE(m.value(), kMaxNmse) << "job " << i;
+      }
+    }
+  }
+}
+
+// n experts' matrices in slots: slot e holds matrix e of each list at its offset (the cache's
+// layout: gate, up, down), reached through a device array of slot pointers in shuffled order.
+struct ExpertSlots {
+  std::vector<std::vector<std::vector<uint8_t>>> mats;  // [list][expert] host bytes
+  std::vector<size_t> offsets;                          // per list, within a slot
+  cuda::DeviceBuffer pool, ptrs;
+  ExpertSlots(const std::vector<std::pair<GgmlType, std::pair<int, int>>>& lists, int n) {
+    size_t slot = 0;
+    for (auto& [t, shape] : lists) {  // 256-byte aligned matrices, as the cache's slots hold them
+      offsets.push_back(slot);
+      slot += (row_size(t, shape.second) * shape.first + 255) / 256 * 256;
+    }
+    std::vector<uint8_t> host(slot * n);
+    mats.resize(lists.size());
+    for (size_t l = 0; l < lists.size(); l++)
+      for (int e = 0; e < n; e++) {
+        const auto& [t, shape] = lists[l];
+        mats[l].push_back(random_rows(t, shape.first, shape.second, 300 + 17 * (uint32_t)l + e));
+        const int at = (e * 7 + 3) % n;  // expert e in slot `at`
+        std::memcpy(host.data() + at * slot + offsets[l], mats[l][e].data(), mats[l][e].size());
+      }
+    pool = to_device(host);
+    std::vector<const uint8_t*> p(n);
+    for (int e = 0; e < n; e++) p[e] = pool.get<uint8_t>() + ((e * 7 + 3) % n) * slot;
+    ptrs = to_device(p);
+  }
+  const uint8_t* const* slots() const { return ptrs.get<const uint8_t*>(); }
+};
+
+// The ten routed experts of a decode token at the 80B's shapes, through slot pointers: gate/up
+// pairs 2048 -> 512 with SwiGLU (one launch), and down 512 -> 2048 on each expert's own input
+// row and on one shared input. And the shared expert's pair from direct pointers.
+TEST_F(CudaQ8, ExpertProductsWithinTheTierBound) {
+  const int n = 10, n_embd = 2048, ff = 512;
+  for (GgmlType t : kQ8Types) {
+    SCOPED_TRACE(type_name(t));
+    const size_t rb_gu = row_size(t, n_embd), rb_d = row_size(t, ff);
+    ExpertSlots slots({{t, {ff, n_embd}}, {t, {ff, n_embd}}, {t, {n_embd, ff}}}, n);
+    auto x = random_floats(n_embd, 21);
+    auto dx = to_device(x);
+    Q8Device q8(dx, 1, n_embd);
+    cuda::DeviceBuffer da((size_t)n * ff * 4), du((size_t)n * ff * 4);
+    cuda::matvec_q8_experts_gate_up(t, t, slots.slots(), slots.offsets[1] - slots.offsets[0], rb_gu, rb_gu, ff, n_embd,
+                                    q8.values(), q8.scales(), da.f(), du.f(), n, nullptr);
+    const auto act = to_host<float>(da, (size_t)n * ff);
+    Nmse gu;
+    for (int e = 0; e < n; e++)
+      for (int r = 0; r < ff; r++)
+        gu.add(act[(size_t)e * ff + r], swiglu_reference(t, slots.mats[0][e].data() + r * rb_gu, t,
+                                                         slots.mats[1][e].data() + r * rb_gu, x.data(), n_embd));
+    EXPECT_LE(gu.value(), kMaxNmse) << "gate/up";
+
+    auto xd = random_floats((size_t)n * ff, 22);
+    auto dxd = to_device(xd);
+    Q8Device q8d(dxd, n, ff);
+    cuda::DeviceBuffer dy((size_t)n * n_embd * 4);
+    for (int per_expert : {1, 0}) {
+      cuda::matvec_q8_experts(t, slots.slots(), slots.offsets[2], rb_d, n_embd, ff, q8d.values(), q8d.scales(),
+                              per_expert, dy.f(), n, nullptr);
+      const auto y = to_host<float>(dy, (size_t)n * n_embd);
+      Nmse down;
+      for (int e = 0; e < n; e++)
+        for (int r = 0; r < n_embd; r++)
+          down.add(y[(size_t)e * n_embd + r],
+                   reference_dot(t, slots.mats[2][e].data() + r * rb_d, xd.data() + per_expert * e * ff, ff));
+      EXPECT_LE(down.value(), kMaxNmse) << "down, input rows per expert " << per_expert;
+    }
+
+    // The shared expert's pair (matvec_q8_gate_up, direct pointers).
+    auto dg = to_device(slots.mats[0][0]), dup = to_device(slots.mats[1][0]);
+    cuda::GateUpJob j;
+    j.gate = dg.get<uint8_t>(), j.up = dup.get<uint8_t>(), j.row_bytes_gate = j.row_bytes_up = rb_gu, j.rows = ff;
+    j.xq = q8.values(), j.xds = q8.scales(), j.act = da.f();
+    cuda::matvec_q8_gate_up(t, n_embd, &j, 1, nullptr);
+    const auto sh = to_host<float>(da, ff);
+    Nmse shared;
+    for (int r = 0; r < ff; r++)
+      shared.add(sh[r], swiglu_reference(t, slots.mats[0][0].data() + r * rb_gu, t, slots.mats[1][0].data() + r * rb_gu,
+                                         x.data(), n_embd));
+    EXPECT_LE(shared.value(), kMaxNmse) << "shared pair";
+  }
+}
+
+// A pair of two types (the seed-mix's IQ1_M gate with an IQ2_XXS up): two launches and a swiglu.
+TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
+  const int n = 10, n_embd = 2048, ff = 512;
+  const GgmlType tg = GgmlType::IQ1_M, tu = GgmlType::IQ2_XXS;
+  const size_t rbg = row_size(tg, n_embd), rbu = row_size(tu, n_embd);
+  ExpertSlots slots({{tg, {ff, n_embd}}, {tu, {ff, n_embd}}}, n);
+  auto x = random_floats(n_embd, 23);
+  auto dx = to_device(x);
+  Q8Device q8(dx, 1, n_embd);
+  cuda::DeviceBuffer da((size_t)n * ff * 4), du((size_t)n * ff * 4);
+  cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots(), slots.offsets[1], rbg, rbu, ff, n_embd, q8.values(),
+                                  q8.scales(), da.f(), du.f(), n, nullptr);
+  const auto act = to_host<float>(da, (size_t)n * ff);
+  Nmse m;
+  for (int e = 0; e < n; e++)
+    for (int r = 0; r < ff; r++)
+      m.add(act[(size_t)e * ff + r], swiglu_reference(tg, slots.mats[0][e].data() + r * rbg, tu,
+                                                      slots.mats[1][e].data() + r * rbu, x.data(), n_embd));
+  EXPECT_LE(m.value(), kMaxNmse);
+}
+
+TEST_F(CudaQ8, RejectsWhatItCannotRun) {
+  cuda::DeviceBuffer d(1 << 16);
+  cuda::MatvecJob j;
+  j.w = d.get<uint8_t>(), j.row_bytes = row_size(GgmlType::Q4_K, 256), j.rows = 1, j.y = d.f();
+  j.xq = d.get<int8_t>(), j.xds = d.get<float2>();
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_0, 256, &j, 1, nullptr), Error);  // no Q8 product
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 288, &j, 1, nullptr), Error);  // not whole blocks
+  j.xq = nullptr;
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr), Error);  // no Q8 input
+  j.xq = d.get<int8_t>(), j.w = d.get<uint8_t>() + 8;
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr), Error);  // misaligned Q4_K
+  EXPECT_THROW(cuda::quantize_q8(d.f(), 1, 40, d.get<int8_t>(), d.get<float2>(), nullptr), Error);
+}
+
+// Host only: the covered types.
+TEST(CudaQ8Types, TheSeedMixTypesHaveQ8Products) {
+  for (GgmlType t : kQ8Types) EXPECT_TRUE(cuda::q8_supported(t)) << type_name(t);
+  for (GgmlType t : test::kWeightTypes) {
+    bool covered = false;
+    for (GgmlType c : kQ8Types) covered = covered || c == t;
+    EXPECT_EQ(cuda::q8_supported(t), covered) << type_name(t);
+  }
+}
+
+}  // namespace
+}  // namespace rl
