@@ -50,6 +50,9 @@
 #     parallel     issue 21's concurrent streams: bench/server_parallel.py through `redlite serve --parallel N`
 #                  on the 80B seed-mix with the carried fixture's vocabulary, --streams $STREAMS
 #                  (default 1,4,8), -n 64; the model is kept for a later mask step
+#     ttft         issue 19's time to first token: bench/server_ttft.py through `redlite serve` on the 80B
+#                  seed-mix with the carried fixture's vocabulary, prompts of $TTFT_TOKENS (default
+#                  4096,32768) token ids, -n 32; the model is kept for a later mask step
 #     kernels      bench_cuda_kernels of the tree (built here if needed) with $KERNELS_FLAGS (e.g.
 #                  "--filter decode/ --reps 200"); its table in $OUT/kernels.txt
 # Results: $OUT/*.log and $OUT/summary.txt. STEP_TIMEOUT (s) bounds each bench (default 240).
@@ -237,6 +240,12 @@ for s in "$@"; do
       STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step parallel python3 "$ROOT/bench/server_parallel.py" --bin "$BUILD/redlite" \
         -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n 64
       grep -E '"streams"|aggregate' "$OUT/parallel.log" | tail -4 | tee -a "$OUT/summary.txt"
+      ;;
+    ttft)
+      vocab_model
+      STEP_TIMEOUT=${TTFT_TIMEOUT_S:-300} step ttft python3 "$ROOT/bench/server_ttft.py" --bin "$BUILD/redlite" -m $MV \
+        --backend cuda --prompt-tokens "${TTFT_TOKENS:-4096,32768}" --token-range 1000,150000 -n 32
+      grep '"ttft_s"' "$OUT/ttft.log" | tee -a "$OUT/summary.txt"
       ;;
     mask)
       vocab_model

@@ -26,7 +26,7 @@
 namespace rl {
 namespace {
 
-constexpr int kPromptTokens = 48, kDecodeSteps = 8;
+constexpr int kPromptTokens = 48, kDecodeSteps = 32;
 constexpr double kMaxMeanRelRms = 0.075, kMinTop1 = 0.85;
 
 struct Scores {
