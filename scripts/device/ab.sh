@@ -244,7 +244,7 @@ for s in "$@"; do
     ttft)
       vocab_model
       STEP_TIMEOUT=${TTFT_TIMEOUT_S:-300} step ttft python3 "$ROOT/bench/server_ttft.py" --bin "$BUILD/redlite" -m $MV \
-        --backend cuda --prompt-tokens "${TTFT_TOKENS:-4096,32768}" --token-range 1000,150000 -n 32
+        --backend cuda --prompt-tokens "${TTFT_TOKENS:-4096,32768}" -n 32
       grep '"ttft_s"' "$OUT/ttft.log" | tee -a "$OUT/summary.txt"
       ;;
     mask)
