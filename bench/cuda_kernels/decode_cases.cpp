@@ -40,24 +40,26 @@ struct Q8Input {
 };
 
 // The decode products of one launch (matvec_jobs): matrices of type t and width cols with the
-// given row counts, as project_group makes them (one job each, a shared input).
-CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<int> rows, Form form) {
+// given row counts, as project_group makes them (one job each, a shared input). columns > 1
+// (matvec-q8 only): that many token columns in one call, as a batched decode step takes them.
+CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<int> rows, Form form, int columns = 1) {
   std::string shape;
   for (int r : rows) shape += fmt::format("{}{}", shape.empty() ? "" : "+", r);
-  return {fmt::format("decode/matvec/{} {} {}->{} {}", what, type_name(t), cols, shape, form_name(form)), [=] {
+  const std::string batch = columns > 1 ? fmt::format(" x{} columns", columns) : "";
+  return {fmt::format("decode/matvec/{} {} {}->{} {}{}", what, type_name(t), cols, shape, form_name(form), batch), [=] {
             Case c;
             Image img;
             std::vector<size_t> off;
             for (size_t i = 0; i < rows.size(); i++) off.push_back(img.add(random_weights(t, rows[i], cols, 11 + i)));
             const int n_rows = std::accumulate(rows.begin(), rows.end(), 0);
             auto w = make_copies(img.bytes.data(), img.bytes.size(), copies_for(img.bytes.size()));
-            auto x = device_vector(random_values(cols, 1));
-            auto y = device_buffer((size_t)n_rows * kF);
-            const Q8Input xq(1, cols);
+            auto x = device_vector(random_values((size_t)columns * cols, 1));
+            auto y = device_buffer((size_t)columns * n_rows * kF);
+            const Q8Input xq(columns, cols);
             c.copies = w->n();
-            c.bytes = (double)row_size(t, cols) * n_rows + cols * kF + n_rows * kF;
+            c.bytes = (double)row_size(t, cols) * n_rows + (double)columns * (cols + n_rows) * kF;
             c.run = [=](int copy, cudaStream_t s) {
-              if (form == Form::kQ8) xq.convert(x->f(), 1, cols, s);
+              if (form == Form::kQ8) xq.convert(x->f(), columns, cols, s);
               std::vector<cuda::MatvecJob> jobs(rows.size());
               float* out = y->f();
               for (size_t i = 0; i < rows.size(); i++) {
@@ -67,10 +69,11 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
                 jobs[i].x = x->f();
                 jobs[i].xq = xq.values(), jobs[i].xds = xq.scales();
                 jobs[i].y = out;
+                jobs[i].y_stride = n_rows;
                 out += rows[i];
               }
               if (form == Form::kQ8)
-                cuda::matvec_q8_jobs(t, cols, jobs.data(), (int)jobs.size(), s);
+                cuda::matvec_q8_jobs(t, cols, jobs.data(), (int)jobs.size(), s, columns);
               else
                 cuda::matvec_jobs(t, cols, jobs.data(), (int)jobs.size(), s, sums_of(form));
             };
@@ -415,6 +418,13 @@ std::vector<CaseDef> decode_cases() {
     v.push_back(gate_up_case(G::IQ2_XXS, form));
     v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, form));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, form));
+  }
+  // A batched decode step's dense products: each matrix read once for its token columns.
+  for (int columns : {2, 4, 8, 16}) {
+    v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}, Form::kQ8, columns));
+    v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}, Form::kQ8, columns));
+    v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, Form::kQ8, columns));
+    v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kQ8, columns));
   }
   v.push_back(quantize_q8_case(n, 1));
   v.push_back(quantize_q8_case(S::n_ff_exp, S::n_expert_used));

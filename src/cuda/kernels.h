@@ -33,6 +33,7 @@ struct MatvecJob {
   const float2* xds = nullptr;
   int slot = 0;
   int rows = 0;
+  int y_stride = 0;  // matvec_q8 of several columns: between their outputs (0: rows)
 };
 // A SwiGLU pair: act[r] = SiLU(W_gate[r,:] · x) * (W_up[r,:] · x), the matrices at gate/up or, when
 // null, at slot_ptrs[slot] + gate_offset / up_offset.
@@ -48,6 +49,7 @@ struct GateUpJob {
   const float2* xds = nullptr;
   int slot = 0;
   int rows = 0;
+  int act_stride = 0;  // as MatvecJob::y_stride
 };
 constexpr int kMaxMatvecJobs = 24;  // per launch; longer lists take several launches
 
@@ -90,8 +92,14 @@ bool q8_supported(GgmlType t);
 // (xq, xds; x is not read): per 32-value block the int8 products summed in int32 by dp4a, then
 // scaled in fp32. Q4_K and Q5_K weights 16-byte aligned (rows and slot offsets); the others
 // 2-byte aligned, as row_size and cudaMalloc give.
-void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream);
-void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream);
+// columns (1 to kMaxQ8Columns): token columns of every job, each matrix read once for up to 8 of
+// them: column c reads the Q8 row c after the job's input (xq + c·cols, xds + c·cols / 32) and
+// writes y + c·y_stride (act + c·act_stride). A column's sums are those of a one-column launch
+// on its row, in the same order, wherever that launch takes one warp a row (every width up to
+// 2048 columns); wider ones may split a row over warps there, and then differ by rounding.
+constexpr int kMaxQ8Columns = 16;
+void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, int columns = 1);
+void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream, int columns = 1);
 // As matvec_experts / matvec_experts_gate_up on Q8 inputs: expert e's input is the Q8 row e of
 // (xq, xds) when x_rows_per_expert is 1, the one row 0 for all when it is 0.
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,

@@ -348,17 +348,23 @@ struct LaneSlot {
   }
 };
 
-// This lane's part of R rows' products: units u0, u0 + step, ...; two units' loads in flight.
-template <GgmlType T, int R>
+// This lane's part of R rows' products on N columns: units u0, u0 + step, ...; with one column,
+// two units' loads in flight. A unit's weights are decoded once for its N columns (the dot
+// calls of one unit and row read the same words: the compiler keeps them; nothing is stored
+// between them).
+template <GgmlType T, int R, int N>
 __device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], const int8_t* xq, const float2* xds,
-                                             int u0, int step, int n_units, const SharedTables<T, kStageQ8Codebook<T>>& tab,
-                                             float (&acc)[R]) {
+                                             int cols, int u0, int step, int n_units,
+                                             const SharedTables<T, kStageQ8Codebook<T>>& tab, float (&acc)[N][R]) {
   using D = Q8Dot<T>;
-#pragma unroll 2
+#pragma unroll(N == 1 ? 2 : 1)
   for (int u = u0; u < n_units; u += step) {
-    const typename D::X x = D::load_x(xq, xds, u);
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] += D::dot(wr[r], u, x, tab.grid, tab.masks);
+    for (int c = 0; c < N; c++) {
+      const typename D::X x = D::load_x(xq + (size_t)c * cols, xds + (size_t)c * (cols / 32), u);
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[c][r] += D::dot(wr[r], u, x, tab.grid, tab.masks);
+    }
   }
 }
 
@@ -373,30 +379,36 @@ struct Q8JobList {
 // first choice here (not measured for these kernels).
 template <GgmlType T>
 constexpr int kQ8Rows = kIntegerForm<T> ? 4 : 2;
+// With N columns a lane group's rows are fewer, so that rows × columns stay as many products.
+template <GgmlType T, int N>
+constexpr int kQ8RowsN = kQ8Rows<T> / N > 1 ? kQ8Rows<T> / N : 1;
 
-template <GgmlType T, int W>
+template <GgmlType T, int W, int N>
 __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<MatvecJob> jobs, int cols, int G) {
-  constexpr int R = kQ8Rows<T>;
+  constexpr int R = kQ8RowsN<T, N>;
   const MatvecJob& jb = jobs.job[blockIdx.y];
   LaneSlot<W, R> s(G);
   const SharedTables<T, kStageQ8Codebook<T>> tab;
   pdl_wait();  // inputs and slot pointers come from the previous kernel
   pdl_trigger();
   const bool active = s.row < jb.rows;
-  float acc[R] = {};
+  float acc[N][R] = {};
   if (active) {
     const uint8_t* base = (jb.w ? jb.w : jb.slot_ptrs[jb.slot]) + jb.w_offset;
     const uint8_t* wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = base + (size_t)min(s.row + r, jb.rows - 1) * jb.row_bytes;
-    lane_dots_q8<T, R>(wr, jb.xq, jb.xds, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
+    lane_dots_q8<T, R, N>(wr, jb.xq, jb.xds, cols, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
   }
+  const size_t ys = jb.y_stride ? jb.y_stride : jb.rows;
 #pragma unroll
-  for (int r = 0; r < R; r++)
-    if (s.reduce(acc[r], active, G) && s.row + r < jb.rows) jb.y[s.row + r] = acc[r];
+  for (int c = 0; c < N; c++)
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      if (s.reduce(acc[c][r], active, G) && s.row + r < jb.rows) jb.y[c * ys + s.row + r] = acc[c][r];
 }
 
-template <GgmlType T, int W>
+template <GgmlType T, int W, int N>
 __global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList<GateUpJob> jobs, int cols, int G) {
   const GateUpJob& jb = jobs.job[blockIdx.y];
   LaneSlot<W, 1> s(G);
@@ -404,29 +416,45 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList
   pdl_wait();
   pdl_trigger();
   const bool active = s.row < jb.rows;
-  float acc[2] = {};
+  float acc[N][2] = {};
   if (active) {
     const uint8_t* base = jb.slot_ptrs ? jb.slot_ptrs[jb.slot] : nullptr;
     const size_t row = (size_t)s.row;
     const uint8_t* wr[2] = {(jb.gate ? jb.gate : base + jb.gate_offset) + row * jb.row_bytes_gate,
                             (jb.up ? jb.up : base + jb.up_offset) + row * jb.row_bytes_up};
-    lane_dots_q8<T, 2>(wr, jb.xq, jb.xds, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
+    lane_dots_q8<T, 2, N>(wr, jb.xq, jb.xds, cols, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
   }
-  const bool own_g = s.reduce(acc[0], active, G);
-  const bool own_u = s.reduce(acc[1], active, G);
-  if (own_g && own_u) jb.act[s.row] = __fmul_rn(silu_f(acc[0]), acc[1]);
+  const size_t as = jb.act_stride ? jb.act_stride : jb.rows;
+#pragma unroll
+  for (int c = 0; c < N; c++) {
+    const bool own_g = s.reduce(acc[c][0], active, G);
+    const bool own_u = s.reduce(acc[c][1], active, G);
+    if (own_g && own_u) jb.act[c * as + s.row] = __fmul_rn(silu_f(acc[c][0]), acc[c][1]);
+  }
 }
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-template <GgmlType T, int W>
-auto q8_kernel_of(const MatvecJob*) { return matvec_q8_kernel<T, W>; }
-template <GgmlType T, int W>
-auto q8_kernel_of(const GateUpJob*) { return gate_up_q8_kernel<T, W>; }
-template <GgmlType T>
-constexpr int q8_rows_of(const MatvecJob*) { return kQ8Rows<T>; }
-template <GgmlType T>
+template <GgmlType T, int W, int N>
+auto q8_kernel_of(const MatvecJob*) { return matvec_q8_kernel<T, W, N>; }
+template <GgmlType T, int W, int N>
+auto q8_kernel_of(const GateUpJob*) { return gate_up_q8_kernel<T, W, N>; }
+template <GgmlType T, int N>
+constexpr int q8_rows_of(const MatvecJob*) { return kQ8RowsN<T, N>; }
+template <GgmlType T, int N>
 constexpr int q8_rows_of(const GateUpJob*) { return 1; }
+
+// The jobs' column c0 onwards: inputs and outputs moved on by c0 columns.
+MatvecJob from_column(MatvecJob j, int c0, int cols) {
+  j.xq += (size_t)c0 * cols, j.xds += (size_t)c0 * (cols / 32);
+  j.y += (size_t)c0 * (j.y_stride ? j.y_stride : j.rows);
+  return j;
+}
+GateUpJob from_column(GateUpJob j, int c0, int cols) {
+  j.xq += (size_t)c0 * cols, j.xds += (size_t)c0 * (cols / 32);
+  j.act += (size_t)c0 * (j.act_stride ? j.act_stride : j.rows);
+  return j;
+}
 
 bool aligned16(const MatvecJob& j) {
   return (reinterpret_cast<uintptr_t>(j.w) | j.w_offset | j.row_bytes) % 16 == 0;
@@ -438,11 +466,43 @@ bool aligned16(const GateUpJob& j) {
 bool inputs_aligned(const MatvecJob& j) { return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0; }
 bool inputs_aligned(const GateUpJob& j) { return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0; }
 
+// One launch of m ≤ kMaxMatvecJobs jobs on N columns.
+template <int N, class Job>
+void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_rows, int total_rows, cudaStream_t stream) {
+  const bool ok = dispatch_q8(t, [&]<GgmlType T>() {
+    constexpr const Job* kind = nullptr;
+    constexpr int R = q8_rows_of<T, N>(kind);
+    const int n_units = cols / Q8Dot<T>::kValues;
+    // Lanes a row: as many as it has units (8 to 32); then, with one column, warps a row as
+    // matvec.cu's warps_per_row, while each lane keeps two units or more (several columns give
+    // a lane enough work).
+    int G = 8;
+    while (G < 32 && n_units > G) G *= 2;
+    int W = 1;
+    while (N == 1 && G == 32 && W < 4 && total_rows / R * W < 4096 && n_units >= 2 * 32 * 2 * W) W *= 2;
+    const int rows_per_block = kWarps / W * (32 / G) * R;
+    const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
+    Q8JobList<Job> list{};
+    std::copy(jobs, jobs + m, list.job);
+    if constexpr (N == 1) {
+      auto kernel = W == 1 ? q8_kernel_of<T, 1, 1>(kind) : W == 2 ? q8_kernel_of<T, 2, 1>(kind) : q8_kernel_of<T, 4, 1>(kind);
+      launch_dependent(kernel, grid, dim3(32 * kWarps), stream, list, cols, G);
+    } else {
+      launch_dependent(q8_kernel_of<T, 1, N>(kind), grid, dim3(32 * kWarps), stream, list, cols, G);
+    }
+  });
+  if (!ok) throw_error(std::string("matvec_q8: weight type ") + type_name(t) + " has no Q8 product");
+  RL_CUDA_LAUNCH_CHECK();
+}
+
 template <class Job>
-void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream) {
+void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream, int columns) {
   if (cols % 32 != 0 || (q8_supported(t) && cols % quant_type(t).block_size != 0))
     throw_error("matvec_q8: " + std::to_string(cols) + " columns is not a whole number of " + type_name(t) +
                 " blocks");
+  if (columns < 1 || columns > kMaxQ8Columns)
+    throw_error("matvec_q8: " + std::to_string(columns) + " token columns, want 1 to " +
+                std::to_string(kMaxQ8Columns));
   for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
     const int m = std::min(n - j0, kMaxMatvecJobs);
     int max_rows = 0, total_rows = 0;
@@ -454,25 +514,19 @@ void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t s
         throw_error(std::string("matvec_q8: ") + type_name(t) + " weights must be 16-byte aligned");
     }
     if (max_rows == 0) continue;
-    const bool ok = dispatch_q8(t, [&]<GgmlType T>() {
-      constexpr const Job* kind = nullptr;
-      constexpr int R = q8_rows_of<T>(kind);
-      const int n_units = cols / Q8Dot<T>::kValues;
-      // Lanes a row: as many as it has units (8 to 32); then warps a row, as matvec.cu's
-      // warps_per_row, while each lane keeps two units or more.
-      int G = 8;
-      while (G < 32 && n_units > G) G *= 2;
-      int W = 1;
-      while (G == 32 && W < 4 && total_rows / R * W < 4096 && n_units >= 2 * 32 * 2 * W) W *= 2;
-      const int rows_per_block = kWarps / W * (32 / G) * R;
-      const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
-      Q8JobList<Job> list{};
-      std::copy(jobs + j0, jobs + j0 + m, list.job);
-      auto kernel = W == 1 ? q8_kernel_of<T, 1>(kind) : W == 2 ? q8_kernel_of<T, 2>(kind) : q8_kernel_of<T, 4>(kind);
-      launch_dependent(kernel, grid, dim3(32 * kWarps), stream, list, cols, G);
-    });
-    if (!ok) throw_error(std::string("matvec_q8: weight type ") + type_name(t) + " has no Q8 product");
-    RL_CUDA_LAUNCH_CHECK();
+    // The columns in launches of 8, 4, 2 and 1 (each reads the matrices once).
+    std::vector<Job> part(jobs + j0, jobs + j0 + m);
+    for (int c0 = 0; c0 < columns;) {
+      const int left = columns - c0, N = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      for (int j = 0; j < m; j++) part[j] = from_column(jobs[j0 + j], c0, cols);
+      switch (N) {
+        case 8: launch_q8_columns<8>(t, cols, part.data(), m, max_rows, total_rows, stream); break;
+        case 4: launch_q8_columns<4>(t, cols, part.data(), m, max_rows, total_rows, stream); break;
+        case 2: launch_q8_columns<2>(t, cols, part.data(), m, max_rows, total_rows, stream); break;
+        default: launch_q8_columns<1>(t, cols, part.data(), m, max_rows, total_rows, stream);
+      }
+      c0 += N;
+    }
   }
 }
 
@@ -498,12 +552,12 @@ void quantize_q8(const float* x, int rows, int cols, int8_t* q, float2* ds, cuda
   RL_CUDA_LAUNCH_CHECK();
 }
 
-void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream) {
-  launch_q8_jobs(t, cols, jobs, n, stream);
+void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, int columns) {
+  launch_q8_jobs(t, cols, jobs, n, stream, columns);
 }
 
-void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream) {
-  launch_q8_jobs(t, cols, jobs, n, stream);
+void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream, int columns) {
+  launch_q8_jobs(t, cols, jobs, n, stream, columns);
 }
 
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
@@ -514,7 +568,7 @@ void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_off
     jobs[e].xq = xq + (size_t)e * x_rows_per_expert * cols;
     jobs[e].xds = xds + (size_t)e * x_rows_per_expert * (cols / 32);
   }
-  launch_q8_jobs(t, cols, jobs.data(), n, stream);
+  launch_q8_jobs(t, cols, jobs.data(), n, stream, 1);
 }
 
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
@@ -528,7 +582,7 @@ void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* co
   }
   std::vector<GateUpJob> jobs = expert_gate_up_jobs(slot_ptrs, up_offset, row_bytes_gate, row_bytes_up, rows, act, n);
   for (GateUpJob& j : jobs) j.xq = xq, j.xds = xds;
-  launch_q8_jobs(t_gate, cols, jobs.data(), n, stream);
+  launch_q8_jobs(t_gate, cols, jobs.data(), n, stream, 1);
 }
 
 }  // namespace rl::cuda

@@ -327,7 +327,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
                  x24_form_of(e.forms.x24_kernel()));
   if (!shared_on_side) {
     e.products.project_gate_up(moe.gate_sh, moe.up_sh, plan.shared, h2, T, ws.shared_act.f(), ws.shared_up.f(),
-                               plan.moe_input_x24 || plan.moe_input_q8);
+                               plan.shared.gate == Kernel::kMatvecQ8 ? plan.moe_input_q8 : plan.moe_input_x24);
     e.products.project(moe.down_sh, plan.shared_down, ws.shared_act.f(), T, ws.shared_out.f());
   }
   if (trace && routing != Routing::kGpuRouted) {

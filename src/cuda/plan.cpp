@@ -89,6 +89,9 @@ const char* routing_name(Routing r) {
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec(w.type);
+  // A few tokens (a short chunk, a batched step): the fast tier's Q8 decode products, each matrix
+  // read once for all their columns.
+  if (rows <= kMaxQ8Columns && forms.matvec(w.type) == Kernel::kMatvecQ8) return Kernel::kMatvecQ8;
   return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();
 }
 
@@ -97,7 +100,8 @@ namespace {
 // A dense SwiGLU pair (Products::project_gate_up): one launch when both matrices have one type and
 // shape (X24 for an X24 type over n_embd columns, in prefill), else two products.
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
-  if (T == 1 && gate.type == up.type && gate.cols == up.cols) {
+  const bool q8_columns = T <= kMaxQ8Columns && forms.matvec(gate.type) == Kernel::kMatvecQ8;
+  if ((T == 1 || q8_columns) && gate.type == up.type && gate.cols == up.cols) {
     const Kernel k = forms.matvec(gate.type);
     return {k, k, true};
   }
@@ -147,7 +151,6 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
     l.shared_gate_inp = dense_kernel(forms, m.shared_gate_inp, T);
     l.shared = dense_pair(c, forms, m.gate_sh, m.up_sh, T);
     l.shared_down = dense_kernel(forms, m.down_sh, T);
-    l.moe_input_x24 = T > 1 && forms.moe_input_x24(m);
     if (T == 1) {
       // One form for the pair (a launch, or two of its types and a swiglu, on one input).
       const GgmlType gt = m.gate_exps.type, ut = m.up_exps.type;
@@ -161,6 +164,8 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
       l.experts = {expert_kernel(forms, gv.type), expert_kernel(forms, uv.type),
                    gv.type == uv.type && gv.row_bytes == uv.row_bytes};
       l.expert_down = expert_kernel(forms, m.down_exps.type);
+      // h2 to X24 once for the products that read that form (a shared pair on matvec-q8 does not).
+      l.moe_input_x24 = is_x24(l.shared.gate) || is_x24(l.experts.gate) || is_x24(l.experts.up);
     }
     l.routing = routing;
     p.layers.push_back(l);

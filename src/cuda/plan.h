@@ -17,7 +17,7 @@ namespace rl::cuda {
 enum class Kernel : uint8_t {
   kMatvec,     // one row: matvec family, fp32 activations, double sums
   kMatvecF32,  // one row, fast tier: the matvec family with fp32 sums (Sums::kFast)
-  kMatvecQ8,   // one row, fast tier: dp4a products on the Q8 form of the input (matvec_q8 family)
+  kMatvecQ8,   // fast tier, 1 to kMaxQ8Columns rows: dp4a products on the Q8 form of the input (matvec_q8 family)
   kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
   kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
   kMatmulX8,   // prefill, fast tier: the X24 kernels on X8 activations (int8 per value; XForm::kX8)

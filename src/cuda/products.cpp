@@ -12,8 +12,9 @@ namespace {
 Sums sums_of(Kernel k) { return k == Kernel::kMatvecF32 ? Sums::kFast : Sums::kExact; }
 }  // namespace
 
-void Products::convert_q8(const float* x, int cols) {
-  quantize_q8(x, 1, cols, q8_scratch_.values(), q8_scratch_.scales(), stream_);
+void Products::convert_q8(const float* x, int T, int cols) {
+  if (T < 1 || T > kMaxQ8Columns) fail("Products: matvec-q8 takes 1 to {} token columns, not {}", kMaxQ8Columns, T);
+  quantize_q8(x, T, cols, q8_scratch_.values(), q8_scratch_.scales(), stream_);
 }
 
 void Products::convert_moe_input_q8(const float* h2) {
@@ -29,16 +30,15 @@ void read_q8(Job& j, const Q8Rows& rows) {
 }  // namespace
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
-  if (k == Kernel::kMatvecQ8) {
-    if (T != 1) fail("Products::project: matvec-q8 takes one row, not {}", T);
-    convert_q8(x, w.cols);
+  if (k == Kernel::kMatvecQ8) {  // y [T][rows]
+    convert_q8(x, T, w.cols);
     MatvecJob j;
     j.w = w.data;
     j.row_bytes = w.row_bytes;
     j.rows = w.rows;
     j.y = y;
     read_q8(j, q8_scratch_);
-    matvec_q8_jobs(w.type, w.cols, &j, 1, stream_);
+    matvec_q8_jobs(w.type, w.cols, &j, 1, stream_, T);
   } else if (is_matvec(k)) {
     matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_, sums_of(k));
   } else if (is_x32(k)) {
@@ -87,7 +87,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
         read_q8(j, ws_.q8_moe_input);
       } else {
         if (converted && converted != p.x) fail("project_group: matvec-q8 products of two inputs in one group");
-        if (!converted) convert_q8(p.x, p.w->cols), converted = p.x;
+        if (!converted) convert_q8(p.x, 1, p.w->cols), converted = p.x;
         read_q8(j, q8_scratch_);
       }
     }
@@ -124,9 +124,10 @@ void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan&
       matvec_gate_up(gate.type, gate.cols, &j, 1, stream_, sums_of(plan.gate));
       return;
     }
-    if (!x_in_moe_input) convert_q8(x, gate.cols);
+    if (x_in_moe_input && T != 1) fail("Products::project_gate_up: the MoE input's Q8 form holds one token, not {}", T);
+    if (!x_in_moe_input) convert_q8(x, T, gate.cols);
     read_q8(j, x_in_moe_input ? ws_.q8_moe_input : q8_scratch_);
-    matvec_q8_gate_up(gate.type, gate.cols, &j, 1, stream_);
+    matvec_q8_gate_up(gate.type, gate.cols, &j, 1, stream_, T);
     return;
   }
   if (plan.fused && is_x24(plan.gate)) {

@@ -71,8 +71,8 @@ class Products {
   void gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n);
 
  private:
-  // x [cols] in the Q8 form in q8_scratch_ (one input at a time).
-  void convert_q8(const float* x, int cols);
+  // x [T][cols] (T ≤ kMaxQ8Columns) in the Q8 form in q8_scratch_ (one input at a time).
+  void convert_q8(const float* x, int T, int cols);
   const Config& c_;
   Workspace& ws_;
   Q8Rows& q8_scratch_;

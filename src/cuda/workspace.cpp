@@ -87,8 +87,9 @@ Workspace::Workspace(const Config& c, const NumericForms& forms) {
       alloc_bytes(b.ds, rows * (cols / 32) * sizeof(float2));
     };
     const size_t dense = std::max<size_t>({n_embd, (size_t)c.ssm_value_dim(), (size_t)c.q_dim(), ff_sh});
-    alloc_q8(q8_input, 1, dense);
-    alloc_q8(q8_side_input, 1, std::max(n_embd, ff_sh));
+    // A few token columns (NumericForms: matvec-q8 up to kMaxQ8Columns tokens) on the dense inputs.
+    alloc_q8(q8_input, kMaxQ8Columns, dense);
+    alloc_q8(q8_side_input, kMaxQ8Columns, std::max(n_embd, ff_sh));
     alloc_q8(q8_moe_input, 1, n_embd);
     alloc_q8(q8_expert_act, std::max(c.n_expert_used, 1), ff);
   }

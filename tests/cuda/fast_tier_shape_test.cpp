@@ -18,6 +18,7 @@
 #include "backend_test_util.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/kernels.h"
 #include "gpu_test_util.h"
 #include "model/parity.h"
 #include "synth/synth.h"
@@ -107,6 +108,46 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
     EXPECT_GE(decode.top1_share(), kMinTop1);
     EXPECT_LE(decode.mean_rms(), kMaxMeanRelRms);
   }
+}
+
+// Prompts of 2 to 16 tokens prefill with the dense products on matvec-q8 token columns (plan:
+// CudaPlan.FewTokensTakeQ8ColumnsForDenseProducts): their logits at every position against the
+// oracle's, at the 80B's widths, within the same bound; 17 tokens (the prefill forms) beside them.
+TEST(CudaFastTier, ShortPromptsOnQ8Columns) {
+  RL_REQUIRE_GPU();
+  synth::Options o;
+  o.preset = "80b";
+  o.dim_overrides = {{"n_layer", 4}, {"n_vocab", 4096}};
+  const test::SynthModelFile file("fast-tier-short", o);
+  const auto& model = file.model;
+  const int n_vocab = model->config().n_vocab;
+  auto oracle = cpu::make_cpu_backend(model, 0, Numerics::kExact);
+  cuda::CudaOptions opts;
+  opts.numerics = Numerics::kFast;
+  auto backend = cuda::make_cuda_backend(model, opts);
+  Scores q8_columns;  // the prompts of up to 16 tokens together: top-1 over 23 positions
+  for (int T : {2, 5, 16, 17}) {
+    SCOPED_TRACE(T);
+    const auto toks = test::prompt(T, n_vocab, 10 + T);
+    std::vector<float> want, got;
+    oracle->new_session(T + 1)->prefill(toks, &want);
+    backend->new_session(T + 1)->prefill(toks, &got);
+    ASSERT_EQ(got.size(), want.size());
+    Scores sc;
+    for (int i = 0; i < T; i++) {
+      const auto g = std::span(got).subspan((size_t)i * n_vocab, n_vocab);
+      const auto w = std::span(want).subspan((size_t)i * n_vocab, n_vocab);
+      sc.add(g, w);
+      if (T <= cuda::kMaxQ8Columns) q8_columns.add(g, w);
+    }
+    std::printf("[fast tier, 80B widths] prompt of %2d tokens: top-1 %.3f mean rel rms %.3e\n", T, sc.top1_share(),
+                sc.mean_rms());
+    EXPECT_LE(sc.mean_rms(), kMaxMeanRelRms);
+    if (T > cuda::kMaxQ8Columns) {
+      EXPECT_GE(sc.top1_share(), kMinTop1);
+    }
+  }
+  EXPECT_GE(q8_columns.top1_share(), kMinTop1);
 }
 
 }  // namespace

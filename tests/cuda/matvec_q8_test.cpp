@@ -315,6 +315,76 @@ TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
   EXPECT_LE(m.value(), kMaxNmse);
 }
 
+// Several token columns a launch (batched decode): each column's products equal a one-column
+// launch on its row bit for bit at 2048 columns (one warp a row there), and are within the
+// tier's bound at 4096; outputs at a stride wider than the rows leave the gaps untouched. Column
+// counts cover each launch size (8, 4, 2, 1) and their sums (3, 5, 13, 16).
+TEST_F(CudaQ8, SeveralColumnsAsOneColumnEach) {
+  for (GgmlType t : kQ8Types) {
+    for (int cols : {2048, 4096}) {
+      const int rows = 300, stride = rows + 7;
+      const size_t rb = row_size(t, cols);
+      const auto w = random_rows(t, rows, cols, 700 + cols);
+      auto dw = to_device(w);
+      for (int columns : {2, 3, 5, 8, 13, 16}) {
+        SCOPED_TRACE(std::string(type_name(t)) + " cols " + std::to_string(cols) + " columns " +
+                     std::to_string(columns));
+        const auto x = random_floats((size_t)columns * cols, 40 + columns);
+        auto dx = to_device(x);
+        Q8Device q8(dx, columns, cols);
+        const float kUntouched = -12345.0f;
+        auto dy = to_device(std::vector<float>((size_t)columns * stride, kUntouched));
+        cuda::MatvecJob j;
+        j.w = dw.get<uint8_t>(), j.row_bytes = rb, j.rows = rows, j.y = dy.f(), j.y_stride = stride;
+        j.xq = q8.values(), j.xds = q8.scales();
+        cuda::matvec_q8_jobs(t, cols, &j, 1, nullptr, columns);
+        const auto y = to_host<float>(dy, (size_t)columns * stride);
+        cuda::DeviceBuffer d1((size_t)rows * sizeof(float));
+        for (int c = 0; c < columns; c++) {
+          cuda::MatvecJob one = j;
+          one.y = d1.f(), one.y_stride = 0;
+          one.xq = q8.values((size_t)c * cols), one.xds = q8.scales((size_t)c * cols / 32);
+          cuda::matvec_q8_jobs(t, cols, &one, 1, nullptr);
+          const auto y1 = to_host<float>(d1, rows);
+          Nmse m;
+          for (int r = 0; r < rows; r++) {
+            const float got = y[(size_t)c * stride + r];
+            if (cols == 2048) ASSERT_EQ(bits(got), bits(y1[r])) << "column " << c << " row " << r;
+            m.add(got, reference_dot(t, w.data() + r * rb, x.data() + (size_t)c * cols, cols));
+          }
+          EXPECT_LE(m.value(), kMaxNmse) << "column " << c;
+          for (int r = rows; r < stride; r++) ASSERT_EQ(y[(size_t)c * stride + r], kUntouched) << "gap of column " << c;
+        }
+      }
+    }
+  }
+}
+
+// The shared expert's SwiGLU pair on several columns: as one-column launches, bit for bit.
+TEST_F(CudaQ8, SeveralColumnsOfASwigluPair) {
+  const int n_embd = 2048, ff = 512, columns = 7;
+  for (GgmlType t : kQ8Types) {
+    SCOPED_TRACE(type_name(t));
+    const size_t rb = row_size(t, n_embd);
+    auto dg = to_device(random_rows(t, ff, n_embd, 801)), du = to_device(random_rows(t, ff, n_embd, 802));
+    auto dx = to_device(random_floats((size_t)columns * n_embd, 803));
+    Q8Device q8(dx, columns, n_embd);
+    cuda::DeviceBuffer da((size_t)columns * ff * sizeof(float)), d1(ff * sizeof(float));
+    cuda::GateUpJob j;
+    j.gate = dg.get<uint8_t>(), j.up = du.get<uint8_t>(), j.row_bytes_gate = j.row_bytes_up = rb, j.rows = ff;
+    j.xq = q8.values(), j.xds = q8.scales(), j.act = da.f();
+    cuda::matvec_q8_gate_up(t, n_embd, &j, 1, nullptr, columns);
+    const auto act = to_host<float>(da, (size_t)columns * ff);
+    for (int c = 0; c < columns; c++) {
+      cuda::GateUpJob one = j;
+      one.act = d1.f(), one.xq = q8.values((size_t)c * n_embd), one.xds = q8.scales((size_t)c * n_embd / 32);
+      cuda::matvec_q8_gate_up(t, n_embd, &one, 1, nullptr);
+      const auto a1 = to_host<float>(d1, ff);
+      for (int r = 0; r < ff; r++) ASSERT_EQ(bits(act[(size_t)c * ff + r]), bits(a1[r])) << "column " << c << " row " << r;
+    }
+  }
+}
+
 TEST_F(CudaQ8, RejectsWhatItCannotRun) {
   cuda::DeviceBuffer d(1 << 16);
   cuda::MatvecJob j;
@@ -327,6 +397,9 @@ TEST_F(CudaQ8, RejectsWhatItCannotRun) {
   j.xq = d.get<int8_t>(), j.w = d.get<uint8_t>() + 8;
   EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr), Error);  // misaligned Q4_K
   EXPECT_THROW(cuda::quantize_q8(d.f(), 1, 40, d.get<int8_t>(), d.get<float2>(), nullptr), Error);
+  j.w = d.get<uint8_t>();
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr, 0), Error);  // no columns
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr, cuda::kMaxQ8Columns + 1), Error);
 }
 
 // Host only: the covered types.

@@ -172,6 +172,47 @@ TEST(CudaPlan, FastDecodeTakesQ8ForItsTypes) {
   EXPECT_EQ(f32.lm_head_last, K::kMatvecF32);
 }
 
+// A chunk of 2 to kMaxQ8Columns tokens (a short prompt, a batched step) takes the fast tier's
+// matvec-q8 for its dense products of Q8 types, each matrix read once for every column; the
+// routed experts keep the prefill forms, and h2 goes to X24 only for them. A 17-token chunk and
+// the exact tier are prefill throughout.
+TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
+  NumericForms forms = both_forms();
+  forms.fast = forms.bf16 = forms.q8 = true;
+  DeviceWeights w = weights();
+  w.layers[0].ssm.ba = mat(GgmlType::Q5_0, 8, kEmbd);
+  for (int T : {2, 7, kMaxQ8Columns}) {
+    SCOPED_TRACE(T);
+    const PassPlan p = make_pass_plan(config(), w, forms, {}, true, T);
+    const LayerPlan& dn = p.layers[0];
+    EXPECT_EQ(dn.mixer_in[0], K::kMatvecQ8);   // Q4_K qkv
+    EXPECT_EQ(dn.mixer_in[1], K::kMatvecQ8);   // Q4_K z
+    EXPECT_EQ(dn.mixer_in[2], K::kMatmulBf16); // Q5_0 ba: no Q8 product
+    EXPECT_EQ(dn.mixer_out, K::kMatvecQ8);
+    EXPECT_EQ(dn.router, K::kMatmulBf16);      // F32
+    EXPECT_TRUE(dn.shared.fused);              // Q8_0 pair: one matvec_q8_gate_up
+    EXPECT_EQ(dn.shared.gate, K::kMatvecQ8);
+    EXPECT_EQ(dn.shared_down, K::kMatvecQ8);
+    EXPECT_EQ(dn.experts.gate, K::kMatmulX8);  // IQ2_XXS routed: the prefill form
+    EXPECT_EQ(dn.expert_down, K::kMatmulX8);
+    EXPECT_TRUE(dn.moe_input_x24);             // for the routed experts
+    EXPECT_FALSE(dn.moe_input_q8);             // decode only
+    EXPECT_EQ(p.lm_head_all, K::kMatvecQ8);
+  }
+  const PassPlan p17 = make_pass_plan(config(), w, forms, {}, true, kMaxQ8Columns + 1);
+  EXPECT_NE(p17.layers[0].mixer_in[0], K::kMatvecQ8);
+  EXPECT_NE(p17.layers[0].shared.gate, K::kMatvecQ8);
+  // A shared pair without X24 form and routed experts without one: nothing converts h2 to X24.
+  w.layers[0].moe.gate_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
+  w.layers[0].moe.up_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
+  w.layers[0].moe.down_exps = experts(GgmlType::Q5_0, kEmbd, kFf);
+  EXPECT_FALSE(make_pass_plan(config(), w, forms, {}, true, 4).layers[0].moe_input_x24);
+  forms.fast = forms.bf16 = forms.q8 = false;
+  const PassPlan exact = make_pass_plan(config(), weights(), forms, {}, true, 4);
+  for (const LayerPlan& l : exact.layers)
+    for (K k : l.mixer_in) EXPECT_FALSE(k == K::kMatvecQ8 || is_matvec(k));
+}
+
 // The fast tier's prefill takes the X8 form where the exact tier takes X24 or X32, and the bf16
 // products where it takes fp64 (the same model as PrefillFormsByType).
 TEST(CudaPlan, FastPrefillFormsByType) {
