@@ -16,6 +16,7 @@ namespace {
 using S = Shapes80B;
 constexpr size_t kF = sizeof(float);
 constexpr int T = S::chunk;
+constexpr int prefill_tokens = T;
 
 // The activations of a chunk in the X24 / X32 form, converted once when the case is made.
 struct Quantised {
@@ -40,7 +41,9 @@ Quantised quantised(bool x32, const float* x, int rows, int cols, cuda::XForm fo
 // Y [T][rows] = X [T][cols] · Wᵀ: fp64 matmul (token_tile 0: its own pick) or X32 (matmul_x32 on
 // the converted input; kX8: the fast tier's X8 form of it).
 enum class Form { kFp64, kX32, kX8 };
-CaseDef product_case(const std::string& what, GgmlType t, int rows, int cols, Form form, int token_tile = 0) {
+// T: the tokens (default the chunk of 512; a few tokens to set beside decode/'s "xN columns" cases).
+CaseDef product_case(const std::string& what, GgmlType t, int rows, int cols, Form form, int token_tile = 0,
+                     int T = prefill_tokens) {
   const std::string kind = form == Form::kX32 ? "matmul_x32" : form == Form::kX8 ? "matmul_x32_x8" : "matmul";
   const std::string tile = token_tile ? fmt::format(" tile={}", token_tile) : "";
   return {fmt::format("prefill/{}/{} {} {}->{} T={}{}", kind, what, type_name(t), cols, rows, T, tile), [=] {
@@ -363,6 +366,12 @@ std::vector<CaseDef> prefill_cases() {
   v.push_back(product_case("ssm_qkv", G::Q4_K, S::conv_dim, n, Form::kFp64));
   for (int tile : {0, 32, 64}) v.push_back(product_case("ssm_z", G::Q4_K, S::value_dim, n, Form::kFp64, tile));
   v.push_back(product_case("ssm_ba", G::Q8_0, 2 * S::ssm_v_heads, n, Form::kFp64));
+  // A few tokens (a short prompt's chunk, a batched step) on the chunk's forms (the conversion not
+  // timed), beside decode/'s matvec-q8 "xN columns" cases (the conversion timed).
+  for (int few : {2, 4, 8, 16}) {
+    v.push_back(product_case("ssm_in", G::Q4_K, S::conv_dim + S::value_dim, n, Form::kX8, 0, few));
+    v.push_back(product_case("ssm_out", G::Q4_K, n, S::value_dim, Form::kX8, 0, few));
+  }
   for (CaseDef& d : deltanet_cases()) v.push_back(std::move(d));
   v.push_back(quantize_case(true, S::value_dim));
   for (Form f : {Form::kX32, Form::kX8}) v.push_back(product_case("ssm_out", G::Q4_K, n, S::value_dim, f));
