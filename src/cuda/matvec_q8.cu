@@ -518,15 +518,15 @@ void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t s
     }
     if (max_rows == 0) continue;
     // The columns in launches of 8, 4, 2 and 1 (each reads the matrices once).
-    std::vector<Job> part(jobs + j0, jobs + j0 + m);
+    Job part[kMaxMatvecJobs];
     for (int c0 = 0; c0 < columns;) {
       const int left = columns - c0, N = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
       for (int j = 0; j < m; j++) part[j] = from_column(jobs[j0 + j], c0, cols);
       switch (N) {
-        case 8: launch_q8_columns<8>(t, cols, part.data(), m, max_rows, total_rows, stream); break;
-        case 4: launch_q8_columns<4>(t, cols, part.data(), m, max_rows, total_rows, stream); break;
-        case 2: launch_q8_columns<2>(t, cols, part.data(), m, max_rows, total_rows, stream); break;
-        default: launch_q8_columns<1>(t, cols, part.data(), m, max_rows, total_rows, stream);
+        case 8: launch_q8_columns<8>(t, cols, part, m, max_rows, total_rows, stream); break;
+        case 4: launch_q8_columns<4>(t, cols, part, m, max_rows, total_rows, stream); break;
+        case 2: launch_q8_columns<2>(t, cols, part, m, max_rows, total_rows, stream); break;
+        default: launch_q8_columns<1>(t, cols, part, m, max_rows, total_rows, stream);
       }
       c0 += N;
     }

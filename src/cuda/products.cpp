@@ -66,16 +66,22 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
     for (const Projection& p : list) project(*p.w, p.kernel, p.x, T, p.y, &held);
     return;
   }
-  // The launches: runs of consecutive products of one type, width and kernel.
+  // The launches: runs of consecutive products of one type, width and kernel. A group holds a
+  // mixer's few input products, so the storage is fixed (no allocation a call on the synchronous
+  // path).
+  constexpr size_t kMaxGroup = 4;
+  if (list.size() > kMaxGroup) fail("project_group: {} products in one group, at most {}", list.size(), kMaxGroup);
   struct Launch {
-    const Projection* first;
-    std::vector<MatvecJob> jobs;
+    const Projection* first = nullptr;
+    MatvecJob jobs[kMaxGroup];
+    int n = 0;
   };
-  std::vector<Launch> launches;
+  Launch launches[kMaxGroup];
+  size_t n_launches = 0;
   const float* converted = nullptr;  // the input held in q8_scratch_
   for (const Projection& p : list) {
-    const Projection* f = launches.empty() ? nullptr : launches.back().first;
-    if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel) launches.push_back({&p, {}});
+    const Projection* f = n_launches ? launches[n_launches - 1].first : nullptr;
+    if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel) launches[n_launches++].first = &p;
     MatvecJob j;
     j.w = p.w->data;
     j.row_bytes = p.w->row_bytes;
@@ -91,17 +97,18 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
         read_q8(j, q8_scratch_);
       }
     }
-    launches.back().jobs.push_back(j);
+    Launch& l = launches[n_launches - 1];
+    l.jobs[l.n++] = j;
   }
-  const bool branch = launches.size() > 1 && side_;
+  const bool branch = n_launches > 1 && side_;
   if (branch) side_->fork_side();  // where the inputs are ready
-  for (size_t i = 0; i < launches.size(); i++) {
+  for (size_t i = 0; i < n_launches; i++) {
     const Launch& l = launches[i];
     const cudaStream_t s = branch && i > 0 ? side_->side : stream_;
     if (l.first->kernel == Kernel::kMatvecQ8)
-      matvec_q8_jobs(l.first->w->type, l.first->w->cols, l.jobs.data(), (int)l.jobs.size(), s);
+      matvec_q8_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s);
     else
-      matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs.data(), (int)l.jobs.size(), s, sums_of(l.first->kernel));
+      matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s, sums_of(l.first->kernel));
   }
   if (branch) {
     side_->end_side();
