@@ -42,6 +42,18 @@ struct CudaOptions {
   // the GPU (bit-identical to the synchronous path) but its speed on a bounded cache was never
   // measured.
   Speculation speculation = Speculation::kFullyResident;
+  // Prediction and prefetch on a bounded cache (--prefetch off|on|early|late; docs/cuda.md
+  // "Prediction and prefetch"): a host-routed decode token computes layer L+1's router and top-k on
+  // layer L's hidden state (normed with layer L+1's post-attention norm) and copies the predicted
+  // misses ahead; layer L+1 still routes on its own input, so a wrong prediction costs a copy,
+  // never a selection. early (on): the residual at layer L's MoE input, so the copies overlap
+  // layer L's experts and layer L+1's mixer; late: layer L's output, closer to layer L+1's input
+  // but overlapping only layer L+1's mixer.
+  enum class Prefetch { kOff, kEarly, kLate };
+  // On by default: at --cache-mib 8192 on the H200 a decode token spent 7.4 of its 13.7 ms with
+  // compute waiting for copies (PERF.md), which a right prediction overlaps; the A/B is
+  // scripts/device/ab.sh prefetch.
+  Prefetch prefetch = Prefetch::kEarly;
   // Every dense Q4_K prefill product on X32 (--x32-always), also those whose grid has fewer blocks
   // than the GPU has SMs (by default those keep the fp64 products' column splits): parity checks
   // on short prompts and tests, whose products are all small.
@@ -64,5 +76,10 @@ struct CudaOptions {
   // matvecs, bf16 prefill products), the routing, the attention, the DeltaNet kernels.
   bool fast_products = true, fast_routing = true, fast_attention = true, fast_deltanet = true;
 };
+
+// The --prefetch value of a setting (off, early, late).
+inline const char* prefetch_name(CudaOptions::Prefetch p) {
+  return p == CudaOptions::Prefetch::kOff ? "off" : p == CudaOptions::Prefetch::kLate ? "late" : "early";
+}
 
 }  // namespace rl::cuda
