@@ -75,6 +75,11 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
          "on (default; = early: on the previous layer's MoE input), late (on the previous layer's output), or off")
       ->check(CLI::IsMember(prefetch))
       ->group(group);
+  app.add_option("--prefetch-experts", opts.prefetch_experts,
+                 "cuda, --prefetch: how many of the predicted experts (the most likely first) are copied ahead "
+                 "(default 6; at most the model's experts per token)")
+      ->check(CLI::Range(1, 512))
+      ->group(group);
   app.add_flag("--profile", opts.profile,
                "cuda: per-stage GPU times (the GPU-routed decode then runs kernel by kernel, not as a graph)")
       ->group(group);

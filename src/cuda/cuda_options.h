@@ -54,6 +54,12 @@ struct CudaOptions {
   // compute waiting for copies (PERF.md), which a right prediction overlaps; the A/B is
   // scripts/device/ab.sh prefetch.
   Prefetch prefetch = Prefetch::kEarly;
+  // How many of the prediction's top experts (by router logit) are prefetched (--prefetch-experts;
+  // at most n_expert_used). A wrong one costs a copy on the link the real misses need, and the
+  // lower ranks are wrong more often: on a 6-layer synthetic model of the 80B's widths
+  // (bench/prefetch_accuracy, docs/cuda.md) rank 1 of the early prediction was selected 78 % of the
+  // time, rank 6 51 %, rank 10 23 %; 6 keeps the ranks right at least half the time.
+  int prefetch_experts = 6;
   // Every dense Q4_K prefill product on X32 (--x32-always), also those whose grid has fewer blocks
   // than the GPU has SMs (by default those keep the fp64 products' column splits): parity checks
   // on short prompts and tests, whose products are all small.

@@ -8,6 +8,7 @@
 // copy stream while layer L's experts and layer L+1's mixer run. Layer L+1 then routes as always;
 // what it selects that was prefetched it finds resident (its kernels wait for the prefetch's
 // copies), what was mispredicted is a copy for nothing, its slot the next one taken.
+#include <algorithm>
 #include <vector>
 
 #include "cuda/engine.h"
@@ -46,7 +47,7 @@ void prefetch_predicted(Engine& e, int L) {
   e.predicted_layer = -1;
   RL_CUDA_CHECK(cudaEventSynchronize(e.streams.prediction_ready));
   const int32_t* ids = e.ws.predict_ids_host.get<int32_t>();
-  const std::vector<int> predicted(ids, ids + e.config().n_expert_used);
+  const std::vector<int> predicted(ids, ids + std::min(e.config().n_expert_used, e.opts.prefetch_experts));
   e.residency.prefetch(L, predicted);
 }
 

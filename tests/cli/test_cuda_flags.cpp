@@ -22,7 +22,7 @@ TEST(CudaFlags, HelpListsThem) {
   const auto r = run_redlite("bench --help");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib", "--cache-policy",
-                           "--prefetch"})
+                           "--prefetch", "--prefetch-experts"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
 }
 
@@ -42,7 +42,7 @@ TEST(CudaFlags, DocumentedValuesAreAccepted) {
   }
   for (const char* prefetch : {"off", "on", "early", "late"}) {
     const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
-                               "' --prefetch " + prefetch);
+                               "' --prefetch-experts 3 --prefetch " + prefetch);
     EXPECT_EQ(r.exit_code, 0) << prefetch << ": " << r.out;
   }
   rl::test::remove_temp(out);
@@ -69,6 +69,11 @@ TEST(CudaFlags, UnknownPrefetchIsRefusedNamingTheFlag) {
     const auto r = run_redlite(std::string("bench -m none.gguf --prefetch ") + bad);
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.out.find("--prefetch"), std::string::npos) << bad << ": " << r.out;
+  }
+  for (const char* bad : {"0", "-1", "513", "six"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --prefetch-experts ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--prefetch-experts"), std::string::npos) << bad << ": " << r.out;
   }
 }
 

@@ -285,7 +285,7 @@ TEST(CudaBackend, PrefetchMatchesOracleAtSeveralBudgets) {
         if (fraction == 1.0) {
           EXPECT_EQ(st.predicted, 0u) << "every expert is resident: nothing to predict";
         } else {
-          EXPECT_EQ(st.predicted, (uint64_t)steps * (c.n_layer - 1) * c.n_expert_used);
+          EXPECT_EQ(st.predicted, (uint64_t)steps * (c.n_layer - 1) * std::min(c.n_expert_used, o.prefetch_experts));
           EXPECT_GT(st.prefetched, 0u);
           EXPECT_GT(st.prefetch_hits, 0u) << "no prefetched expert was used";
           EXPECT_EQ(st.prefetched, st.prefetch_hits + st.prefetch_wasted);
@@ -316,6 +316,8 @@ TEST(CudaBackend, PrefetchLeavesLogitsUnchanged) {
           on.numerics = off.numerics = numerics;
           on.kv_type = off.kv_type = numerics == Numerics::kFast ? KvType::kF16 : KvType::kF32;
           on.prefetch = when;
+          // Every prediction copied ahead (early), and the top 3 only (late).
+          on.prefetch_experts = when == Prefetch::kEarly ? model->config().n_expert_used : 3;
           off.prefetch = Prefetch::kOff;
           auto with = cuda::make_cuda_backend(model, on), without = cuda::make_cuda_backend(model, off);
           auto a = with->new_session(128), b = without->new_session(128);
