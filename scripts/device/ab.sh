@@ -24,10 +24,10 @@
 #     parity-80b   the tree's parity on the 80B model at budgets 1, 0.5, 0.1, with and without
 #                  --x32-always (the parity prompts are too short for the default to use X32)
 #     bench-8g     the tree's bench with --cache-mib 8192 (one rep)
-#     prefetch     AB_ROUNDS rounds of the tree's bench-8g with each --prefetch of $PREFETCH_MODES
-#                  (default: off on; late is the third), the order alternating by round, with
-#                  $PREFETCH_FLAGS (e.g. "--prefetch-experts 10"); a line a run: decode tok/s, hit
-#                  rate, prediction accuracy, prefetched / used / wasted
+#     prefetch     AB_ROUNDS rounds of the tree's bench-8g with each --prefetch MODE[:N] of
+#                  $PREFETCH_MODES (default "off on"; e.g. "off on on:10 late:10": N is
+#                  --prefetch-experts), the order alternating by round; a line a run: decode tok/s,
+#                  hit rate, prediction accuracy, prefetched / used / wasted
 #     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
 #     recipes      per recipe in $RECIPES (default: the realistic ones, which together hold all 23
 #                  types): its 80B made in /dev/shm (removed after), `bench --reps 1` exact then
@@ -206,8 +206,9 @@ for s in "$@"; do
       for r in $(seq "${AB_ROUNDS:-2}"); do
         order=$modes; [ $((r % 2)) = 0 ] && order=$(echo $modes | tr ' ' '\n' | tac | tr '\n' ' ')
         for p in $order; do
-          f="$OUT/prefetch-$p-$r.log"
-          step "prefetch-$p-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --prefetch $p ${PREFETCH_FLAGS:-} --reps 1 --json
+          flags="--prefetch ${p%%:*}"; case $p in *:*) flags="$flags --prefetch-experts ${p#*:}" ;; esac
+          f="$OUT/prefetch-${p/:/-}-$r.log"
+          step "prefetch-${p/:/-}-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 $flags --reps 1 --json
           field() { grep "\"$1\"" "$f" | head -1 | tr -dc '0-9.'; }
           log "prefetch $p $r: decode $(field decode_tok_s) hit rate $(field hit_rate) accuracy $(field prediction_accuracy) prefetched $(field prefetched) used $(field prefetch_hits) wasted $(field prefetch_wasted)"
         done

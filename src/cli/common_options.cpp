@@ -77,7 +77,7 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
       ->group(group);
   app.add_option("--prefetch-experts", opts.prefetch_experts,
                  "cuda, --prefetch: how many of the predicted experts (the most likely first) are copied ahead "
-                 "(default 6; at most the model's experts per token)")
+                 "(default 8; at most the model's experts per token)")
       ->check(CLI::Range(1, 512))
       ->group(group);
   app.add_flag("--profile", opts.profile,

@@ -56,10 +56,11 @@ struct CudaOptions {
   Prefetch prefetch = Prefetch::kEarly;
   // How many of the prediction's top experts (by router logit) are prefetched (--prefetch-experts;
   // at most n_expert_used). A wrong one costs a copy on the link the real misses need, and the
-  // lower ranks are wrong more often: on a 6-layer synthetic model of the 80B's widths
-  // (bench/prefetch_accuracy, docs/cuda.md) rank 1 of the early prediction was selected 78 % of the
-  // time, rank 6 51 %, rank 10 23 %; 6 keeps the ranks right at least half the time.
-  int prefetch_experts = 6;
+  // lower ranks are wrong more often: on a 16-layer synthetic model of the 80B's widths
+  // (bench/prefetch_accuracy, docs/cuda.md) rank 1 of the early prediction was selected 92 % of the
+  // time, rank 8 54 %, rank 10 37 % (deeper layers are predicted better); 8 keeps the ranks that are
+  // right at least half the time. Not yet timed on the GPU (scripts/device/ab.sh prefetch).
+  int prefetch_experts = 8;
   // Every dense Q4_K prefill product on X32 (--x32-always), also those whose grid has fewer blocks
   // than the GPU has SMs (by default those keep the fp64 products' column splits): parity checks
   // on short prompts and tests, whose products are all small.

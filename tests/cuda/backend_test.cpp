@@ -234,6 +234,8 @@ TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
       cuda::CudaOptions on, off;
       on.cache_mib = off.cache_mib = budget_mib(*model, fraction);
       on.speculation = off.speculation = cuda::CudaOptions::Speculation::kOff;
+      // (No prefetch, which needs the overlap: both make the same reservations, compared below.)
+      on.prefetch = off.prefetch = cuda::CudaOptions::Prefetch::kOff;
       off.overlap_copies = false;
       auto with = cuda::make_cuda_backend(model, on), without = cuda::make_cuda_backend(model, off);
       auto a = with->new_session(128), b = without->new_session(128);
