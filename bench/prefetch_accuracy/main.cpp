@@ -6,7 +6,9 @@
 // post-attention norm, takes the top-k of layer L+1's router on it (ties to the lower index, as
 // the routing) and counts how many of layer L+1's real selections (ffn_moe_topk-(L+1)) it holds.
 // Accuracy = that count / k, against chance k / n_expert. A synthetic model's random weights make
-// the figure a check of the mechanism, not of a real model's.
+// the figure a check of the mechanism, not of a real model's. The self-check predicts each layer
+// from its own MoE input, which must give the oracle's selections back (1, but for near-ties of
+// the k-th and (k+1)-th logits summed in another order): it checks this tool's norm, router and top-k.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -81,17 +83,24 @@ int run(const std::string& path, int prompt_tokens, int decode_tokens, int threa
 
   std::printf("%s: %d layers, %d experts, top %d; %d decode passes after %d prompt tokens; chance %.4f\n",
               path.c_str(), c.n_layer, E, K, decode_tokens, prompt_tokens, (double)K / E);
-  for (const char* source : {"attn_residual", "l_out"}) {
+  struct Source {
+    const char* trace;  // the residual's trace name
+    int behind;         // layers between it and the layer predicted
+    const char* label;
+  };
+  for (const Source& src : {Source{"attn_residual", 1, "early (layer L's MoE input)"},
+                            Source{"l_out", 1, "late (layer L's output)"},
+                            Source{"attn_residual", 0, "self-check (its own MoE input)"}}) {
     uint64_t right = 0, total = 0;
     std::vector<uint64_t> right_at_rank(K, 0);  // predictions of rank r (by router logit) that were selected
     std::string per_layer;
     for (int L = 0; L + 1 < c.n_layer; L++) {
       const LayerWeights& next = model->layers[L + 1];
       const std::vector<float> router = to_f32(next.moe.router), norm = to_f32(next.post_attention_norm);
-      const auto& xs = rec.tensors[fmt::format("{}-{}", source, L)];
+      const auto& xs = rec.tensors[fmt::format("{}-{}", src.trace, L + 1 - src.behind)];
       const auto& actual = rec.selections[fmt::format("ffn_moe_topk-{}", L + 1)];
       if (xs.size() != (size_t)decode_tokens || actual.size() != (size_t)decode_tokens)
-        fail("prefetch_accuracy: the trace holds {} {} and {} selections of layer {} for {} passes", xs.size(), source,
+        fail("prefetch_accuracy: the trace holds {} {} and {} selections of layer {} for {} passes", xs.size(), src.trace,
              actual.size(), L + 1, decode_tokens);
       uint64_t layer_right = 0;
       for (int p = 0; p < decode_tokens; p++) {
@@ -109,9 +118,8 @@ int run(const std::string& path, int prompt_tokens, int decode_tokens, int threa
     std::string per_rank;
     for (int r = 0; r < K; r++)
       per_rank += fmt::format(" {:.2f}", (double)right_at_rank[r] / ((double)decode_tokens * (c.n_layer - 1)));
-    std::printf("  from %-13s (--prefetch %s): accuracy %.4f; by layer L+1 = 1..%d:%s; by rank 1..%d:%s\n", source,
-                std::string(source) == "l_out" ? "late" : "early", total ? (double)right / total : 0.0,
-                c.n_layer - 1, per_layer.c_str(), K, per_rank.c_str());
+    std::printf("  %-31s accuracy %.4f; by layer L+1 = 1..%d:%s; by rank 1..%d:%s\n", src.label,
+                total ? (double)right / total : 0.0, c.n_layer - 1, per_layer.c_str(), K, per_rank.c_str());
   }
   return 0;
 }
