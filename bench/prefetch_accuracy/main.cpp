@@ -90,11 +90,13 @@ int run(const std::string& path, int prompt_tokens, int decode_tokens, int threa
   };
   for (const Source& src : {Source{"attn_residual", 1, "early (layer L's MoE input)"},
                             Source{"l_out", 1, "late (layer L's output)"},
+                            Source{"attn_residual", 2, "two ahead (layer L-1's MoE input)"},
                             Source{"attn_residual", 0, "self-check (its own MoE input)"}}) {
     uint64_t right = 0, total = 0;
+    int n_predicted_layers = 0;
     std::vector<uint64_t> right_at_rank(K, 0);  // predictions of rank r (by router logit) that were selected
     std::string per_layer;
-    for (int L = 0; L + 1 < c.n_layer; L++) {
+    for (int L = src.behind - 1; L + 1 < c.n_layer; L++) {  // layer L+1 predicted
       const LayerWeights& next = model->layers[L + 1];
       const std::vector<float> router = to_f32(next.moe.router), norm = to_f32(next.post_attention_norm);
       const auto& xs = rec.tensors[fmt::format("{}-{}", src.trace, L + 1 - src.behind)];
@@ -113,13 +115,15 @@ int run(const std::string& path, int prompt_tokens, int decode_tokens, int threa
       }
       right += layer_right;
       total += (uint64_t)decode_tokens * K;
+      n_predicted_layers++;
       per_layer += fmt::format(" {:.2f}", (double)layer_right / ((double)decode_tokens * K));
     }
     std::string per_rank;
     for (int r = 0; r < K; r++)
-      per_rank += fmt::format(" {:.2f}", (double)right_at_rank[r] / ((double)decode_tokens * (c.n_layer - 1)));
-    std::printf("  %-31s accuracy %.4f; by layer L+1 = 1..%d:%s; by rank 1..%d:%s\n", src.label,
-                total ? (double)right / total : 0.0, c.n_layer - 1, per_layer.c_str(), K, per_rank.c_str());
+      per_rank += fmt::format(" {:.2f}", (double)right_at_rank[r] / ((double)decode_tokens * n_predicted_layers));
+    std::printf("  %-33s accuracy %.4f; by layer L+1 = %d..%d:%s; by rank 1..%d:%s\n", src.label,
+                total ? (double)right / total : 0.0, src.behind, c.n_layer - 1, per_layer.c_str(), K,
+                per_rank.c_str());
   }
   return 0;
 }
