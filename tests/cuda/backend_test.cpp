@@ -300,7 +300,8 @@ TEST(CudaBackend, PrefetchMatchesOracleAtSeveralBudgets) {
 
 // The prediction changes no value in either tier: with --prefetch early and late the logits are
 // bit-identical to --prefetch off (prefill with every position's logits, then decode) on bounded
-// caches, and the layers reserve the same selections (hits + misses), some found prefetched.
+// caches (half the experts under LRU, a tenth under LRFU), and the layers reserve the same
+// selections (hits + misses), some found prefetched.
 TEST(CudaBackend, PrefetchLeavesLogitsUnchanged) {
   RL_REQUIRE_GPU();
   RL_REQUIRE_FIXTURE_MODELS();
@@ -315,6 +316,7 @@ TEST(CudaBackend, PrefetchLeavesLogitsUnchanged) {
                        cuda::prefetch_name(when) + " budget fraction " + std::to_string(fraction));
           cuda::CudaOptions on, off;
           on.cache_mib = off.cache_mib = budget_mib(*model, fraction);
+          on.cache_policy = off.cache_policy = fraction < 0.5 ? CachePolicy::Kind::kLrfu : CachePolicy::Kind::kLru;
           on.numerics = off.numerics = numerics;
           on.kv_type = off.kv_type = numerics == Numerics::kFast ? KvType::kF16 : KvType::kF32;
           on.prefetch = when;
