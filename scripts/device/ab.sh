@@ -24,6 +24,10 @@
 #     parity-80b   the tree's parity on the 80B model at budgets 1, 0.5, 0.1, with and without
 #                  --x32-always (the parity prompts are too short for the default to use X32)
 #     bench-8g     the tree's bench with --cache-mib 8192 (one rep)
+#     prefetch     AB_ROUNDS rounds of the tree's bench-8g with each --prefetch MODE[:N] of
+#                  $PREFETCH_MODES (default "off on"; e.g. "off on on:10 late:10": N is
+#                  --prefetch-experts), the order alternating by round; a line a run: decode tok/s,
+#                  hit rate, prediction accuracy, prefetched / used / wasted
 #     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
 #     recipes      per recipe in $RECIPES (default: the realistic ones, which together hold all 23
 #                  types): its 80B made in /dev/shm (removed after), `bench --reps 1` exact then
@@ -199,6 +203,20 @@ for s in "$@"; do
     cpu-fast) model; STEP_TIMEOUT=300 step cpu-fast "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads 16 \
       --reps 1 --decode-tokens 32 --prefill-tokens 64 --json ;;
     bench-8g) model; step bench-80b-8g "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ;;
+    prefetch)
+      model
+      modes=${PREFETCH_MODES:-off on}
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        order=$modes; [ $((r % 2)) = 0 ] && order=$(echo $modes | tr ' ' '\n' | tac | tr '\n' ' ')
+        for p in $order; do
+          flags="--prefetch ${p%%:*}"; case $p in *:*) flags="$flags --prefetch-experts ${p#*:}" ;; esac
+          f="$OUT/prefetch-${p/:/-}-$r.log"
+          step "prefetch-${p/:/-}-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 $flags --reps 1 --json
+          field() { grep "\"$1\"" "$f" | head -1 | tr -dc '0-9.'; }
+          log "prefetch $p $r: decode $(field decode_tok_s) hit rate $(field hit_rate) accuracy $(field prediction_accuracy) prefetched $(field prefetched) used $(field prefetch_hits) wasted $(field prefetch_wasted)"
+        done
+      done
+      ;;
     main)
       model
       for r in $(seq "${AB_ROUNDS:-2}"); do

@@ -23,6 +23,8 @@
 #     q8-unaligned the 2-byte aligned weight words (Q6_K, Q8_0) are read as if 4-byte aligned
 #     q8-lane-sum  a row's lane sums skip the first shuffle step (half the lanes summed)
 #     q8-expert-input the routed down products read expert 0's Q8 values for every expert
+#     prefetch-real-buffers  the next layer's prediction (expert_prefetch.cpp) writes its top-k
+#                  weights over the real routing's (--prefetch early: the layer's combine reads them)
 #     --dry-run    apply each patch to a scratch copy of its file and print the diff, then stop (no
 #                  build, no GPU: runs on any machine)
 #     --list       each fault, its file and the tests that must catch it
@@ -43,7 +45,8 @@ FIX=$ROOT/${FIX_DIR:-.deps/fix}
 
 # ---- the faults -------------------------------------------------------------------------------------
 ALL_FAULTS=(router-fp32 dense-fp32 wrong-slot no-backups kv-q8-scale kv-bf16-load kv-q8-head
-            q8-round q8-nan q8-kmin q8-q6-scale q8-iq-bias q8-unaligned q8-lane-sum q8-expert-input)
+            q8-round q8-nan q8-kmin q8-q6-scale q8-iq-bias q8-unaligned q8-lane-sum q8-expert-input
+            prefetch-real-buffers)
 declare -A F_FILE F_OLD F_NEW F_COUNT F_TESTS
 F_FILE[router-fp32]=src/cuda/matvec.cu
 F_OLD[router-fp32]='for (int j = 0; j < 8; j++) acc[r] = fma((double)v[j], xd[j], acc[r]);'
@@ -80,6 +83,12 @@ F_OLD[kv-bf16-load]='__uint_as_float(r.x & 0xffff0000u)'
 F_NEW[kv-bf16-load]='__uint_as_float(r.x << 16)'
 F_COUNT[kv-bf16-load]=1
 F_TESTS[kv-bf16-load]="CudaFastAttention.DecodeOverEachKvType CudaFastAttention.PrefillOverEachKvType"
+
+F_FILE[prefetch-real-buffers]=src/cuda/expert_prefetch.cpp
+F_OLD[prefetch-real-buffers]='ws.predict_ids.get<int32_t>(), ws.predict_weights.f(), stream,'
+F_NEW[prefetch-real-buffers]='ws.predict_ids.get<int32_t>(), ws.route_weights.f(), stream,'
+F_COUNT[prefetch-real-buffers]=1
+F_TESTS[prefetch-real-buffers]="CudaBackend.PrefetchLeavesLogitsUnchanged CudaBackend.PrefetchMatchesOracleAtSeveralBudgets"
 
 F_FILE[kv-q8-head]=src/cuda/kv_cache_device.cuh
 F_OLD[kv-q8-head]='const size_t at = pos * width + off;'

@@ -65,6 +65,14 @@ void ExpertCache::unlink(int slot) {
   prev_[slot] = next_[slot] = -1;
 }
 
+void ExpertCache::push_back(int slot) {
+  next_[slot] = -1;
+  prev_[slot] = tail_;
+  if (tail_ >= 0) next_[tail_] = slot;
+  tail_ = slot;
+  if (head_ < 0) head_ = slot;
+}
+
 void ExpertCache::push_front(int slot) {
   prev_[slot] = -1;
   next_[slot] = head_;
@@ -111,7 +119,7 @@ int ExpertCache::pick_victim() const {
   return slot;
 }
 
-const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const int> experts) {
+void ExpertCache::begin_request(int layer, std::span<const int> experts) {
   if (open_) fail("expert cache: reserve() while a reservation is open (commit or abort it first)");
   if (layer < 0 || layer >= n_layers_) fail("expert cache: layer {} out of range [0, {})", layer, n_layers_);
   if ((int)experts.size() > n_slots_)
@@ -129,6 +137,48 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
     requested_epoch_[e] = epoch_;
   }
   res_.layer = layer;
+  res_.entries.clear();
+}
+
+bool ExpertCache::take_slot(Entry& e) {
+  int slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    slot = pick_victim();
+    if (slot < 0) return false;
+    order_remove(slot);
+    const Key old = key_of_slot_[slot];
+    e.evicted = old;
+    slot_of_key_[old] = -1;
+    n_resident_--;
+    stats_.evictions++;
+    notify(old, -1);
+  }
+  e.slot = slot;
+  key_of_slot_[slot] = key(res_.layer, e.expert);
+  pinned_epoch_[slot] = epoch_;
+  return true;
+}
+
+void ExpertCache::settle_prediction(bool against_request) {
+  if (predicted_layer_ < 0) return;
+  auto requested = [&](int expert) { return against_request && requested_epoch_[expert] == epoch_; };
+  for (int ex : predicted_) stats_.predicted_used += requested(ex) ? 1 : 0;
+  // A prefetched expert counts as used only if it is still resident (nothing evicted it since).
+  for (Key k : prefetched_) {
+    if (requested(expert_of(k)) && slot_of_key_[k] >= 0) stats_.prefetch_hits++;
+    else stats_.prefetch_wasted++;
+  }
+  predicted_layer_ = -1;
+  predicted_.clear();
+  prefetched_.clear();
+}
+
+const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const int> experts) {
+  begin_request(layer, experts);
+  if (predicted_layer_ == layer) settle_prediction(true);
   res_.entries.assign(experts.size(), Entry{});
   tick_++;
 
@@ -146,29 +196,45 @@ const ExpertCache::Reservation& ExpertCache::reserve(int layer, std::span<const 
   }
   for (Entry& e : res_.entries) {
     if (e.hit) continue;
-    int slot;
-    if (!free_slots_.empty()) {
-      slot = free_slots_.back();
-      free_slots_.pop_back();
-    } else {
-      slot = pick_victim();
-      // Cannot happen: n_slots >= request size and only this request's slots are pinned.
-      if (slot < 0) fail("expert cache: no slot to evict for layer {} expert {}", layer, e.expert);
-      order_remove(slot);
-      const Key old = key_of_slot_[slot];
-      e.evicted = old;
-      slot_of_key_[old] = -1;
-      n_resident_--;
-      stats_.evictions++;
-      notify(old, -1);
-    }
-    e.slot = slot;
-    key_of_slot_[slot] = key(layer, e.expert);
-    pinned_epoch_[slot] = epoch_;
-    order_access(key(layer, e.expert), slot);
+    // Cannot fail: n_slots >= request size and only this request's slots are pinned.
+    if (!take_slot(e)) fail("expert cache: no slot to evict for layer {} expert {}", layer, e.expert);
+    order_access(key(layer, e.expert), e.slot);
     stats_.misses++;
   }
   open_ = true;
+  open_ahead_ = false;
+  return res_;
+}
+
+const ExpertCache::Reservation& ExpertCache::reserve_ahead(int layer, std::span<const int> experts, int in_use_layer,
+                                                           std::span<const int> in_use) {
+  begin_request(layer, experts);
+  settle_prediction(false);  // a prediction its layer never reserved: nothing of it was used
+  for (int ex : in_use) {
+    if (ex < 0 || ex >= n_experts_ || in_use_layer < 0 || in_use_layer >= n_layers_)
+      fail("expert cache: in-use expert {} of layer {} out of range", ex, in_use_layer);
+    const int slot = lookup(in_use_layer, ex);
+    if (slot >= 0) pinned_epoch_[slot] = epoch_;
+  }
+  for (int ex : experts) {
+    const int slot = slot_of_key_[key(layer, ex)];
+    if (slot >= 0) pinned_epoch_[slot] = epoch_;
+  }
+  predicted_layer_ = layer;
+  predicted_.assign(experts.begin(), experts.end());
+  stats_.predicted += experts.size();
+  for (int ex : experts) {
+    if (slot_of_key_[key(layer, ex)] >= 0) continue;
+    Entry e;
+    e.expert = ex;
+    if (!take_slot(e)) break;  // every other slot is pinned: the rest of the prediction is left out
+    // At the cold end: a wrong prediction's slot is the next one a miss takes.
+    if (policy_.kind == CachePolicy::Kind::kLrfu) by_score_.emplace(log_score_[key(layer, ex)], e.slot);
+    else push_back(e.slot);
+    res_.entries.push_back(e);
+  }
+  open_ = true;
+  open_ahead_ = true;
   return res_;
 }
 
@@ -180,8 +246,10 @@ void ExpertCache::commit() {
     slot_of_key_[k] = e.slot;
     n_resident_++;
     notify(k, e.slot);
+    if (open_ahead_) prefetched_.push_back(k), stats_.prefetched++;
   }
   open_ = false;
+  open_ahead_ = false;
   epoch_++;  // unpin
 }
 
@@ -194,6 +262,7 @@ void ExpertCache::abort() {
     free_slots_.push_back(e.slot);
   }
   open_ = false;
+  open_ahead_ = false;
   epoch_++;
 }
 
@@ -221,6 +290,20 @@ std::vector<int> ExpertCache::layer_request(std::span<const int32_t> ids, int n_
     request.erase(std::unique(request.begin(), request.end()), request.end());
   }
   return request;
+}
+
+ExpertCache::Stats& ExpertCache::Stats::operator+=(const Stats& o) {
+  hits += o.hits;
+  misses += o.misses;
+  evictions += o.evictions;
+  bytes_copied += o.bytes_copied;
+  copy_seconds += o.copy_seconds;
+  predicted += o.predicted;
+  predicted_used += o.predicted_used;
+  prefetched += o.prefetched;
+  prefetch_hits += o.prefetch_hits;
+  prefetch_wasted += o.prefetch_wasted;
+  return *this;
 }
 
 void ExpertCache::record_copy(size_t bytes, double seconds) {

@@ -5,7 +5,8 @@
 //
 // One reservation at a time: reserve() → copy the misses → commit() (copies enqueued) or abort()
 // (copies failed). The experts of an open reservation are pinned: the reservation never evicts one
-// of its own keys, so a set of k experts needs at least k slots.
+// of its own keys, so a set of k experts needs at least k slots. reserve_ahead() is the same cycle
+// for a layer's predicted experts before the layer routes (prefetch).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -65,7 +66,18 @@ class ExpertCache {
     uint64_t evictions = 0;
     uint64_t bytes_copied = 0;
     double copy_seconds = 0;  // wall time the backend spent on copies (record_copy)
+    // Prefetch (reserve_ahead): experts predicted; of those, the ones the layer then requested (the
+    // prediction's accuracy is predicted_used / predicted); the predicted misses copied ahead
+    // (committed); of those, the ones the layer then requested (prefetch_hits, also counted in
+    // hits) and the ones it did not (prefetch_wasted: a copy for nothing).
+    uint64_t predicted = 0;
+    uint64_t predicted_used = 0;
+    uint64_t prefetched = 0;
+    uint64_t prefetch_hits = 0;
+    uint64_t prefetch_wasted = 0;
     double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
+    // Sums the counters of another period (the bench adds its runs).
+    Stats& operator+=(const Stats& o);
   };
 
   // Called on every change of residency: (key, -1) when a key leaves (at reserve, as soon as its
@@ -106,6 +118,20 @@ class ExpertCache {
   // The copies failed: the miss slots hold nothing usable and become free. Their previous keys
   // stay gone (a copy may have overwritten part of them).
   void abort();
+
+  // Prefetch: reserves slots for the predicted experts of `layer` that are not resident, to be
+  // copied before the layer routes; the layer's reserve() then finds them resident. Unlike
+  // reserve(), a resident predicted expert is left as it is (neither counted nor moved in the
+  // replacement order); a miss takes a free slot or the policy's victim among the keys that are
+  // neither predicted nor one of `in_use` of `in_use_layer` (the layer in flight, whose kernels may
+  // still read their slots); a miss that finds no such slot is left out. The entries are the
+  // misses given slots, in request order. A prefetched expert enters at the cold end (LRU: the
+  // least recently used; LRFU: with its score unraised), so when the prediction was wrong its slot
+  // is the next one taken. commit() / abort() close it as a reservation. The layer's next reserve()
+  // counts the prediction's statistics (Stats::predicted_used, prefetch_hits, prefetch_wasted).
+  // Throws as reserve() on bad ids, or on in_use ids out of range.
+  const Reservation& reserve_ahead(int layer, std::span<const int> experts, int in_use_layer,
+                                   std::span<const int> in_use);
   bool reservation_open() const { return open_; }
 
   // Refreshes the LRU stamps (and LRFU scores) of experts used without a reservation (GPU-routed
@@ -136,11 +162,21 @@ class ExpertCache {
   // LRU: the list of occupied slots.
   void unlink(int slot);
   void push_front(int slot);  // most recently used
+  void push_back(int slot);   // least recently used
   // LRFU: the key's score raised by one access at the current tick; its slot re-ordered.
   void score_access(Key k, int slot);
   void notify(Key k, int slot) {
     if (listener_) listener_(k, slot);
   }
+  // Opens a request of `experts` of `layer`: checks it, starts a new pin epoch and marks the experts
+  // as requested in it.
+  void begin_request(int layer, std::span<const int> experts);
+  // Gives the open request's miss entry `e` a slot (free, else the policy's victim, whose key is
+  // evicted); false when every occupied slot is pinned.
+  bool take_slot(Entry& e);
+  // The pending prediction's statistics, then cleared: against the experts of the request just
+  // begun (its layer's reserve()), or with none of its experts used (against_request false).
+  void settle_prediction(bool against_request);
 
   int n_layers_, n_experts_, n_slots_;
   size_t slot_bytes_;
@@ -161,7 +197,13 @@ class ExpertCache {
   std::set<std::pair<double, int>> by_score_;  // (log_score, slot) of occupied slots, lowest first
   uint64_t tick_ = 0;                          // reserve() and touch() calls so far
   bool open_ = false;
+  bool open_ahead_ = false;  // the open reservation is reserve_ahead()'s
   Reservation res_;
+  // The prediction waiting for its layer's reserve(): the layer (-1: none), its experts, and the keys
+  // copied ahead for it.
+  int predicted_layer_ = -1;
+  std::vector<int> predicted_;
+  std::vector<Key> prefetched_;
   Stats stats_;
   ResidencyListener listener_;
 };

@@ -183,10 +183,7 @@ int run_bench(const BenchOptions& o) {
 #ifdef REDLITE_HAVE_CUDA
     if (cuda_backend) {
       const ExpertCache::Stats s = cuda_backend->stats().cache;
-      decode_cache.hits += s.hits;
-      decode_cache.misses += s.misses;
-      decode_cache.bytes_copied += s.bytes_copied;
-      decode_cache.copy_seconds += s.copy_seconds;
+      decode_cache += s;
       gpu_routed_tokens += cuda_backend->stats().gpu_routed_tokens;
       gpu_routed_fallbacks += cuda_backend->stats().gpu_routed_fallbacks;
       profile = cuda_backend->profile_report();  // the last decode run
@@ -259,6 +256,15 @@ int run_bench(const BenchOptions& o) {
     j["bytes_copied"] = s.cache.bytes_copied;
     j["bytes_copied_per_token"] = s.cache.bytes_copied / std::max(tokens, 1.0);
     j["copy_gb_s"] = s.cache.copy_seconds > 0 ? s.cache.bytes_copied / s.cache.copy_seconds / 1e9 : 0.0;
+    // Prefetch (--prefetch): experts predicted, the share of them the layer then selected, the
+    // predicted misses copied ahead, of those the ones then selected and the ones copied for nothing.
+    j["prefetch"] = cuda::prefetch_name(o.common.cuda.prefetch);
+    j["prefetch_experts"] = o.common.cuda.prefetch_experts;
+    j["predicted"] = s.cache.predicted;
+    j["prediction_accuracy"] = s.cache.predicted ? (double)s.cache.predicted_used / (double)s.cache.predicted : 0.0;
+    j["prefetched"] = s.cache.prefetched;
+    j["prefetch_hits"] = s.cache.prefetch_hits;
+    j["prefetch_wasted"] = s.cache.prefetch_wasted;
     j["gpu_routed_tokens"] = gpu_routed_tokens;
     j["gpu_routed_fallbacks"] = gpu_routed_fallbacks;
     j["prefill_gpu_grouped_layers"] = prefill_grouped_layers;
@@ -280,6 +286,12 @@ int run_bench(const BenchOptions& o) {
                   j["bytes_per_token"].get<double>() / 1e6, j["achieved_gb_s"].get<double>(),
                   j["percent_of_peak"].get<double>(), j["hit_rate"].get<double>(),
                   j["bytes_copied_per_token"].get<double>() / 1e6, j["copy_gb_s"].get<double>());
+    if (j.contains("predicted") && j["predicted"].get<uint64_t>() > 0)
+      std::printf("  prefetch %s: prediction accuracy %.3f, %llu prefetched, %llu hits, %llu wasted\n",
+                  j["prefetch"].get<std::string>().c_str(), j["prediction_accuracy"].get<double>(),
+                  (unsigned long long)j["prefetched"].get<uint64_t>(),
+                  (unsigned long long)j["prefetch_hits"].get<uint64_t>(),
+                  (unsigned long long)j["prefetch_wasted"].get<uint64_t>());
     if (j.contains("profile_decode"))
       std::printf("decode profile (%d passes):\n%s", o.decode_tokens - 1, j["profile_decode"].get<std::string>().c_str());
   }

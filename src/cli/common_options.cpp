@@ -66,6 +66,20 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
          "or lrfu (least recently and frequently used); docs/cache.md")
       ->check(CLI::IsMember({"lru", "lrfu"}))
       ->group(group);
+  using P = cuda::CudaOptions::Prefetch;
+  const std::map<std::string, P> prefetch = {{"off", P::kOff}, {"on", P::kEarly}, {"early", P::kEarly}, {"late", P::kLate}};
+  app.add_option_function<std::string>(
+         "--prefetch", [&opts, prefetch](const std::string& v) { opts.prefetch = prefetch.at(v); },
+         "cuda, bounded expert cache: predict each decode layer's experts with its router on the previous "
+         "layer's hidden state and copy the predicted misses ahead (the real selection is always used): "
+         "on (default; = early: on the previous layer's MoE input), late (on the previous layer's output), or off")
+      ->check(CLI::IsMember(prefetch))
+      ->group(group);
+  app.add_option("--prefetch-experts", opts.prefetch_experts,
+                 "cuda, --prefetch: how many of the predicted experts (the most likely first) are copied ahead "
+                 "(default 8; at most the model's experts per token)")
+      ->check(CLI::Range(1, 512))
+      ->group(group);
   app.add_flag("--profile", opts.profile,
                "cuda: per-stage GPU times (the GPU-routed decode then runs kernel by kernel, not as a graph)")
       ->group(group);

@@ -42,6 +42,25 @@ struct CudaOptions {
   // the GPU (bit-identical to the synchronous path) but its speed on a bounded cache was never
   // measured.
   Speculation speculation = Speculation::kFullyResident;
+  // Prediction and prefetch on a bounded cache (--prefetch off|on|early|late; docs/cuda.md
+  // "Prediction and prefetch"): a host-routed decode token computes layer L+1's router and top-k on
+  // layer L's hidden state (normed with layer L+1's post-attention norm) and copies the predicted
+  // misses ahead; layer L+1 still routes on its own input, so a wrong prediction costs a copy,
+  // never a selection. early (on): the residual at layer L's MoE input, so the copies overlap
+  // layer L's experts and layer L+1's mixer; late: layer L's output, closer to layer L+1's input
+  // but overlapping only layer L+1's mixer.
+  enum class Prefetch { kOff, kEarly, kLate };
+  // On by default, expected to pay, not yet timed: at --cache-mib 8192 on the H200 a decode token
+  // spent 7.4 of its 13.7 ms with compute waiting for copies (issue 22's profile), which a right
+  // prediction overlaps; the A/B is scripts/device/ab.sh prefetch.
+  Prefetch prefetch = Prefetch::kEarly;
+  // How many of the prediction's top experts (by router logit) are prefetched (--prefetch-experts;
+  // at most n_expert_used). A wrong one costs a copy on the link the real misses need, and the
+  // lower ranks are wrong more often: on a 16-layer synthetic model of the 80B's widths
+  // (bench/prefetch_accuracy, docs/cuda.md) rank 1 of the early prediction was selected 92 % of the
+  // time, rank 8 54 %, rank 10 37 % (deeper layers are predicted better); 8 keeps the ranks that are
+  // right at least half the time. Not yet timed on the GPU (scripts/device/ab.sh prefetch).
+  int prefetch_experts = 8;
   // Every dense Q4_K prefill product on X32 (--x32-always), also those whose grid has fewer blocks
   // than the GPU has SMs (by default those keep the fp64 products' column splits): parity checks
   // on short prompts and tests, whose products are all small.
@@ -64,5 +83,10 @@ struct CudaOptions {
   // matvecs, bf16 prefill products), the routing, the attention, the DeltaNet kernels.
   bool fast_products = true, fast_routing = true, fast_attention = true, fast_deltanet = true;
 };
+
+// The --prefetch value of a setting (off, early, late).
+inline const char* prefetch_name(CudaOptions::Prefetch p) {
+  return p == CudaOptions::Prefetch::kOff ? "off" : p == CudaOptions::Prefetch::kLate ? "late" : "early";
+}
 
 }  // namespace rl::cuda

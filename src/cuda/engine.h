@@ -7,6 +7,7 @@
 //   products         the product launchers, as the plan says
 //   forward          the pass, one function per stage (as src/cpu/forward.cpp)
 //   moe_layer        the MoE block: routing modes feeding one gather -> products -> combine
+//   expert_prefetch  the next layer's experts predicted and copied ahead (bounded caches)
 //   decode_graph     the GPU-routed decode token: capture, replay, speculation, fallback
 //   cuda_session     sessions and snapshots; profiler: per-stage GPU times
 #pragma once
@@ -86,6 +87,7 @@ struct Engine {
   std::map<int, PassPlan> plans;    // by chunk size
   std::vector<int> grouped_layers;  // the layers of the pass in progress grouped on the GPU
   bool gpu_routed_broken = false;   // capture failed once: stay on the synchronous path
+  int predicted_layer = -1;         // the layer whose predicted selections are on their way to the host
 };
 
 // ---- forward.cpp ----------------------------------------------------------------------------
@@ -106,6 +108,17 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
 // combine). gpu_routed: for the captured decode token (T == 1), never waiting for the host.
 void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, const float* next_norm,
                float* h_out, TraceSink* trace, bool gpu_routed);
+
+// ---- expert_prefetch.cpp ----------------------------------------------------------------------
+// Whether layer L of a pass of T tokens routed as `routing` predicts layer L+1's experts at point
+// `when` of the layer (CudaOptions::prefetch).
+bool predicts_next_layer(const Engine& e, int L, int T, Routing routing, CudaOptions::Prefetch when);
+// Enqueues layer L+1's router and top-k on the residual x (normed with layer L+1's post-attention
+// norm) into the prediction buffers, their copy to the host and Streams::prediction_ready.
+void predict_next_layer(Engine& e, int L);
+// When layer L's predicted selections are on their way: waits for them and prefetches their misses
+// (ExpertResidency::prefetch).
+void prefetch_predicted(Engine& e, int L);
 
 // ---- cuda_session.cpp -----------------------------------------------------------------------
 // A session of n_ctx positions on this engine (refused when n_ctx <= 0).

@@ -94,7 +94,7 @@ void ExpertResidency::sync_residency_rows() {
 
 // Enqueues the copies of a reservation's misses on the copy stream, after the expert kernels that
 // last read those slots, and makes the compute stream wait for them.
-void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool wait) {
+void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool wait, bool ahead) {
   if (r.n_misses() == 0) return;
   loads_this_pass_ = true;
   // A file truncated after open would make the mapping's tail unreadable: refuse before copying.
@@ -106,7 +106,7 @@ void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool
   }
   const MoeDev& moe = weights_.layers[L].moe;
   uint8_t* slots = slots_.get<uint8_t>();
-  RL_CUDA_CHECK(cudaStreamWaitEvent(streams_.copy, streams_.slots_free, 0));
+  if (!ahead) RL_CUDA_CHECK(cudaStreamWaitEvent(streams_.copy, streams_.slots_free, 0));
   cudaEvent_t start = nullptr, stop = nullptr;
   RL_CUDA_CHECK(cudaEventCreate(&start));
   RL_CUDA_CHECK(cudaEventCreate(&stop));
@@ -127,7 +127,7 @@ void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool
   }
   RL_CUDA_CHECK(cudaEventRecord(stop, streams_.copy));
   pending_copy_bytes_.push_back(bytes);
-  RL_CUDA_CHECK(cudaEventRecord(streams_.copies_done, streams_.copy));
+  RL_CUDA_CHECK(cudaEventRecord(ahead ? streams_.prefetch_done : streams_.copies_done, streams_.copy));
   if (wait) RL_CUDA_CHECK(cudaStreamWaitEvent(streams_.compute, streams_.copies_done, 0));
 }
 
@@ -147,6 +147,31 @@ void ExpertResidency::reserve_and_copy(int L, std::span<const int> experts, bool
   }
   cache_->commit();
   sync_residency_rows();
+  in_flight_layer_ = L;
+  in_flight_.assign(experts.begin(), experts.end());
+}
+
+void ExpertResidency::prefetch(int L, std::span<const int> predicted) {
+  const ExpertCache::Reservation& r = cache_->reserve_ahead(L, predicted, in_flight_layer_, in_flight_);
+  landing_layer_ = L;
+  landing_.clear();
+  try {
+    copy_misses(L, r, false, true);
+  } catch (...) {
+    cache_->abort();
+    sync_residency_rows();
+    throw;
+  }
+  for (const ExpertCache::Entry& e : r.entries) landing_.push_back(e.expert);
+  cache_->commit();
+  sync_residency_rows();
+}
+
+void ExpertResidency::begin_pass() {
+  loads_this_pass_ = false;
+  landing_layer_ = -1;
+  landing_.clear();
+  RL_CUDA_CHECK(cudaStreamWaitEvent(streams_.compute, streams_.prefetch_done, 0));
 }
 
 double ExpertResidency::preload_all() {

@@ -4,6 +4,7 @@
 // from, and the copies themselves (on the copy stream, timed for the cache's statistics).
 #pragma once
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -48,15 +49,27 @@ class ExpertResidency {
   // Reserves experts of layer L, enqueues the misses' copies (with wait, the compute stream waits
   // for them), commits and brings the device residency rows up to date; aborts the reservation
   // when a copy fails. `resident`, when given, receives whether each expert was already resident
-  // (request order).
+  // (request order). These experts are then the layer in flight that a prefetch spares.
   void reserve_and_copy(int L, std::span<const int> experts, bool wait, std::vector<char>* resident = nullptr);
+  // Prefetch (expert_prefetch.cpp): reserves the predicted experts of layer L that are not
+  // resident, sparing the last reservation's (ExpertCache::reserve_ahead), enqueues their copies
+  // (Streams::prefetch_done after them; nothing waits for them here) and commits. Layer L's
+  // reservation then finds them resident, and landing() says which may still be being copied.
+  void prefetch(int L, std::span<const int> predicted);
+  // Whether `expert` of layer L came with this pass's last prefetch: the compute stream must wait
+  // for Streams::prefetch_done before reading its slot.
+  bool landing(int L, int expert) const {
+    return L == landing_layer_ && std::find(landing_.begin(), landing_.end(), expert) != landing_.end();
+  }
   // Loads every expert (when the cache holds them all); returns the seconds it took. Not part of
   // any request's statistics.
   double preload_all();
 
   // Expert loads of the pass in progress / of the last pass: with --speculation warm the GPU-routed
   // path is tried only after a pass that loaded nothing.
-  void begin_pass() { loads_this_pass_ = false; }
+  // A pass starts: no expert is landing for it, and the compute stream waits for any prefetch still
+  // being copied (one left by a pass that ended in an error).
+  void begin_pass();
   void end_pass() { last_pass_loaded_ = loads_this_pass_; }
   bool last_pass_loaded() const { return last_pass_loaded_; }
   // After the copy stream is idle: each copy's bytes and time into the cache's statistics (and
@@ -65,7 +78,10 @@ class ExpertResidency {
 
  private:
   void register_mapping(const GgufFile& f);
-  void copy_misses(int L, const ExpertCache::Reservation& r, bool wait);
+  // ahead: a prefetch's copies (no wait for Streams::slots_free: its victims are never the
+  // layer in flight's experts, and every earlier layer's kernels ended before the host saw this
+  // layer's selections; Streams::prefetch_done after them instead of copies_done).
+  void copy_misses(int L, const ExpertCache::Reservation& r, bool wait, bool ahead = false);
   void sync_residency_rows();
 
   const Model& model_;
@@ -80,6 +96,10 @@ class ExpertResidency {
   bool registered_ = false;                       // every mapping page-locked
   std::vector<const uint8_t*> registered_bases_;  // one per registered mapping (split files have several)
   std::vector<GgufFile::Mapping> mappings_;       // the files the experts are copied from
+  int in_flight_layer_ = -1;           // the last reservation's layer and experts (a prefetch spares them)
+  std::vector<int> in_flight_;
+  int landing_layer_ = -1;             // the last prefetch's layer and copied experts, this pass
+  std::vector<int> landing_;
   bool loads_this_pass_ = false;
   bool last_pass_loaded_ = false;
   std::vector<cudaEvent_t> pending_copy_events_;  // (start, stop) pairs awaiting collection

@@ -159,6 +159,7 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   Workspace& ws = e.ws;
   ws.staging.reset();
   e.residency.begin_pass();
+  e.predicted_layer = -1;
 
   e.profiler.mark(kOther, stream);
   auto [ids_h, ids_staged] = ws.staging.stage<int32_t>(T);

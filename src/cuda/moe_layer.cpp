@@ -113,12 +113,18 @@ void run_gpu_grouped(Engine& e, int L, const LayerPlan& plan, const float* h2, i
 // The distinct experts of the selections ids_h [T][K], in the order they run, with their rows:
 // decode, the selections in order (expert g's row is g); prefill, ascending with the (token,
 // selection) pairs i = t*K + k of each, tokens in order (each expert's weights are read once per
-// chunk; a counting sort). Fills assign_h [TK] and, prefill, gather_h [TK], rows / offsets [groups].
+// chunk; a counting sort); with `wave` (one per distinct expert in that order) the experts of a
+// lower wave first, keeping that order within a wave. Fills assign_h [TK] and, prefill, gather_h
+// [TK], rows / offsets [groups].
 struct HostGroups {
   std::vector<int> experts, rows, offsets;
 };
-HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<const char> resident_first,
-                         int32_t* assign_h, int32_t* gather_h);
+HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<const char> wave, int32_t* assign_h,
+                         int32_t* gather_h);
+
+// When an expert's kernels may run under copy overlap: resident, landing (prefetched, its copy
+// perhaps still running), copied now.
+enum Wave : char { kResident, kLanding, kCopied };
 
 // Experts are reserved, the misses copied, the groups' slot pointers and row ranges staged, in
 // batches the cache can hold; with copy overlap the resident experts' products run while the
@@ -136,18 +142,23 @@ void run_host_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, i
 
   // With copy overlap (and all the layer's experts in one reservation): reserve first, start the
   // copies, and order the experts resident ones first, so their kernels run while the misses are
-  // copied; the missed experts' kernels wait for the copies.
+  // copied; the missed experts' kernels wait for the copies. Prefetched ones run between the two,
+  // after the prefetch's copies.
   const std::vector<int> distinct =
       ExpertCache::layer_request(std::span<const int32_t>(ids_h, (size_t)T * K), T, K);
   const bool overlap = e.opts.overlap_copies && (int)distinct.size() <= residency.cache().n_slots();
-  std::vector<char> resident;
-  if (overlap) residency.reserve_and_copy(L, distinct, false, &resident);
+  std::vector<char> wave;
+  if (overlap) {
+    residency.reserve_and_copy(L, distinct, false, &wave);
+    for (size_t i = 0; i < distinct.size(); i++)
+      wave[i] = !wave[i] ? kCopied : residency.landing(L, distinct[i]) ? kLanding : kResident;
+  }
 
   auto [assign_h, assign_d] = ws.staging.stage<int32_t>((size_t)T * K);
   int32_t* gather_h = nullptr;
   int32_t* gather_d = nullptr;
   if (T > 1) std::tie(gather_h, gather_d) = ws.staging.stage<int32_t>((size_t)T * K);
-  const HostGroups g = group_on_host(ids_h, T, K, E, resident, assign_h, gather_h);
+  const HostGroups g = group_on_host(ids_h, T, K, E, wave, assign_h, gather_h);
   if (T > 1)
     RL_CUDA_CHECK(cudaMemcpyAsync(gather_d, gather_h, (size_t)T * K * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   stream));
@@ -185,8 +196,10 @@ void run_host_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, i
 
   const size_t n_experts = g.experts.size();
   if (overlap) {
-    const size_t n_resident = (size_t)std::count(resident.begin(), resident.end(), 1);
-    const bool any_miss = n_resident < n_experts;
+    const size_t n_resident = (size_t)std::count(wave.begin(), wave.end(), kResident);
+    const size_t n_landing = (size_t)std::count(wave.begin(), wave.end(), kLanding);
+    const size_t n_ready = n_resident + n_landing;  // the experts not copied by this layer
+    const bool any_miss = n_ready < n_experts;
     // The cache already lists the missed experts as resident: if anything throws before the compute
     // stream waits for their copies, finish the copies before the error leaves, so no later kernel
     // reads a slot that is still being written.
@@ -198,13 +211,22 @@ void run_host_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, i
       }
     } guard{e.streams.copy, any_miss};
     run(0, n_resident);
+    if (n_landing > 0) {
+      e.profiler.mark(kCopyWait, stream);
+      RL_CUDA_CHECK(cudaStreamWaitEvent(stream, e.streams.prefetch_done, 0));
+      e.profiler.mark(kExperts, stream);
+      run(n_resident, n_landing);
+    }
     if (any_miss) {
       e.profiler.mark(kCopyWait, stream);
       RL_CUDA_CHECK(cudaStreamWaitEvent(stream, e.streams.copies_done, 0));
       guard.armed = false;
       e.profiler.mark(kExperts, stream);
     }
-    run(n_resident, n_experts - n_resident);
+    // The next layer's predicted misses, copied behind this layer's (every wait for this layer's
+    // copies is enqueued, so the prefetch's events cannot be taken for them).
+    prefetch_predicted(e, L + 1);
+    run(n_ready, n_experts - n_ready);
   } else {
     // Reserve, copy the misses, run: in batches of at most n_slots distinct experts.
     const size_t batch = std::min(n_experts, (size_t)residency.cache().n_slots());
@@ -217,8 +239,8 @@ void run_host_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, i
   combine(e, T, a, x, next_norm, h_out);
 }
 
-HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<const char> resident_first,
-                         int32_t* assign_h, int32_t* gather_h) {
+HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<const char> wave, int32_t* assign_h,
+                         int32_t* gather_h) {
   HostGroups out;
   std::vector<int> group_start, pair_list;  // group g's pairs: pair_list[group_start[g] .. group_start[g + 1])
   std::vector<int> experts;
@@ -237,11 +259,10 @@ HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<co
     pair_list.resize((size_t)T * K);
     for (int i = 0; i < T * K; i++) pair_list[next[ids_h[i]]++] = i;
   }
-  // The groups in the order they run: resident experts first when the reservation said which.
+  // The groups in the order they run: by wave when the reservation said which.
   std::vector<size_t> order(experts.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  if (!resident_first.empty())
-    std::stable_partition(order.begin(), order.end(), [&](size_t g) { return resident_first[g] != 0; });
+  if (!wave.empty()) std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return wave[a] < wave[b]; });
   for (size_t g : order) out.experts.push_back(experts[g]);
   // Assignments: row a of the expert outputs holds (token, selection) assign[t][k] == a.
   if (T == 1) {
@@ -319,6 +340,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
                                       cudaMemcpyDeviceToHost, stream));
       RL_CUDA_CHECK(cudaEventRecord(e.streams.router_ready, stream));
     }
+    if (predicts_next_layer(e, L, T, routing, CudaOptions::Prefetch::kEarly)) predict_next_layer(e, L);
   }
   e.profiler.mark(kSharedExpert, stream);
   // Prefill: h2 in the X24 form once, for the shared pair and (gathered) the routed gate and up.
@@ -340,8 +362,11 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
     case Routing::kGpuRouted: run_gpu_routed(e, L, plan, h2, x, next_norm, h_out, shared_on_side); break;
     case Routing::kGpuGrouped: run_gpu_grouped(e, L, plan, h2, T, x, next_norm, h_out); break;
     case Routing::kHostRouted:
+      // (--prefetch late: the previous layer's prediction of this one, before this layer's selections)
+      prefetch_predicted(e, L);
       if (!trace) RL_CUDA_CHECK(cudaEventSynchronize(e.streams.router_ready));
       run_host_routed(e, L, plan, h2, T, x, next_norm, h_out);
+      if (predicts_next_layer(e, L, T, routing, CudaOptions::Prefetch::kLate)) predict_next_layer(e, L);
       break;
   }
 }

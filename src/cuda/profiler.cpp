@@ -7,7 +7,8 @@ namespace rl::cuda {
 namespace {
 const char* const kStageNames[kStageCount] = {"norms",   "projections", "deltanet",  "attention",
                                               "router",  "shared_exp",  "experts",   "lm_head",
-                                              "backups", "copy_wait",   "other",     "copies"};
+                                              "backups", "copy_wait",   "prediction", "other",
+                                              "copies"};
 }  // namespace
 
 std::string Profiler::report() const {

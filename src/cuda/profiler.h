@@ -13,12 +13,13 @@
 
 namespace rl::cuda {
 
-// kBackups: the GPU-routed token's state backups (compute stream). kCopyWait: the compute stream
+// kBackups: the GPU-routed token's state backups (compute stream). kPrediction: the next layer's
+// predicted selections (prefetch). kCopyWait: the compute stream
 // idle until a layer's expert copies land (after its resident experts ran). kCopies: expert copies,
 // timed on the copy stream and not part of the total; copies minus copy_wait is the copy time that
 // overlapped compute.
 enum Stage { kNorms, kProjections, kDeltaNet, kAttention, kRouter, kSharedExpert, kExperts, kLmHead, kBackups,
-             kCopyWait, kOther, kCopies, kStageCount };
+             kCopyWait, kPrediction, kOther, kCopies, kStageCount };
 
 class Profiler {
  public:

@@ -2,7 +2,9 @@
 // `copy`, and on `side` the decode graph's shared expert, a branch beside the routing and the
 // routed experts. slots_free: recorded after the kernels that last read the slots a copy may
 // overwrite; copies_done: after a layer's copies; router_ready: after a layer's selections reach
-// the host; side_fork / side_join: where the side branch starts (the MoE input is ready) and ends.
+// the host; side_fork / side_join: where the side branch starts (the MoE input is ready) and ends;
+// prediction_ready: after a predicted layer's selections reach the host; prefetch_done: after the
+// copies of a prefetch (expert_prefetch.cpp).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,13 +22,15 @@ struct Streams {
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&slots_free, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&copies_done, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&router_ready, cudaEventDisableTiming));
+    RL_CUDA_CHECK(cudaEventCreateWithFlags(&prediction_ready, cudaEventDisableTiming));
+    RL_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_done, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventRecord(slots_free, compute));
   }
   ~Streams() {
     if (compute) cudaStreamSynchronize(compute);
     if (copy) cudaStreamSynchronize(copy);
     if (side) cudaStreamSynchronize(side);
-    for (cudaEvent_t e : {slots_free, copies_done, router_ready, side_fork, side_join})
+    for (cudaEvent_t e : {slots_free, copies_done, router_ready, side_fork, side_join, prediction_ready, prefetch_done})
       if (e) cudaEventDestroy(e);
     for (cudaStream_t s : {compute, copy, side})
       if (s) cudaStreamDestroy(s);
@@ -46,6 +50,7 @@ struct Streams {
   cudaStream_t compute = nullptr, copy = nullptr, side = nullptr;
   cudaEvent_t slots_free = nullptr, copies_done = nullptr, router_ready = nullptr;
   cudaEvent_t side_fork = nullptr, side_join = nullptr;
+  cudaEvent_t prediction_ready = nullptr, prefetch_done = nullptr;
 };
 
 }  // namespace rl::cuda

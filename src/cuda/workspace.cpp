@@ -105,6 +105,11 @@ Workspace::Workspace(const Config& c, const NumericForms& forms) {
   alloc_bytes(route_ids, n_assign * sizeof(int32_t));
   alloc_bytes(route_weights, n_assign * sizeof(float));
   route_ids_host.allocate(n_assign * sizeof(int32_t));
+  alloc(predict_input, n_embd);
+  alloc(predict_logits, c.n_expert);
+  alloc_bytes(predict_ids, c.n_expert_used * sizeof(int32_t));
+  alloc(predict_weights, c.n_expert_used);
+  predict_ids_host.allocate(c.n_expert_used * sizeof(int32_t));
   staging.allocate();
   bytes_ += kStagingBytes;
   const size_t n_groups = (size_t)expert_group_bound((int)n_assign, c.n_expert);

@@ -138,6 +138,12 @@ struct Workspace {
   Q8Rows q8_side_input;  // [kMaxQ8Columns][max(n_embd, ff_sh)] a product's input on the side branch
   Q8Rows q8_moe_input;   // [1][n_embd] h2, converted once a layer for every matvec-q8 product of it
   Q8Rows q8_expert_act;  // [K][ff]     the routed experts' SwiGLU outputs, for their down products
+  // The next layer's predicted selections (prefetch, decode): never the buffers the real routing uses.
+  DeviceBuffer predict_input;    // [n_embd] RMSNorm(x) * the next layer's post-attention norm
+  DeviceBuffer predict_logits;   // [E] the next layer's router on it
+  DeviceBuffer predict_ids;      // [K] int32 its top-k
+  DeviceBuffer predict_weights;  // [K] (route_tokens writes them; unused)
+  PinnedBuffer predict_ids_host; // [K] for the host's prefetch
   // GPU grouping of a prefill layer's selections (group_by_expert).
   DeviceBuffer grouped_gather;     // [TK] int32 token of each gathered row
   DeviceBuffer grouped_assign;     // [TK] int32 gathered row of each (token, selection) pair

@@ -21,7 +21,8 @@ rl::test::ShellRun run_redlite(const std::string& args) {
 TEST(CudaFlags, HelpListsThem) {
   const auto r = run_redlite("bench --help");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib", "--cache-policy"})
+  for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib", "--cache-policy",
+                           "--prefetch", "--prefetch-experts"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
 }
 
@@ -39,6 +40,11 @@ TEST(CudaFlags, DocumentedValuesAreAccepted) {
                                "' --cache-policy " + policy);
     EXPECT_EQ(r.exit_code, 0) << policy << ": " << r.out;
   }
+  for (const char* prefetch : {"off", "on", "early", "late"}) {
+    const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
+                               "' --prefetch-experts 3 --prefetch " + prefetch);
+    EXPECT_EQ(r.exit_code, 0) << prefetch << ": " << r.out;
+  }
   rl::test::remove_temp(out);
 }
 
@@ -55,6 +61,19 @@ TEST(CudaFlags, UnknownCachePolicyIsRefusedNamingTheFlag) {
     const auto r = run_redlite(std::string("bench -m none.gguf --cache-policy ") + bad);
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.out.find("--cache-policy"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+TEST(CudaFlags, UnknownPrefetchIsRefusedNamingTheFlag) {
+  for (const char* bad : {"yes", "ON", "1", "moe"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --prefetch ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--prefetch"), std::string::npos) << bad << ": " << r.out;
+  }
+  for (const char* bad : {"0", "-1", "513", "six"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --prefetch-experts ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--prefetch-experts"), std::string::npos) << bad << ": " << r.out;
   }
 }
 

@@ -234,6 +234,8 @@ TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
       cuda::CudaOptions on, off;
       on.cache_mib = off.cache_mib = budget_mib(*model, fraction);
       on.speculation = off.speculation = cuda::CudaOptions::Speculation::kOff;
+      // (No prefetch, which needs the overlap: both make the same reservations, compared below.)
+      on.prefetch = off.prefetch = cuda::CudaOptions::Prefetch::kOff;
       off.overlap_copies = false;
       auto with = cuda::make_cuda_backend(model, on), without = cuda::make_cuda_backend(model, off);
       auto a = with->new_session(128), b = without->new_session(128);
@@ -243,6 +245,93 @@ TEST(CudaBackend, CopyOverlapLeavesLogitsUnchanged) {
       EXPECT_EQ(sa.hits, sb.hits);
       EXPECT_EQ(sa.misses, sb.misses);
       EXPECT_EQ(sa.bytes_copied, sb.bytes_copied);
+    }
+  }
+  RL_SKIP_IF_FIXTURE_MODEL_MISSING();
+}
+
+using Prefetch = cuda::CudaOptions::Prefetch;
+
+// Prediction and prefetch (--prefetch early and late) keep the exact tier on the oracle at every
+// budget (the prediction has buffers of its own; each layer routes on its own input), and on a
+// bounded cache they predict every decode layer but the first from the layer before, copy the
+// predicted misses ahead and find some of those copies used.
+TEST(CudaBackend, PrefetchMatchesOracleAtSeveralBudgets) {
+  RL_REQUIRE_GPU();
+  RL_REQUIRE_FIXTURE_MODELS();
+  const auto models = fixture_models();
+  for (const auto& [name, path] : models) {
+    auto model = Model::open(path);
+    const Config& c = model->config();
+    auto cpu = cpu::make_cpu_backend(model, 0);
+    for (Prefetch when : {Prefetch::kEarly, Prefetch::kLate}) {
+      for (double fraction : {1.0, 0.5, 0.1}) {
+        SCOPED_TRACE(std::string(name) + " --prefetch " + cuda::prefetch_name(when) + " budget fraction " +
+                     std::to_string(fraction));
+        cuda::CudaOptions o;
+        o.cache_mib = fraction == 1.0 ? 0 : budget_mib(*model, fraction);
+        o.prefetch = when;
+        auto gpu = cuda::make_cuda_backend(model, o);
+        auto a = cpu->new_session(256), b = gpu->new_session(256);
+        const int steps = 12;
+        ASSERT_NO_FATAL_FAILURE(
+            expect_matches_oracle(*a, *b, prompt(37, c.n_vocab, 1), c.n_vocab, steps, fixture_max_rel_rms(name)));
+        const auto st = gpu->stats().cache;
+        std::printf("%s --prefetch %s, budget %.1f: hit rate %.3f, %llu predicted, accuracy %.3f, %llu prefetched, "
+                    "%llu used, %llu wasted\n",
+                    name.c_str(), cuda::prefetch_name(when), fraction, st.hit_rate(),
+                    (unsigned long long)st.predicted,
+                    st.predicted ? (double)st.predicted_used / (double)st.predicted : 0.0,
+                    (unsigned long long)st.prefetched, (unsigned long long)st.prefetch_hits,
+                    (unsigned long long)st.prefetch_wasted);
+        if (fraction == 1.0) {
+          EXPECT_EQ(st.predicted, 0u) << "every expert is resident: nothing to predict";
+        } else {
+          EXPECT_EQ(st.predicted, (uint64_t)steps * (c.n_layer - 1) * std::min(c.n_expert_used, o.prefetch_experts));
+          EXPECT_GT(st.prefetched, 0u);
+          EXPECT_GT(st.prefetch_hits, 0u) << "no prefetched expert was used";
+          EXPECT_EQ(st.prefetched, st.prefetch_hits + st.prefetch_wasted);
+        }
+      }
+    }
+  }
+  RL_SKIP_IF_FIXTURE_MODEL_MISSING();
+}
+
+// The prediction changes no value in either tier: with --prefetch early and late the logits are
+// bit-identical to --prefetch off (prefill with every position's logits, then decode) on bounded
+// caches (half the experts under LRU, a tenth under LRFU), and the layers reserve the same
+// selections (hits + misses), some found prefetched.
+TEST(CudaBackend, PrefetchLeavesLogitsUnchanged) {
+  RL_REQUIRE_GPU();
+  RL_REQUIRE_FIXTURE_MODELS();
+  const auto models = fixture_models();
+  for (const auto& [name, path] : models) {
+    auto model = Model::open(path);
+    const int n_vocab = model->config().n_vocab;
+    for (Numerics numerics : {Numerics::kExact, Numerics::kFast}) {
+      for (Prefetch when : {Prefetch::kEarly, Prefetch::kLate}) {
+        for (double fraction : {0.5, 0.1}) {
+          SCOPED_TRACE(std::string(name) + " " + numerics_name(numerics) + " --prefetch " +
+                       cuda::prefetch_name(when) + " budget fraction " + std::to_string(fraction));
+          cuda::CudaOptions on, off;
+          on.cache_mib = off.cache_mib = budget_mib(*model, fraction);
+          on.cache_policy = off.cache_policy = fraction < 0.5 ? CachePolicy::Kind::kLrfu : CachePolicy::Kind::kLru;
+          on.numerics = off.numerics = numerics;
+          on.kv_type = off.kv_type = numerics == Numerics::kFast ? KvType::kF16 : KvType::kF32;
+          on.prefetch = when;
+          // Every prediction copied ahead (early), and the top 3 only (late).
+          on.prefetch_experts = when == Prefetch::kEarly ? model->config().n_expert_used : 3;
+          off.prefetch = Prefetch::kOff;
+          auto with = cuda::make_cuda_backend(model, on), without = cuda::make_cuda_backend(model, off);
+          auto a = with->new_session(128), b = without->new_session(128);
+          ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, prompt(40, n_vocab, 5), true, 16));
+          const auto sa = with->stats().cache, sb = without->stats().cache;
+          EXPECT_EQ(sa.hits + sa.misses, sb.hits + sb.misses);
+          EXPECT_GT(sa.prefetch_hits, 0u);
+          EXPECT_EQ(sb.predicted, 0u);
+        }
+      }
     }
   }
   RL_SKIP_IF_FIXTURE_MODEL_MISSING();

@@ -152,6 +152,12 @@ TEST_F(ExactTier, MatchesTheOracleOnThe80BRoutingShapeAtEveryBudget) {
     const auto st = gpu->stats();
     if (fraction < 1.0) {
       EXPECT_GT(st.cache.evictions, 0u) << "the bounded cache never evicted: the budget was not exercised";
+      // (with --prefetch on, the default: its figures at this routing shape, a report)
+      std::printf("  prefetch: %llu predicted, accuracy %.3f, %llu prefetched, %llu used, %llu wasted\n",
+                  (unsigned long long)st.cache.predicted,
+                  st.cache.predicted ? (double)st.cache.predicted_used / (double)st.cache.predicted : 0.0,
+                  (unsigned long long)st.cache.prefetched, (unsigned long long)st.cache.prefetch_hits,
+                  (unsigned long long)st.cache.prefetch_wasted);
     } else {
       EXPECT_GT(st.gpu_routed_tokens, 0u) << "the GPU-routed decode did not run";
     }
