@@ -39,6 +39,7 @@ class CpuSnapshot final : public SessionSnapshot {
   explicit CpuSnapshot(const Shared* owner) : owner(owner) {}
   size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
   int position() const override { return (int)kv.position(); }
+  bool lost() const override { return kv.lost(); }
   const Shared* owner;  // snapshots restore only into sessions of the same loaded model
   std::vector<std::vector<float>> conv, ssm;  // [n_layer]: LayerState's, empty for attention layers
   size_t recurrent_bytes = 0;
@@ -99,6 +100,7 @@ class CpuSession final : public Session {
   void restore(const SessionSnapshot& snap) override {
     const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
     if (!s) fail("restore: the snapshot was not taken from a cpu session");
+    s->kv.check_restorable();
     if (s->owner != shared_.get()) fail("restore: the snapshot was taken from a session of another loaded model");
     if (s->position() > n_ctx_)
       fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->position(),
@@ -128,7 +130,7 @@ class CpuSession final : public Session {
     state_.position = s->position();
   }
 
-  // The KV rows stay (snapshots may reference them); the next write past position 0 freezes them.
+  // The KV rows stay (snapshots may reference them): the next pass, from position 0, freezes them.
   void reset() override {
     for (LayerState& l : state_.layers) {
       std::fill(l.conv.begin(), l.conv.end(), 0.0f);

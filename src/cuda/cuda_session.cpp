@@ -41,6 +41,7 @@ class CudaSnapshot final : public SessionSnapshot {
   mutable KvShareCuda kv;
   size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
   int position() const override { return (int)kv.position(); }
+  bool lost() const override { return kv.lost(); }
 };
 
 // Rows [src_row, src_row + n) of a K or V cache laid out for src_capacity rows into rows
@@ -152,6 +153,7 @@ class CudaSessionImpl final : public Session {
   void restore(const SessionSnapshot& snap) override {
     const auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
     if (!s) fail("restore: the snapshot was not taken from a cuda session");
+    s->kv.check_restorable();
     if (s->owner != &e_) fail("restore: the snapshot was taken from a session of another loaded model");
     if (s->position() > st_.n_ctx)
       fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->position(),
@@ -186,11 +188,12 @@ class CudaSessionImpl final : public Session {
     if (!reading.empty()) RL_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
+  // The KV rows stay (snapshots may reference them): the next pass, from position 0, freezes them.
+  // On the compute stream, after any restore's copies into the same states.
   void reset() override {
-    for (size_t L = 0; L < st_.conv.size(); L++) {
-      if (st_.conv[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.conv[L].get(), 0, st_.conv[L].bytes()));
-      if (st_.ssm[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.ssm[L].get(), 0, st_.ssm[L].bytes()));
-    }
+    for (auto* states : {&st_.conv, &st_.ssm})
+      for (DeviceBuffer& b : *states)
+        if (b.bytes()) RL_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), e_.streams.compute));
     st_.position = 0;
   }
 
@@ -229,14 +232,19 @@ class CudaSessionImpl final : public Session {
     f->k.resize(st_.k_cache.size());
     f->v.resize(st_.v_cache.size());
     const size_t width = (size_t)e_.config().kv_dim(), bytes = kv_bytes(st_.kv_type, f->capacity * width);
-    each_kv([&](size_t L) {
-      f->k[L].allocate(bytes);
-      f->v[L].allocate(bytes);
-      copy_kv_rows(f->type, width, st_.k_cache[L], st_.n_ctx, from, f->k[L], f->capacity, 0, f->capacity,
-                   e_.streams.compute);
-      copy_kv_rows(f->type, width, st_.v_cache[L], st_.n_ctx, from, f->v[L], f->capacity, 0, f->capacity,
-                   e_.streams.compute);
-    });
+    try {
+      each_kv([&](size_t L) {
+        f->k[L].allocate(bytes);
+        f->v[L].allocate(bytes);
+        copy_kv_rows(f->type, width, st_.k_cache[L], st_.n_ctx, from, f->k[L], f->capacity, 0, f->capacity,
+                     e_.streams.compute);
+        copy_kv_rows(f->type, width, st_.v_cache[L], st_.n_ctx, from, f->v[L], f->capacity, 0, f->capacity,
+                     e_.streams.compute);
+      });
+    } catch (...) {
+      cudaGetLastError();  // a failed cudaMalloc must not surface at the next kernel launch's check
+      throw;
+    }
     return f;
   }
   // The caches themselves, for the destructor when a copy cannot be allocated.

@@ -13,9 +13,10 @@ size_t PromptCache::bytes() const {
   return n;
 }
 
-// Shares of rows frozen for several snapshots grow as others go (kv_share.h): the sum is taken
-// again after each eviction.
+// Lost snapshots go first (kv_share.h: no memory was there to keep their rows). Shares of rows
+// frozen for several snapshots grow as others go: the sum is taken again after each eviction.
 void PromptCache::evict_to(size_t budget) {
+  entries_.remove_if([](const Entry& e) { return e.snapshot->lost(); });
   while (!entries_.empty() && bytes() > budget) entries_.pop_back();
 }
 
@@ -35,6 +36,7 @@ void PromptCache::put(std::span<const int32_t> tokens, std::unique_ptr<SessionSn
 }
 
 int PromptCache::restore_longest_prefix(std::span<const int32_t> prompt, size_t max_len, Session& session) {
+  evict_to(max_bytes_);  // sessions written or released since the last call froze shared rows
   auto best = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const size_t n = it->tokens.size();

@@ -6,8 +6,9 @@
 // Least-recently-used eviction under a byte budget (the sum of SessionSnapshot::bytes()). A
 // snapshot shares its KV rows with the session it came from and holds few bytes until that session
 // overwrites them (model/kv_share.h), so what it holds can grow after it is stored: the sum is
-// taken again whenever it is asked for, and put and restore evict down to the budget. Not
-// thread-safe: one owner (the chat loop, or the server's single worker) uses it and the sessions.
+// taken again whenever it is asked for, and put and restore evict down to the budget (and drop
+// snapshots whose rows were lost for want of memory). Not thread-safe: one owner (the chat loop,
+// or the server's single worker) uses it and the sessions.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -11,11 +11,15 @@
 // every row. Either way the snapshot then references that session's rows again and drops its
 // pieces.
 //
+// Memory: a frozen copy is allocated when a session writes, which the server's admission does not
+// budget for; when it cannot be allocated, the snapshots that needed it are lost (lost(): they
+// cannot be restored, and the PromptCache drops them) and the write goes on.
+//
 // Ownership: frozen pieces are reference-counted. The session's store is never freed while
 // referenced: its destructor calls close(), which freezes every reference (one copy of the rows
 // they reach; when that copy cannot be allocated, the store itself is handed over).
-// KvShare::bytes(): each frozen piece's bytes divided among the snapshots that hold it, so a sum
-// over snapshots is what they hold together; rows referenced in a live session cost nothing more
+// KvShare::bytes(): each frozen piece's bytes divided among the snapshots that hold it (rounded
+// down), so a sum over snapshots is what they hold together; rows referenced in a live session cost nothing more
 // (the session holds them anyway).
 //
 // Threads: nothing here is synchronised. A session and the snapshots taken from or restored into
@@ -23,9 +27,12 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <vector>
+
+#include "common/error.h"
 
 namespace rl {
 
@@ -53,6 +60,12 @@ class KvShare {
   }
 
   size_t position() const { return position_; }
+  // Its rows are gone (KvLedger::before_write could not copy them): it cannot be restored.
+  bool lost() const { return lost_; }
+  void check_restorable() const {
+    if (lost_)
+      fail("restore: the snapshot's KV rows were lost (no memory to copy them when its session overwrote them)");
+  }
   size_t live_rows() const { return live_; }
   const KvLedger<Rows, Store>* ledger() const { return ledger_; }
   const std::vector<KvPiece<Rows>>& pieces() const { return pieces_; }
@@ -67,6 +80,7 @@ class KvShare {
   friend class KvLedger<Rows, Store>;
   KvLedger<Rows, Store>* ledger_ = nullptr;
   size_t position_ = 0, live_ = 0;
+  bool lost_ = false;
   std::vector<KvPiece<Rows>> pieces_;
 };
 
@@ -94,18 +108,27 @@ class KvLedger {
     if (s.ledger_) s.ledger_->forget(&s);
     s.pieces_.clear();
     s.position_ = s.live_ = position;
+    s.lost_ = false;
     if (position == 0) return;
     shares_.push_back(&s);
     s.ledger_ = this;
   }
 
-  // Called before the session writes any row at or past position `from`. Throws (nothing
-  // changed) when the frozen copy cannot be allocated.
+  // Called before the session writes any row at or past position `from`. When the frozen copy
+  // cannot be made (no memory), the snapshots that needed it are lost instead: the write, which
+  // the session's own memory was sized for, does not fail for them.
   void before_write(size_t from) {
     size_t reach = from;
     for (const KvShare<Rows, Store>* s : shares_) reach = std::max(reach, s->live_);
     if (reach == from) return;
-    freeze_from(from, freeze_(from, reach), from);
+    std::shared_ptr<const Rows> rows;
+    try {
+      rows = freeze_(from, reach);
+    } catch (const std::exception&) {
+      lose_from(from);
+      return;
+    }
+    freeze_from(from, std::move(rows), from);
   }
 
   // The session is going away: every reference is frozen.
@@ -141,6 +164,16 @@ class KvLedger {
   void forget(KvShare<Rows, Store>* s) {
     shares_.erase(std::remove(shares_.begin(), shares_.end(), s), shares_.end());
     s->ledger_ = nullptr;
+  }
+  void lose_from(size_t from) {
+    std::erase_if(shares_, [from](KvShare<Rows, Store>* s) {
+      if (s->live_ <= from) return false;
+      s->lost_ = true;
+      s->live_ = 0;
+      s->pieces_.clear();
+      s->ledger_ = nullptr;
+      return true;
+    });
   }
   // Every share reaching past `from` gets rows [from, its live end) from `rows`.
   void freeze_from(size_t from, std::shared_ptr<const Rows> rows, size_t first) {
