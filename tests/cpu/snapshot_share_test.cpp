@@ -27,18 +27,13 @@ class SnapshotShareTest : public test::ModelBTest {
     ASSERT_EQ(model_->config().kv_bytes_per_token(), kKvBytesPerToken);
   }
   std::span<const int32_t> span(size_t from, size_t n) const { return std::span(tokens_).subspan(from, n); }
-  // The logits of `next` after `history`, from a session that saw nothing else.
-  std::vector<float> fresh(const std::vector<int32_t>& history, int32_t next) const {
-    auto s = backend_->new_session(256);
-    s->prefill(history);
-    return s->decode(next);
-  }
-  static std::vector<int32_t> concat(std::span<const int32_t> a, std::span<const int32_t> b) {
-    std::vector<int32_t> v(a.begin(), a.end());
-    v.insert(v.end(), b.begin(), b.end());
-    return v;
-  }
-  static void expect_bit_identical(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  // `s`, at position n, gives for `next` the logits of a fresh session fed tokens_[0, n) (bit for bit).
+  void expect_continues_fresh(Session& s, size_t n, int32_t next, const char* what) const {
+    ASSERT_EQ(s.position(), (int)n) << what;
+    const std::vector<float> got = s.decode(next);
+    auto fresh = backend_->new_session(256);
+    fresh->prefill(span(0, n));
+    const std::vector<float> want = fresh->decode(next);
     ASSERT_EQ(got.size(), want.size()) << what;
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
         << what << ": rel rms " << relative_rms(got, want);
@@ -67,21 +62,19 @@ TEST_F(SnapshotShareTest, RewindDivergeAndRestoreEqualFreshRuns) {
   EXPECT_EQ(b->bytes(), recurrent_ + 10 * kKvBytesPerToken) << "B copies the 10 rows it lost, no more";
   EXPECT_EQ(a->bytes(), recurrent_);
 
-  const std::vector<int32_t> history_a(tokens_.begin(), tokens_.begin() + 40);
-  const std::vector<int32_t> history_b(tokens_.begin(), tokens_.begin() + 50);
   s->restore(*b);
-  expect_bit_identical(s->decode(tokens_[50]), fresh(history_b, tokens_[50]), "B after the divergence");
+  expect_continues_fresh(*s, 50, tokens_[50], "B after the divergence");
   EXPECT_EQ(b->bytes(), recurrent_) << "restored: B references this session's rows again";
   s->restore(*a);
-  expect_bit_identical(s->decode(7), fresh(history_a, 7), "A after B's restore and a decode");
+  expect_continues_fresh(*s, 40, 7, "A after B's restore");
 
   s->reset();
   s->prefill(span(120, 30));
   EXPECT_EQ(a->bytes() + b->bytes(), 2 * recurrent_ + 50 * kKvBytesPerToken) << "one copy of rows 0..49 for both";
   s->restore(*b);
-  expect_bit_identical(s->decode(tokens_[50]), fresh(history_b, tokens_[50]), "B after a reset and a new prompt");
+  expect_continues_fresh(*s, 50, tokens_[50], "B after a reset and a new prompt");
   s->restore(*a);
-  expect_bit_identical(s->decode(tokens_[40]), fresh(history_a, tokens_[40]), "A after a reset and a new prompt");
+  expect_continues_fresh(*s, 40, tokens_[40], "A after a reset and a new prompt");
 }
 
 // A snapshot outlives its session: it then holds its rows alone, and restores into another
@@ -96,8 +89,7 @@ TEST_F(SnapshotShareTest, SnapshotOutlivesItsSession) {
   auto other = backend_->new_session(64);
   other->restore(*snap);
   EXPECT_EQ(snap->bytes(), recurrent_) << "restored: it references the new session's rows";
-  const std::vector<int32_t> history(tokens_.begin(), tokens_.begin() + 30);
-  expect_bit_identical(other->decode(tokens_[30]), fresh(history, tokens_[30]), "restored after its session went");
+  expect_continues_fresh(*other, 30, tokens_[30], "restored after its session went");
 }
 
 // Restored into another session, a snapshot references that session's rows: the first session's
@@ -117,8 +109,7 @@ TEST_F(SnapshotShareTest, RestoreIntoAnotherSessionMovesTheReference) {
   second->prefill(span(90, 12));
   EXPECT_EQ(snap->bytes(), recurrent_ + 30 * kKvBytesPerToken);
   first->restore(*snap);
-  const std::vector<int32_t> history(tokens_.begin(), tokens_.begin() + 30);
-  expect_bit_identical(first->decode(tokens_[30]), fresh(history, tokens_[30]), "restored into the first again");
+  expect_continues_fresh(*first, 30, tokens_[30], "restored into the first again");
 }
 
 // Rows frozen for two snapshots are held once and counted once; when one goes, the other holds
@@ -135,8 +126,7 @@ TEST_F(SnapshotShareTest, FrozenRowsSharedByTwoSnapshotsAreCountedOnce) {
   short_snap.reset();
   EXPECT_EQ(long_snap->bytes(), recurrent_ + 40 * kKvBytesPerToken);
   s->restore(*long_snap);
-  const std::vector<int32_t> history(tokens_.begin(), tokens_.begin() + 40);
-  expect_bit_identical(s->decode(tokens_[40]), fresh(history, tokens_[40]), "the longer snapshot");
+  expect_continues_fresh(*s, 40, tokens_[40], "the longer snapshot");
 }
 
 // The batched pass writes KV rows too: a session rewound to A and advanced by decode_batch
@@ -155,8 +145,7 @@ TEST_F(SnapshotShareTest, BatchedDecodeFreezesRowsItOverwrites) {
   backend_->decode_batch(both, next);
   EXPECT_EQ(b->bytes(), recurrent_ + 5 * kKvBytesPerToken);
   s->restore(*b);
-  const std::vector<int32_t> history(tokens_.begin(), tokens_.begin() + 35);
-  expect_bit_identical(s->decode(tokens_[35]), fresh(history, tokens_[35]), "B after a batched decode");
+  expect_continues_fresh(*s, 35, tokens_[35], "B after a batched decode");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The CUDA backend's KV cache types (--kv-type): store_kv and attention_prep store the CPU
 // backend's values of each type bit for bit; snapshots of every type restore into sessions of
-// another context length (a q8_0 cache's scales sit after n_ctx rows); a context that does not fit
+// another context length (a q8_0 cache's scales sit after n_ctx rows) and keep the rows they share
+// with the session when it overwrites them or goes (model/kv_share.h); a context that does not fit
 // is refused with its bytes. The attention kernels over each type: attention_fast_test.cpp; the
 // fast tier's bar per type: fast_tier_test.cpp.
 #include <gtest/gtest.h>
@@ -111,8 +112,10 @@ class CudaKvSessions : public ::testing::Test {
 };
 
 // For each type: a snapshot at 300 tokens holds the recurrent states (its KV rows are the
-// session's, model/kv_share.h); restored into a session of another context length (the rows
-// copied into that layout) it continues as the original did, bit for bit.
+// session's, model/kv_share.h). Restored into a session of another context length (the rows
+// copied into that layout; a q8_0 cache's scales sit after n_ctx rows), it continues as the
+// original did, bit for bit; when that session goes, the snapshot holds its 300 rows alone and
+// restores from them into a third session, again bit for bit.
 TEST_F(CudaKvSessions, SnapshotsRestoreIntoAnotherContext) {
   const Config& c = model_->config();
   const auto toks = test_tokens(c.n_vocab);
@@ -127,6 +130,12 @@ TEST_F(CudaKvSessions, SnapshotsRestoreIntoAnotherContext) {
     auto other = gpu->new_session(500);
     other->restore(*snap);
     EXPECT_EQ(other->prefill(std::span(toks).subspan(300, 100)), rest);
+    other.reset();
+    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes() + 300 * c.kv_bytes_per_token(type)) << "outlived its session";
+    auto third = gpu->new_session(700);
+    third->restore(*snap);
+    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes()) << "restored: it references the third session's rows";
+    EXPECT_EQ(third->prefill(std::span(toks).subspan(300, 100)), rest);
   }
 }
 
@@ -167,27 +176,6 @@ TEST_F(CudaKvSessions, SnapshotsKeepTheirRowsWhenTheSessionOverwritesThem) {
     EXPECT_EQ(s->decode(toks[300]), a_next) << "A after a reset and another prompt";
     s->restore(*b);
     EXPECT_EQ(s->prefill(std::span(toks).subspan(400, 50)), b_rest) << "B after a reset and another prompt";
-  }
-}
-
-// For each type: a snapshot outlives its session, then holds its 300 rows alone, and restores
-// into another session as the original continued.
-TEST_F(CudaKvSessions, SnapshotOutlivesItsSession) {
-  const Config& c = model_->config();
-  const auto toks = test_tokens(c.n_vocab);
-  for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kQ8_0}) {
-    SCOPED_TRACE(kv_type_name(type));
-    auto gpu = backend(type);
-    auto s = gpu->new_session(1200);
-    s->prefill(std::span(toks).subspan(0, 300));
-    auto snap = s->snapshot();
-    const auto rest = s->prefill(std::span(toks).subspan(300, 60));
-    s.reset();
-    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes() + 300 * c.kv_bytes_per_token(type));
-    auto other = gpu->new_session(500);
-    other->restore(*snap);
-    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes()) << "restored: it references the new session's rows";
-    EXPECT_EQ(other->prefill(std::span(toks).subspan(300, 60)), rest);
   }
 }
 
