@@ -112,6 +112,21 @@ TEST_F(SnapshotShareTest, RestoreIntoAnotherSessionMovesTheReference) {
   expect_continues_fresh(*first, 30, tokens_[30], "restored into the first again");
 }
 
+// A restore writes KV rows as a pass does: the snapshots that share the session's rows get their
+// own copy of them first.
+TEST_F(SnapshotShareTest, RestoringAnotherSnapshotFreezesTheSessionsOwn) {
+  auto s = backend_->new_session(256);
+  s->prefill(span(0, 40));
+  const auto mine = s->snapshot();
+  auto other = backend_->new_session(256);
+  other->prefill(span(100, 30));
+  const auto theirs = other->snapshot();
+  s->restore(*theirs);  // rows 0..29 of s now hold other tokens
+  EXPECT_EQ(mine->bytes(), recurrent_ + 40 * kKvBytesPerToken);
+  s->restore(*mine);
+  expect_continues_fresh(*s, 40, tokens_[40], "the session's own snapshot after another's restore");
+}
+
 // Rows frozen for two snapshots are held once and counted once; when one goes, the other holds
 // them alone.
 TEST_F(SnapshotShareTest, FrozenRowsSharedByTwoSnapshotsAreCountedOnce) {
