@@ -19,8 +19,8 @@
 // referenced: its destructor calls close(), which freezes every reference (one copy of the rows
 // they reach; when that copy cannot be allocated, the store itself is handed over).
 // KvShare::bytes(): each frozen piece's bytes divided among the snapshots that hold it (rounded
-// down), so a sum over snapshots is what they hold together; rows referenced in a live session cost nothing more
-// (the session holds them anyway).
+// down), so a sum over snapshots is what they hold together; rows referenced in a live session
+// cost nothing more (the session holds them anyway).
 //
 // Threads: nothing here is synchronised. A session and the snapshots taken from or restored into
 // it are used from one thread (the CLI's loop; the server's worker, server/scheduler.h).
