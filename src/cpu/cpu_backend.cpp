@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "cpu/forward.h"
 #include "gguf/gguf.h"
+#include "model/kv_share.h"
 
 namespace rl::cpu {
 namespace {
@@ -20,22 +21,45 @@ struct Shared {
   KvType kv;  // every session's KV cache type
 };
 
+// KV rows frozen for snapshots (model/kv_share.h): per layer, empty for the DeltaNet layers.
+struct FrozenKv {
+  std::vector<KvRows> k, v;  // [n_layer]
+  size_t bytes() const {
+    size_t n = 0;
+    for (size_t L = 0; L < k.size(); L++) n += k[L].held_bytes() + v[L].held_bytes();
+    return n;
+  }
+};
+using KvLedgerCpu = KvLedger<FrozenKv, State>;
+using KvShareCpu = KvShare<FrozenKv, State>;
+
+// The recurrent states copied; the KV rows shared with the session (kv_share.h).
 class CpuSnapshot final : public SessionSnapshot {
  public:
-  CpuSnapshot(const Shared* owner, State state) : owner(owner), state(std::move(state)) {}
-  size_t bytes() const override { return state.bytes(); }
-  int position() const override { return state.position; }
+  explicit CpuSnapshot(const Shared* owner) : owner(owner) {}
+  size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
+  int position() const override { return (int)kv.position(); }
+  bool lost() const override { return kv.lost(); }
   const Shared* owner;  // snapshots restore only into sessions of the same loaded model
-  State state;
+  std::vector<std::vector<float>> conv, ssm;  // [n_layer]: LayerState's, empty for attention layers
+  size_t recurrent_bytes = 0;
+  // Mutable: a restore makes it reference the rows of the session restored into; what the
+  // snapshot holds does not change.
+  mutable KvShareCpu kv;
 };
 
 class CpuSession final : public Session {
  public:
   CpuSession(std::shared_ptr<Shared> shared, int n_ctx)
-      : shared_(std::move(shared)), n_ctx_(n_ctx), state_(initial_state(config(), shared_->kv)) {}
+      : shared_(std::move(shared)),
+        n_ctx_(n_ctx),
+        state_(initial_state(config(), shared_->kv)),
+        ledger_(state_, [this](size_t from, size_t to) { return freeze_rows(from, to); },
+                [this] { return surrender_rows(); }) {}
 
   std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
     check_tokens(tokens);
+    State& state = state_to_advance();
     const size_t n_vocab = (size_t)config().n_vocab;
     if (all_logits) all_logits->assign(tokens.size() * n_vocab, 0.0f);
     std::vector<float> last(n_vocab);
@@ -43,8 +67,8 @@ class CpuSession final : public Session {
       const size_t n = std::min(tokens.size() - begin, (size_t)kMaxBatch);
       const bool final_chunk = begin + n == tokens.size();
       float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();
-      forward(shared_->weights, *shared_->products, state_, tokens.subspan(begin, n), all_logits != nullptr,
-              dst, trace_);
+      forward(shared_->weights, *shared_->products, state, tokens.subspan(begin, n), all_logits != nullptr, dst,
+              trace_);
       // Weights read from a file truncated meanwhile came back as zeros (mapped_file.h): this pass
       // and the session's state are garbage, so the call fails naming the file.
       shared_->weights.model->gguf().check_intact();
@@ -61,23 +85,58 @@ class CpuSession final : public Session {
   int n_vocab() const override { return config().n_vocab; }
 
   std::unique_ptr<SessionSnapshot> snapshot() const override {
-    return std::make_unique<CpuSnapshot>(shared_.get(), state_);
+    auto s = std::make_unique<CpuSnapshot>(shared_.get());
+    for (const LayerState& l : state_.layers) {
+      s->conv.push_back(l.conv);
+      s->ssm.push_back(l.ssm);
+      s->recurrent_bytes += (l.conv.size() + l.ssm.size()) * sizeof(float);
+    }
+    ledger_.share(s->kv, (size_t)state_.position);
+    return s;
   }
 
+  // The KV rows come back through the ledger (only the frozen ones when the snapshot's rows are
+  // live in this session), then the recurrent states.
   void restore(const SessionSnapshot& snap) override {
     const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
     if (!s) fail("restore: the snapshot was not taken from a cpu session");
+    s->kv.check_restorable();
     if (s->owner != shared_.get()) fail("restore: the snapshot was taken from a session of another loaded model");
-    if (s->state.position > n_ctx_)
-      fail("restore: the snapshot is at position {}, past this session's context of {} tokens",
-           s->state.position, n_ctx_);
-    state_ = s->state;  // a copy holds only the snapshot's rows
-    if (reserved_) reserve_context();
+    if (s->position() > n_ctx_)
+      fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->position(),
+           n_ctx_);
+    auto each_kv = [this](auto&& f) {
+      for (size_t L = 0; L < state_.layers.size(); L++)
+        if (!config().is_recurrent[L]) f(L, state_.layers[L]);
+    };
+    ledger_.adopt(
+        s->kv,
+        [&](const State& source, size_t n) {
+          each_kv([&](size_t L, LayerState& l) {
+            l.k_cache.copy_rows(source.layers[L].k_cache, 0, 0, n);
+            l.v_cache.copy_rows(source.layers[L].v_cache, 0, 0, n);
+          });
+        },
+        [&](const KvPiece<FrozenKv>& p) {
+          each_kv([&](size_t L, LayerState& l) {
+            l.k_cache.copy_rows(p.rows->k[L], p.begin - p.first, p.begin, p.end - p.begin);
+            l.v_cache.copy_rows(p.rows->v[L], p.begin - p.first, p.begin, p.end - p.begin);
+          });
+        });
+    for (size_t L = 0; L < state_.layers.size(); L++) {
+      state_.layers[L].conv = s->conv[L];
+      state_.layers[L].ssm = s->ssm[L];
+    }
+    state_.position = s->position();
   }
 
+  // The KV rows stay (snapshots may reference them): the next pass, from position 0, freezes them.
   void reset() override {
-    state_ = initial_state(config(), shared_->kv);
-    if (reserved_) reserve_context();
+    for (LayerState& l : state_.layers) {
+      std::fill(l.conv.begin(), l.conv.end(), 0.0f);
+      std::fill(l.ssm.begin(), l.ssm.end(), 0.0f);
+    }
+    state_.position = 0;
   }
   void set_trace(TraceSink* sink) override { trace_ = sink; }
 
@@ -87,11 +146,15 @@ class CpuSession final : public Session {
     } catch (const std::bad_alloc&) {
       fail("cannot allocate {:.1f} MiB for a session of {} tokens", state_bytes(config(), n_ctx_, shared_->kv) / 1048576.0, n_ctx_);
     }
-    reserved_ = true;
   }
 
   const Shared* shared() const { return shared_.get(); }
-  State& state() { return state_; }
+  // The state, for a pass that writes KV rows from position() on: every snapshot still
+  // referencing those rows gets its own copy of them first (the one way to the state that writes).
+  State& state_to_advance() {
+    ledger_.before_write((size_t)state_.position);
+    return state_;
+  }
 
   // Everything is checked before any state changes, so a refused call leaves the session as it was.
   void check_tokens(std::span<const int32_t> tokens) const {
@@ -108,11 +171,38 @@ class CpuSession final : public Session {
  private:
   const Config& config() const { return shared_->weights.model->config(); }
 
+  // Rows [from, to) of every attention layer's cache, copied for the snapshots that reference them.
+  std::shared_ptr<const FrozenKv> freeze_rows(size_t from, size_t to) const {
+    auto f = std::make_shared<FrozenKv>();
+    f->k.resize(state_.layers.size());
+    f->v.resize(state_.layers.size());
+    for (size_t L = 0; L < state_.layers.size(); L++) {
+      if (config().is_recurrent[L]) continue;
+      const LayerState& l = state_.layers[L];
+      for (auto [dst, src] : {std::pair{&f->k[L], &l.k_cache}, {&f->v[L], &l.v_cache}}) {
+        *dst = KvRows(src->type(), config().kv_dim());
+        dst->reserve(to - from);
+        dst->copy_rows(*src, from, 0, to - from);
+      }
+    }
+    return f;
+  }
+  // The caches themselves, for the destructor when a copy cannot be allocated.
+  std::shared_ptr<const FrozenKv> surrender_rows() {
+    auto f = std::make_shared<FrozenKv>();
+    for (LayerState& l : state_.layers) {
+      f->k.push_back(std::move(l.k_cache));
+      f->v.push_back(std::move(l.v_cache));
+    }
+    return f;
+  }
+
   std::shared_ptr<Shared> shared_;
   int n_ctx_;
   State state_;
   TraceSink* trace_ = nullptr;
-  bool reserved_ = false;  // reserve_context() was called: restore() and reset() keep the capacity
+  // After state_: its destructor freezes the snapshots' rows while the caches still exist.
+  mutable KvLedgerCpu ledger_;
 };
 
 class CpuBackend final : public Backend {
@@ -139,8 +229,11 @@ class CpuBackend final : public Backend {
       if (!s || s->shared() != shared_.get())
         fail("decode_batch: session {} does not belong to this cpu backend", i);
       s->check_tokens(tokens.subspan(i, 1));
-      seqs.push_back({&s->state(), tokens.subspan(i, 1)});
+      seqs.push_back({nullptr, tokens.subspan(i, 1)});
     }
+    // Every session checked: now their snapshots' rows are frozen where the pass writes.
+    for (size_t i = 0; i < sessions.size(); i++)
+      seqs[i].state = &static_cast<CpuSession*>(sessions[i])->state_to_advance();
     // The LM head writes the batch's logits as one [n_seqs][n_vocab] block (its weights read once
     // for every sequence); each sequence's row is then copied out once. The block is not
     // zero-filled first: the product writes every value.

@@ -30,13 +30,6 @@ OracleWeights::OracleWeights(std::shared_ptr<const Model> m) : model(std::move(m
   }
 }
 
-size_t State::bytes() const {
-  size_t n = sizeof(*this);
-  for (const LayerState& l : layers)
-    n += l.k_cache.bytes() + l.v_cache.bytes() + (l.conv.size() + l.ssm.size()) * sizeof(float);
-  return n;
-}
-
 State initial_state(const Config& c, KvType kv) {
   State s;
   s.layers.resize(c.n_layer);

@@ -42,13 +42,12 @@ struct LayerState {
 struct State {
   int position = 0;
   std::vector<LayerState> layers;
-  size_t bytes() const;
 };
 
 // Zero recurrent states, empty KV caches of type kv, position 0.
 State initial_state(const Config& c, KvType kv = KvType::kF32);
 
-// What a state holding n_positions tokens in a KV cache of type kv takes (State::bytes() of it),
+// What a state holding n_positions tokens in a KV cache of type kv takes,
 // and the KV capacity for that many reserved now (std::bad_alloc when the memory is not there).
 size_t state_bytes(const Config& c, int n_positions, KvType kv = KvType::kF32);
 void reserve_positions(const Config& c, State& state, int n_positions);

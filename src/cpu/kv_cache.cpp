@@ -43,6 +43,15 @@ void KvRows::write(size_t pos, const float* src, size_t n) {
   }
 }
 
+void KvRows::copy_rows(const KvRows& src, size_t src_row, size_t dst_row, size_t n) {
+  if (src.type_ != type_ || src.width_ != width_) fail("KV rows of another type or width cannot be copied");
+  if (src_row + n > src.rows()) fail("KV rows [{}, {}) copied from a cache of {} rows", src_row, src_row + n, src.rows());
+  // Cut to dst_row rows, then append: the copied bytes are written once (no zero fill first).
+  data_.resize(dst_row * row_bytes_);
+  const auto first = src.data_.begin() + (ptrdiff_t)(src_row * row_bytes_);
+  data_.insert(data_.end(), first, first + (ptrdiff_t)(n * row_bytes_));
+}
+
 const float* KvRows::read(size_t pos, int off, int count, float* scratch) const {
   const uint8_t* row = data_.data() + pos * row_bytes_;
   switch (type_) {

@@ -20,11 +20,15 @@ class KvRows {
   KvType type() const { return type_; }
   size_t rows() const { return row_bytes_ ? data_.size() / row_bytes_ : 0; }
   size_t bytes() const { return data_.size(); }
+  size_t held_bytes() const { return data_.capacity(); }  // what the rows' memory takes, reserved room included
   // Room for n rows without reallocating (std::bad_alloc when the memory is not there).
   void reserve(size_t n) { data_.reserve(n * row_bytes_); }
   // Rows [pos, pos + n) from src [n][width], each value rounded to the type (q8_0: quantised per
   // block as ggml's quantize_row_q8_0_ref); the cache then holds pos + n rows.
   void write(size_t pos, const float* src, size_t n);
+  // Rows [src_row, src_row + n) of src (of this type and width) copied as stored into rows
+  // [dst_row, dst_row + n); the cache then holds dst_row + n rows, as after write().
+  void copy_rows(const KvRows& src, size_t src_row, size_t dst_row, size_t n);
   // Values [off, off + count) of row pos in fp32: the stored floats themselves (f32), else decoded
   // into scratch [count]. q8_0: off and count multiples of 32.
   const float* read(size_t pos, int off, int count, float* scratch) const;

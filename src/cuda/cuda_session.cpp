@@ -1,37 +1,64 @@
 // Sessions of the CUDA backend: per-session device state (KV caches, DeltaNet states), prefill in
 // chunks of kMaxChunk tokens, decode (GPU-routed graph first, else the synchronous path), and
-// snapshots (device copies of the state up to the position).
+// snapshots (device copies of the recurrent states; the KV rows shared with the session until it
+// overwrites them, model/kv_share.h).
 #include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "common/error.h"
 #include "cuda/engine.h"
+#include "model/kv_share.h"
 
 namespace rl::cuda {
 
 namespace {
 
+// KV rows frozen for snapshots (model/kv_share.h): per attention layer its K and V rows in the
+// session's layout for `capacity` rows (KvCacheRef: a q8_0 cache's values, then their scales).
+struct FrozenKvDevice {
+  KvType type = KvType::kF32;
+  size_t capacity = 0;
+  std::vector<DeviceBuffer> k, v;  // [n_layer]; empty for the DeltaNet layers
+  size_t bytes() const {
+    size_t n = 0;
+    for (size_t L = 0; L < k.size(); L++) n += k[L].bytes() + v[L].bytes();
+    return n;
+  }
+};
+using KvLedgerCuda = KvLedger<FrozenKvDevice, SessionState>;
+using KvShareCuda = KvShare<FrozenKvDevice, SessionState>;
+
+// The recurrent states copied; the KV rows shared with the session (kv_share.h).
 class CudaSnapshot final : public SessionSnapshot {
  public:
   const Engine* owner = nullptr;  // the loaded model whose sessions may restore it
-  int pos = 0;
   KvType kv_type = KvType::kF32;
-  std::vector<DeviceBuffer> k_cache, v_cache, conv, ssm;  // KV: positions [0, pos) (kv_prefix, packed)
-  size_t total = 0;
-  size_t bytes() const override { return total; }
-  int position() const override { return pos; }
+  std::vector<DeviceBuffer> conv, ssm;  // [n_layer]: SessionState's, empty for attention layers
+  size_t recurrent_bytes = 0;
+  // Mutable: a restore makes it reference the rows of the session restored into; what the
+  // snapshot holds does not change.
+  mutable KvShareCuda kv;
+  size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
+  int position() const override { return (int)kv.position(); }
+  bool lost() const override { return kv.lost(); }
 };
 
-// The parts of a layer's K (or V) cache that hold positions [0, pos): one range of the plain
-// types, a q8_0 cache's values and its scales (KvCacheRef's layout). {offset, bytes} each.
-struct KvRange {
-  size_t offset, bytes;
-};
-std::vector<KvRange> kv_prefix(KvType type, int n_ctx, size_t width, int pos) {
-  if (type != KvType::kQ8_0) return {{0, kv_bytes(type, (size_t)pos * width)}};
-  const size_t values = (size_t)pos * width;
-  return {{0, values}, {(size_t)n_ctx * width, kv_bytes(type, values) - values}};
+// Rows [src_row, src_row + n) of a K or V cache laid out for src_capacity rows into rows
+// [dst_row, dst_row + n) of one laid out for dst_capacity rows, enqueued on `stream` (in order
+// with the passes that read and write the caches). A q8_0 cache's values and scales are two ranges.
+void copy_kv_rows(KvType type, size_t width, const DeviceBuffer& src, size_t src_capacity, size_t src_row,
+                  DeviceBuffer& dst, size_t dst_capacity, size_t dst_row, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const size_t row_bytes = kv_bytes(type, width);
+  auto copy = [&](size_t src_offset, size_t dst_offset, size_t bytes_a_row) {
+    RL_CUDA_CHECK(cudaMemcpyAsync(dst.get<uint8_t>() + dst_offset + dst_row * bytes_a_row,
+                                  src.get<uint8_t>() + src_offset + src_row * bytes_a_row, n * bytes_a_row,
+                                  cudaMemcpyDeviceToDevice, stream));
+  };
+  if (type != KvType::kQ8_0) return copy(0, 0, row_bytes);
+  copy(0, 0, width);                                                    // int8 values
+  copy(src_capacity * width, dst_capacity * width, row_bytes - width);  // fp16 scales
 }
 
 // The decode attention's split buffers of the attention kernels in use.
@@ -42,7 +69,10 @@ size_t split_bytes(const Config& c, int n_ctx, bool fast) {
 
 class CudaSessionImpl final : public Session {
  public:
-  CudaSessionImpl(Engine& engine, int n_ctx) : e_(engine) {
+  CudaSessionImpl(Engine& engine, int n_ctx)
+      : e_(engine),
+        ledger_(st_, [this](size_t from, size_t to) { return freeze_rows(from, to); },
+                [this] { return surrender_rows(); }) {
     const Config& c = e_.config();
     st_.n_ctx = n_ctx;
     st_.kv_type = e_.forms.kv_type;
@@ -69,8 +99,14 @@ class CudaSessionImpl final : public Session {
     reset();
   }
 
+  ~CudaSessionImpl() override {
+    ledger_.close();  // while the caches exist; the frozen copies run before they are freed
+    cudaStreamSynchronize(e_.streams.compute);
+  }
+
   std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all_logits) override {
     check_tokens(tokens);
+    ledger_.before_write((size_t)st_.position);
     const size_t n_vocab = (size_t)e_.config().n_vocab;
     if (all_logits) all_logits->assign(tokens.size() * n_vocab, 0.0f);
     std::vector<float> last(n_vocab);
@@ -86,6 +122,7 @@ class CudaSessionImpl final : public Session {
 
   std::vector<float> decode(int32_t token) override {
     check_tokens(std::span(&token, 1));
+    ledger_.before_write((size_t)st_.position);  // the GPU-routed token writes its KV rows too
     e_.stats.tokens_decoded++;
     std::vector<float> logits((size_t)e_.config().n_vocab);
     if (decode_gpu_routed(e_, st_, token, logits.data(), trace_)) return logits;
@@ -99,69 +136,64 @@ class CudaSessionImpl final : public Session {
   std::unique_ptr<SessionSnapshot> snapshot() const override {
     auto s = std::make_unique<CudaSnapshot>();
     s->owner = &e_;
-    s->pos = st_.position;
-    const Config& c = e_.config();
     s->kv_type = st_.kv_type;
-    // Each buffer's ranges, one after another in the snapshot's buffer.
-    auto copy = [&](const DeviceBuffer& src, const std::vector<KvRange>& ranges, std::vector<DeviceBuffer>& dst) {
-      size_t bytes = 0;
-      for (const KvRange& r : ranges) bytes += r.bytes;
-      dst.emplace_back(bytes);
-      size_t at = 0;
-      for (const KvRange& r : ranges) {
-        if (r.bytes)
-          RL_CUDA_CHECK(cudaMemcpy(dst.back().get<uint8_t>() + at, src.get<uint8_t>() + r.offset, r.bytes,
-                                   cudaMemcpyDeviceToDevice));
-        at += r.bytes;
+    for (size_t L = 0; L < st_.conv.size(); L++) {
+      for (auto [src, dst] : {std::pair{&st_.conv[L], &s->conv}, {&st_.ssm[L], &s->ssm}}) {
+        dst->emplace_back(src->bytes());
+        copy_device(*src, dst->back());
+        s->recurrent_bytes += src->bytes();
       }
-      s->total += bytes;
-    };
-    const std::vector<KvRange> kv = kv_prefix(st_.kv_type, st_.n_ctx, c.kv_dim(), st_.position);
-    for (int L = 0; L < c.n_layer; L++) {
-      const bool attention = st_.k_cache[L].bytes() != 0;
-      copy(st_.k_cache[L], attention ? kv : std::vector<KvRange>{}, s->k_cache);
-      copy(st_.v_cache[L], attention ? kv : std::vector<KvRange>{}, s->v_cache);
-      copy(st_.conv[L], {{0, st_.conv[L].bytes()}}, s->conv);
-      copy(st_.ssm[L], {{0, st_.ssm[L].bytes()}}, s->ssm);
     }
+    ledger_.share(s->kv, (size_t)st_.position);
     return s;
   }
 
+  // The KV rows come back through the ledger (only the frozen ones when the snapshot's rows are
+  // live in this session), then the recurrent states.
   void restore(const SessionSnapshot& snap) override {
     const auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
     if (!s) fail("restore: the snapshot was not taken from a cuda session");
+    s->kv.check_restorable();
     if (s->owner != &e_) fail("restore: the snapshot was taken from a session of another loaded model");
-    if (s->pos > st_.n_ctx)
-      fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->pos,
+    if (s->position() > st_.n_ctx)
+      fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->position(),
            st_.n_ctx);
     if (s->kv_type != st_.kv_type) fail("restore: the snapshot's KV cache is of another type");
-    // The snapshot's KV ranges go where this session's layout puts positions [0, pos).
-    const std::vector<KvRange> kv = kv_prefix(st_.kv_type, st_.n_ctx, e_.config().kv_dim(), s->pos);
-    auto put = [](const DeviceBuffer& src, const std::vector<KvRange>& ranges, DeviceBuffer& dst) {
-      size_t at = 0;
-      for (const KvRange& r : ranges) {
-        if (r.bytes)
-          RL_CUDA_CHECK(cudaMemcpy(dst.get<uint8_t>() + r.offset, src.get<uint8_t>() + at, r.bytes,
-                                   cudaMemcpyDeviceToDevice));
-        at += r.bytes;
-      }
-    };
+    // The pieces the copies read stay allocated until the copies are done (adopt drops them).
+    const std::vector<KvPiece<FrozenKvDevice>> reading = s->kv.pieces();
+    const size_t width = (size_t)e_.config().kv_dim(), cap = (size_t)st_.n_ctx;
+    const cudaStream_t stream = e_.streams.compute;
+    ledger_.adopt(
+        s->kv,
+        [&](const SessionState& source, size_t n) {
+          each_kv([&](size_t L) {
+            copy_kv_rows(st_.kv_type, width, source.k_cache[L], source.n_ctx, 0, st_.k_cache[L], cap, 0, n, stream);
+            copy_kv_rows(st_.kv_type, width, source.v_cache[L], source.n_ctx, 0, st_.v_cache[L], cap, 0, n, stream);
+          });
+        },
+        [&](const KvPiece<FrozenKvDevice>& p) {
+          const size_t n = p.end - p.begin, from = p.begin - p.first;
+          each_kv([&](size_t L) {
+            copy_kv_rows(st_.kv_type, width, p.rows->k[L], p.rows->capacity, from, st_.k_cache[L], cap, p.begin, n,
+                         stream);
+            copy_kv_rows(st_.kv_type, width, p.rows->v[L], p.rows->capacity, from, st_.v_cache[L], cap, p.begin, n,
+                         stream);
+          });
+        });
     for (size_t L = 0; L < st_.conv.size(); L++) {
-      if (s->k_cache[L].bytes()) {
-        put(s->k_cache[L], kv, st_.k_cache[L]);
-        put(s->v_cache[L], kv, st_.v_cache[L]);
-      }
-      put(s->conv[L], {{0, s->conv[L].bytes()}}, st_.conv[L]);
-      put(s->ssm[L], {{0, s->ssm[L].bytes()}}, st_.ssm[L]);
+      copy_device(s->conv[L], st_.conv[L]);
+      copy_device(s->ssm[L], st_.ssm[L]);
     }
-    st_.position = s->pos;
+    st_.position = s->position();
+    if (!reading.empty()) RL_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
+  // The KV rows stay (snapshots may reference them): the next pass, from position 0, freezes them.
+  // On the compute stream, after any restore's copies into the same states.
   void reset() override {
-    for (size_t L = 0; L < st_.conv.size(); L++) {
-      if (st_.conv[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.conv[L].get(), 0, st_.conv[L].bytes()));
-      if (st_.ssm[L].bytes()) RL_CUDA_CHECK(cudaMemset(st_.ssm[L].get(), 0, st_.ssm[L].bytes()));
-    }
+    for (auto* states : {&st_.conv, &st_.ssm})
+      for (DeviceBuffer& b : *states)
+        if (b.bytes()) RL_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), e_.streams.compute));
     st_.position = 0;
   }
 
@@ -181,9 +213,55 @@ class CudaSessionImpl final : public Session {
              e_.config().n_vocab);
   }
 
+  // f(L) for each attention layer.
+  template <class F>
+  void each_kv(F&& f) const {
+    for (size_t L = 0; L < st_.k_cache.size(); L++)
+      if (st_.k_cache[L].bytes()) f(L);
+  }
+  // One state buffer into another of its size, in order with the passes.
+  void copy_device(const DeviceBuffer& src, DeviceBuffer& dst) const {
+    if (src.bytes())
+      RL_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), src.bytes(), cudaMemcpyDeviceToDevice, e_.streams.compute));
+  }
+  // Rows [from, to) of every attention layer's caches, copied for the snapshots that reference them.
+  std::shared_ptr<const FrozenKvDevice> freeze_rows(size_t from, size_t to) const {
+    auto f = std::make_shared<FrozenKvDevice>();
+    f->type = st_.kv_type;
+    f->capacity = to - from;
+    f->k.resize(st_.k_cache.size());
+    f->v.resize(st_.v_cache.size());
+    const size_t width = (size_t)e_.config().kv_dim(), bytes = kv_bytes(st_.kv_type, f->capacity * width);
+    try {
+      each_kv([&](size_t L) {
+        f->k[L].allocate(bytes);
+        f->v[L].allocate(bytes);
+        copy_kv_rows(f->type, width, st_.k_cache[L], st_.n_ctx, from, f->k[L], f->capacity, 0, f->capacity,
+                     e_.streams.compute);
+        copy_kv_rows(f->type, width, st_.v_cache[L], st_.n_ctx, from, f->v[L], f->capacity, 0, f->capacity,
+                     e_.streams.compute);
+      });
+    } catch (...) {
+      cudaGetLastError();  // a failed cudaMalloc must not surface at the next kernel launch's check
+      throw;
+    }
+    return f;
+  }
+  // The caches themselves, for the destructor when a copy cannot be allocated.
+  std::shared_ptr<const FrozenKvDevice> surrender_rows() {
+    auto f = std::make_shared<FrozenKvDevice>();
+    f->type = st_.kv_type;
+    f->capacity = (size_t)st_.n_ctx;
+    f->k = std::move(st_.k_cache);
+    f->v = std::move(st_.v_cache);
+    return f;
+  }
+
   Engine& e_;
   SessionState st_;
   TraceSink* trace_ = nullptr;
+  // After st_: the ledger refers to the caches.
+  mutable KvLedgerCuda ledger_;
 };
 
 }  // namespace

@@ -7,11 +7,17 @@
 
 namespace rl {
 
+size_t PromptCache::bytes() const {
+  size_t n = 0;
+  for (const Entry& e : entries_) n += e.snapshot->bytes();
+  return n;
+}
+
+// Lost snapshots go first (kv_share.h: no memory was there to keep their rows). Shares of rows
+// frozen for several snapshots grow as others go: the sum is taken again after each eviction.
 void PromptCache::evict_to(size_t budget) {
-  while (bytes_ > budget && !entries_.empty()) {
-    bytes_ -= entries_.back().bytes;
-    entries_.pop_back();
-  }
+  entries_.remove_if([](const Entry& e) { return e.snapshot->lost(); });
+  while (!entries_.empty() && bytes() > budget) entries_.pop_back();
 }
 
 void PromptCache::put(std::span<const int32_t> tokens, std::unique_ptr<SessionSnapshot> snapshot) {
@@ -20,19 +26,17 @@ void PromptCache::put(std::span<const int32_t> tokens, std::unique_ptr<SessionSn
     fail("prompt cache: snapshot at position {} stored under {} tokens", snapshot->position(), tokens.size());
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (std::ranges::equal(it->tokens, tokens)) {
-      bytes_ -= it->bytes;
       entries_.erase(it);
       break;
     }
   }
-  const size_t size = snapshot->bytes();
-  if (size > max_bytes_) return;
-  evict_to(max_bytes_ - size);
-  entries_.push_front(Entry{std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(snapshot), size});
-  bytes_ += size;
+  if (snapshot->bytes() > max_bytes_) return;
+  entries_.push_front(Entry{std::vector<int32_t>(tokens.begin(), tokens.end()), std::move(snapshot)});
+  evict_to(max_bytes_);
 }
 
 int PromptCache::restore_longest_prefix(std::span<const int32_t> prompt, size_t max_len, Session& session) {
+  evict_to(max_bytes_);  // sessions written or released since the last call froze shared rows
   auto best = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const size_t n = it->tokens.size();
@@ -47,7 +51,9 @@ int PromptCache::restore_longest_prefix(std::span<const int32_t> prompt, size_t 
   session.restore(*best->snapshot);
   entries_.splice(entries_.begin(), entries_, best);  // now the most recently used
   ++hits_;
-  return (int)entries_.front().tokens.size();
+  const int n = (int)entries_.front().tokens.size();
+  evict_to(max_bytes_);  // the restore froze rows other snapshots shared with the session
+  return n;
 }
 
 }  // namespace rl

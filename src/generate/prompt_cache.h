@@ -3,8 +3,12 @@
 // so the only reusable states are those saved at a boundary: a request whose prompt starts with a
 // stored key restores that snapshot and prefills the rest.
 //
-// Least-recently-used eviction under a byte budget (the sum of SessionSnapshot::bytes()). Not
-// thread-safe: one owner (the chat loop, or the server's single worker) uses it.
+// Least-recently-used eviction under a byte budget (the sum of SessionSnapshot::bytes()). A
+// snapshot shares its KV rows with the session it came from and holds few bytes until that session
+// overwrites them (model/kv_share.h), so what it holds can grow after it is stored: the sum is
+// taken again whenever it is asked for, and put and restore evict down to the budget (and drop
+// snapshots whose rows were lost for want of memory). Not thread-safe: one owner (the chat loop,
+// or the server's single worker) uses it and the sessions.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +34,7 @@ class PromptCache {
   // most max_len tokens long, and returns that length; 0 (session untouched) when none fits.
   int restore_longest_prefix(std::span<const int32_t> prompt, size_t max_len, Session& session);
 
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const;  // what the entries hold now
   size_t max_bytes() const { return max_bytes_; }
   size_t size() const { return entries_.size(); }
   uint64_t hits() const { return hits_; }
@@ -40,12 +44,10 @@ class PromptCache {
   struct Entry {
     std::vector<int32_t> tokens;
     std::unique_ptr<SessionSnapshot> snapshot;
-    size_t bytes = 0;
   };
   void evict_to(size_t budget);
 
   size_t max_bytes_;
-  size_t bytes_ = 0;
   std::list<Entry> entries_;  // most recently used first
   uint64_t hits_ = 0, misses_ = 0;
 };

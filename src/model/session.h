@@ -20,12 +20,19 @@ class TraceSink {
   virtual void ids(std::string_view name, int n_tokens, int width, const int32_t* data) = 0;
 };
 
-// An opaque copy of a session's state; bytes() is what it costs to keep.
+// A session's state at position(), opaque: its own copy of the recurrent states, and its KV rows
+// shared with the session it was taken from (or last restored into) until that session overwrites
+// them (model/kv_share.h). It never changes what it holds, and stays valid after its session is
+// gone. bytes() is what it holds alone, so it can grow (rows frozen for it) after it is taken.
+// Snapshots and sessions are used from one thread.
 class SessionSnapshot {
  public:
   virtual ~SessionSnapshot() = default;
   virtual size_t bytes() const = 0;
   virtual int position() const = 0;
+  // Its KV rows could not be kept (no memory to copy them when its session overwrote them):
+  // restore() throws rl::Error.
+  virtual bool lost() const { return false; }
 };
 
 class Session {
@@ -44,8 +51,11 @@ class Session {
   virtual int n_ctx() const = 0;
   virtual int n_vocab() const = 0;
 
+  // Copies the recurrent states; the KV rows stay shared with this session.
   virtual std::unique_ptr<SessionSnapshot> snapshot() const = 0;
-  // Throws rl::Error when the snapshot came from another kind of session.
+  // Copies into this session the KV rows it does not hold (none when the snapshot's rows are this
+  // session's and intact), then the recurrent states. Throws rl::Error when the snapshot came from
+  // another kind of session.
   virtual void restore(const SessionSnapshot& snap) = 0;
   virtual void reset() = 0;
 

@@ -94,8 +94,10 @@ class Scheduler {
   const Tokenizer& tokenizer_;
   SchedulerConfig cfg_;
   std::shared_ptr<const TokenTrie> trie_;  // built on the first constrained request
-  PromptCache prompt_cache_;               // the worker's alone
   std::vector<std::unique_ptr<Slot>> slots_;
+  // The worker's alone. After slots_, so it goes first: sessions that go before the snapshots
+  // sharing their rows would copy those rows for them (model/kv_share.h).
+  PromptCache prompt_cache_;
   size_t next_prefill_ = 0;                // round robin over prefilling slots
   int share_ctx_ = 1;                      // context of a session of memory_bytes / parallel
 

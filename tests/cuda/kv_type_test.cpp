@@ -1,6 +1,7 @@
 // The CUDA backend's KV cache types (--kv-type): store_kv and attention_prep store the CPU
 // backend's values of each type bit for bit; snapshots of every type restore into sessions of
-// another context length (a q8_0 cache's scales sit after n_ctx rows); a context that does not fit
+// another context length (a q8_0 cache's scales sit after n_ctx rows) and keep the rows they share
+// with the session when it overwrites them or goes (model/kv_share.h); a context that does not fit
 // is refused with its bytes. The attention kernels over each type: attention_fast_test.cpp; the
 // fast tier's bar per type: fast_tier_test.cpp.
 #include <gtest/gtest.h>
@@ -101,27 +102,80 @@ class CudaKvSessions : public ::testing::Test {
     o.kv_type = type;
     return cuda::make_cuda_backend(model_, o);
   }
+  static std::vector<int32_t> test_tokens(int n_vocab) {
+    std::vector<int32_t> toks(800);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = (int32_t)((i * 7919 + 13) % n_vocab);
+    return toks;
+  }
   std::string path_;
   std::shared_ptr<const Model> model_;
 };
 
-// For each type: a snapshot at 300 tokens holds the recurrent states and 300 KV rows of the type;
-// restored into a session of another context length it continues as the original did, bit for bit.
+// For each type: a snapshot at 300 tokens holds the recurrent states (its KV rows are the
+// session's, model/kv_share.h). Restored into a session of another context length (the rows
+// copied into that layout; a q8_0 cache's scales sit after n_ctx rows), it continues as the
+// original did, bit for bit; when that session goes, the snapshot holds its 300 rows alone and
+// restores from them into a third session, again bit for bit.
 TEST_F(CudaKvSessions, SnapshotsRestoreIntoAnotherContext) {
   const Config& c = model_->config();
-  std::vector<int32_t> toks(400);
-  for (size_t i = 0; i < toks.size(); i++) toks[i] = (int32_t)((i * 7919 + 13) % c.n_vocab);
+  const auto toks = test_tokens(c.n_vocab);
   for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kQ8_0}) {
     SCOPED_TRACE(kv_type_name(type));
     auto gpu = backend(type);
     auto s = gpu->new_session(1200);
     s->prefill(std::span(toks).subspan(0, 300));
     auto snap = s->snapshot();
-    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes() + 300 * c.kv_bytes_per_token(type));
-    const auto rest = s->prefill(std::span(toks).subspan(300));
+    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes());
+    const auto rest = s->prefill(std::span(toks).subspan(300, 100));
     auto other = gpu->new_session(500);
     other->restore(*snap);
-    EXPECT_EQ(other->prefill(std::span(toks).subspan(300)), rest);
+    EXPECT_EQ(other->prefill(std::span(toks).subspan(300, 100)), rest);
+    other.reset();
+    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes() + 300 * c.kv_bytes_per_token(type)) << "outlived its session";
+    auto third = gpu->new_session(700);
+    third->restore(*snap);
+    EXPECT_EQ(snap->bytes(), c.recurrent_state_bytes()) << "restored: it references the third session's rows";
+    EXPECT_EQ(third->prefill(std::span(toks).subspan(300, 100)), rest);
+  }
+}
+
+// For each type: snapshots A at 300 and B at 400 share the session's rows. Rewound to A (rows
+// intact: nothing copied) and diverging by a GPU-routed decode token, the session first gives B its
+// own copy of rows 300..399 (in a buffer of 100 rows: a q8_0 cache's scales move); a reset and
+// another prompt then freeze A's rows once for both. B and A each continue as the session did
+// before any of it, bit for bit, by prefill and by decode.
+TEST_F(CudaKvSessions, SnapshotsKeepTheirRowsWhenTheSessionOverwritesThem) {
+  const Config& c = model_->config();
+  const auto toks = test_tokens(c.n_vocab);
+  for (KvType type : {KvType::kF32, KvType::kF16, KvType::kBF16, KvType::kQ8_0}) {
+    SCOPED_TRACE(kv_type_name(type));
+    const size_t recurrent = c.recurrent_state_bytes(), per_token = c.kv_bytes_per_token(type);
+    auto gpu = backend(type);
+    auto s = gpu->new_session(1200);
+    s->prefill(std::span(toks).subspan(0, 300));
+    const auto a = s->snapshot();
+    const auto a_next = s->decode(toks[300]);
+    s->prefill(std::span(toks).subspan(301, 99));
+    const auto b = s->snapshot();
+    const auto b_rest = s->prefill(std::span(toks).subspan(400, 50));
+    EXPECT_EQ(a->bytes(), recurrent);
+    EXPECT_EQ(b->bytes(), recurrent);
+
+    s->restore(*a);
+    EXPECT_EQ(b->bytes(), recurrent) << "a restore into the session that holds the rows copies none";
+    s->decode(17);  // row 300 now holds another token
+    EXPECT_EQ(b->bytes(), recurrent + 100 * per_token) << "B copies its rows 300..399, no more";
+    s->prefill(std::span(toks).subspan(600, 40));
+    s->restore(*b);
+    EXPECT_EQ(s->prefill(std::span(toks).subspan(400, 50)), b_rest) << "B after the divergence";
+
+    s->reset();
+    s->prefill(std::span(toks).subspan(700, 20));
+    EXPECT_EQ(a->bytes() + b->bytes(), 2 * recurrent + 400 * per_token) << "one copy of rows 0..399 for both";
+    s->restore(*a);
+    EXPECT_EQ(s->decode(toks[300]), a_next) << "A after a reset and another prompt";
+    s->restore(*b);
+    EXPECT_EQ(s->prefill(std::span(toks).subspan(400, 50)), b_rest) << "B after a reset and another prompt";
   }
 }
 
