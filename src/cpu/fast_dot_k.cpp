@@ -3,6 +3,8 @@
 //   Q4_K/Q5_K: x = d*sc*q - dmin*m, q 4 or 5 bits unsigned, (sc, m) 6-bit per 32 values;
 //   Q6_K:      x = d*sc*(q - 32), q 6 bits, sc int8 per 16 values (q - 32 is stored signed).
 // Layouts: quant/blocks.h and the dequantisers in quant/quant_k.cpp.
+#include <cstring>
+
 #include "cpu/fast_dot.h"
 #include "cpu/fast_kernel.h"
 #include "quant/blocks.h"
@@ -14,27 +16,29 @@ using namespace simd;
 
 // The 6-bit scales and mins of the 8 sub-blocks of a Q4_K/Q5_K block (12 packed bytes: sub-blocks
 // 0..3 in the low 6 bits of bytes 0..3 / 4..7, sub-blocks 4..7 in bytes 8..11 plus the top 2
-// bits of bytes 0..7).
+// bits of bytes 0..7), unpacked four bytes at a time, each value twice (the per-16 form).
 void unpack_k4_scales(const uint8_t* packed, BlockHeader* h) {
-  for (int s = 0; s < 4; s++) {
-    const int16_t sc_lo = packed[s] & 63;
-    const int16_t sc_hi = (int16_t)((packed[s + 8] & 0x0F) | ((packed[s] >> 6) << 4));
-    h->scale[2 * s] = h->scale[2 * s + 1] = sc_lo;
-    h->scale[2 * (s + 4)] = h->scale[2 * (s + 4) + 1] = sc_hi;
-    h->min[s] = packed[s + 4] & 63;
-    h->min[s + 4] = (int16_t)((packed[s + 8] >> 4) | ((packed[s + 4] >> 6) << 4));
-  }
+  uint32_t u[3];
+  std::memcpy(u, packed, sizeof(u));
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  const uint32_t scales_lo = u[0] & kLow6, mins_lo = u[1] & kLow6;
+  const uint32_t scales_hi = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  const uint32_t mins_hi = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+  const __m128i scales = _mm_cvtsi64_si128((int64_t)(((uint64_t)scales_hi << 32) | scales_lo));
+  const __m128i mins = _mm_cvtsi64_si128((int64_t)(((uint64_t)mins_hi << 32) | mins_lo));
+  h->scale = kernel::scales_from_bytes(_mm_unpacklo_epi8(scales, scales), false);
+  h->min = kernel::scales_from_bytes(_mm_unpacklo_epi8(mins, mins), false);
 }
 
 // Q4_K and Q5_K share everything but the fifth bit; AddHighBits::add(w, chunk, lo, hi) adds it.
 template <class Block, class AddHighBits>
 struct K4Decoder {
+  static constexpr bool kSigned = false, kHasMin = true;
   static const Block& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const Block*>(row)[b]; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const Block& w = block(row, b);
     unpack_k4_scales(w.scales, h);
-    const float d = half_to_f32(w.d);
-    for (int i = 0; i < 8; i++) h->d[i] = d;
+    h->d = _mm256_set1_ps(half_to_f32(w.d));
     h->dmin = half_to_f32(w.dmin);
   }
   template <class Emit>
@@ -47,8 +51,8 @@ struct K4Decoder {
       __m256i lo = _mm256_and_si256(q, low_nibble);
       __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low_nibble);
       AddHighBits::add(w, chunk, lo, hi);
-      emit(2 * chunk, lo);
-      emit(2 * chunk + 1, hi);
+      emit(2 * chunk, lo, lo);
+      emit(2 * chunk + 1, hi, hi);
     }
   }
 };
@@ -70,13 +74,12 @@ struct Q5HighBits {
 };
 
 struct Q6_KDecoder {
+  static constexpr bool kSigned = true, kHasMin = false;
   static const BlockQ6_K& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockQ6_K*>(row)[b]; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const BlockQ6_K& w = block(row, b);
-    const float d = half_to_f32(w.d);
-    for (int i = 0; i < 8; i++) h->d[i] = d, h->min[i] = 0;
-    for (int s = 0; s < 16; s++) h->scale[s] = w.scales[s];
-    h->dmin = 0.0f;
+    h->d = _mm256_set1_ps(half_to_f32(w.d));
+    h->scale = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales)));
   }
   template <class Emit>
   static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
@@ -93,7 +96,8 @@ struct Q6_KDecoder {
                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low_nibble)};
       for (int k = 0; k < 4; k++) {
         const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), two_bits), 4);
-        emit(4 * half + k, _mm256_sub_epi8(_mm256_or_si256(low[k], high), offset));
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low[k], high), offset);
+        emit(4 * half + k, _mm256_abs_epi8(q), q);
       }
     }
   }
