@@ -7,7 +7,7 @@
 // Layouts: quant/blocks_iq.h and the dequantisers in quant/quant_iq.cpp.
 #include <cstring>
 
-#include "common/fp16.h"
+#include "quant/blocks.h"
 #include "cpu/fast_dot.h"
 #include "cpu/fast_kernel.h"
 #include "quant/blocks_iq.h"
@@ -54,7 +54,7 @@ struct IQ2_XXSDecoder {
   // Per 32 values: 4 grid indices (bytes), then 4 x 7 sign bits and the 4-bit scale s in the top bits.
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const BlockIQ2_XXS& w = block(row, b);
-    set_super_scale(fp16_to_f32(w.d), h);
+    set_super_scale(half_to_f32(w.d), h);
     const uint8_t* q = reinterpret_cast<const uint8_t*>(w.qs);
     uint64_t packed = 0;  // one scale per 32 values: both nibbles of its byte
     for (int ib32 = 0; ib32 < 8; ib32++) packed |= (uint64_t)((load_u32(q + 8 * ib32 + 4) >> 28) * 0x11) << (8 * ib32);
@@ -80,7 +80,7 @@ struct IQ2_XSDecoder {
   // One 4-bit scale per 16 values.
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const BlockIQ2_XS& w = block(row, b);
-    set_super_scale(fp16_to_f32(w.d), h);
+    set_super_scale(half_to_f32(w.d), h);
     uint64_t packed;
     std::memcpy(&packed, w.scales, sizeof(packed));
     h->scale = nibble_scales(packed);
@@ -108,7 +108,7 @@ struct IQ1_MDecoder {
     std::memcpy(words, block(row, b).scales, sizeof(words));
     const uint16_t d_bits = (uint16_t)((words[0] >> 12) | ((words[1] >> 8) & 0x00f0) | ((words[2] >> 4) & 0x0f00) |
                                        (words[3] & 0xf000));
-    set_super_scale(fp16_to_f32(d_bits), h);
+    set_super_scale(half_to_f32(d_bits), h);
     // Word w holds the scales of values 64 w .. 64 w + 63 in bits 0..11, three bits each.
     uint64_t packed = 0;
     for (int w = 0; w < 4; w++)
@@ -120,21 +120,26 @@ struct IQ1_MDecoder {
   template <class Emit>
   static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
     const BlockIQ1_M& w = block(row, b);
-    const __m256i eight = _mm256_set1_epi8(8);
-    constexpr uint64_t kPlusOne = 0x0101010101010101ull, kMinusOne = ~0ull;
+    const __m256i eight = _mm256_set1_epi8(8), one = _mm256_set1_epi8(1);
+    // The delta signs of groups 0..3 (bits 3 and 7 of qh[0], then of qh[1]) spread over their 8
+    // bytes each: qh[0] to the low lane, qh[1] to the high one, one bit tested per group.
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            1, 1, 1, 1, 1, 1);
+    const __m256i delta_bit = _mm256_setr_epi8(8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128,
+                                               8, 8, 8, 8, 8, 8, 8, 8, -128, -128, -128, -128, -128, -128, -128, -128);
     for (int ib32 = 0; ib32 < 8; ib32++) {
-      const uint8_t* qs = w.qs + 4 * ib32;
-      const uint8_t* qh = w.qh + 2 * ib32;
-      uint64_t points[4], deltas[4];
-      for (int l = 0; l < 4; l++) {
-        // Group l's nibble: 3 high index bits and the delta's sign (bit 3: negative).
-        const uint8_t nibble = (uint8_t)((qh[l / 2] >> (4 * (l % 2))) & 0xf);
-        points[l] = iq1s_grid[qs[l] | ((nibble & 7) << 8)];
-        deltas[l] = (nibble & 8) ? kMinusOne : kPlusOne;
-      }
-      // 8 * grid plus the group's delta sign: values in [-9, 9].
-      const __m256i q = _mm256_add_epi8(_mm256_sign_epi8(eight, four_points(points[0], points[1], points[2], points[3])),
-                                        four_points(deltas[0], deltas[1], deltas[2], deltas[3]));
+      const uint32_t qs = load_u32(w.qs + 4 * ib32);
+      uint16_t qh;
+      std::memcpy(&qh, w.qh + 2 * ib32, sizeof(qh));
+      // Group l: index qs byte l plus the 3 low bits of qh nibble l.
+      const __m256i points = four_points(iq1s_grid[(qs & 0xff) | ((qh & 7) << 8)],
+                                         iq1s_grid[((qs >> 8) & 0xff) | ((qh >> 4) & 7) << 8],
+                                         iq1s_grid[((qs >> 16) & 0xff) | ((qh >> 8) & 7) << 8],
+                                         iq1s_grid[(qs >> 24) | ((qh >> 12) & 7) << 8]);
+      const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi16((short)qh), spread);
+      const __m256i negative = _mm256_cmpeq_epi8(_mm256_and_si256(h, delta_bit), delta_bit);
+      // 8 * grid plus the group's delta sign (-1 where negative, else +1): values in [-9, 9].
+      const __m256i q = _mm256_add_epi8(_mm256_sign_epi8(eight, points), _mm256_or_si256(negative, one));
       emit(ib32, _mm256_abs_epi8(q), q);
     }
   }
