@@ -42,9 +42,9 @@ struct PreparedJob {
 // step allocates nothing once the buffers have grown to its largest batch.
 struct BatchScratch {
   std::vector<PreparedJob> prepared;       // [jobs]
-  std::vector<size_t> acts_offset;         // [jobs]: into acts; kShared: the previous job's input
+  std::vector<size_t> acts_offset;         // [jobs]: into acts, or (shared) the job whose input it is
+  std::vector<char> shared;                // [jobs]: the input is an earlier job's
   std::vector<ActivationQ8K> acts;         // every decoded job's quantised activations, in job order
-  static constexpr size_t kShared = SIZE_MAX;
 };
 
 RowPath row_path(const TensorView& W, bool quantize_inputs) {
@@ -117,9 +117,11 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
   std::vector<PreparedJob>& prepared = scratch.prepared;
   prepared.resize(jobs.size());
   scratch.acts_offset.resize(jobs.size());
+  scratch.shared.resize(jobs.size());
   // First the paths and where each job's activations go, so the buffer is sized once.
   int64_t n_tiles = 0, work = 0;
   size_t n_acts = 0;
+  const PreparedJob* last_quantised = nullptr;  // the last job whose input gets quantised
   for (size_t j = 0; j < jobs.size(); j++) {
     PreparedJob& p = prepared[j];
     const ProductJob& job = jobs[j];
@@ -130,14 +132,17 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
     p.acts = nullptr;
     if (p.path == RowPath::kDecoded) {
       p.kernels = fast_kernels(job.W.type);
-      // A gate and an up product share their input: quantise it once.
-      const PreparedJob* prev = j > 0 ? &prepared[j - 1] : nullptr;
-      if (prev && prev->path == RowPath::kDecoded && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens &&
-          prev->job->W.row_length() == n_in) {
-        scratch.acts_offset[j] = BatchScratch::kShared;
+      // Jobs in a row on one input (a gate and an up product; a decode step's experts, which all
+      // read the token's row) quantise it once.
+      const PreparedJob* prev = last_quantised;
+      if (prev && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens && prev->job->W.row_length() == n_in) {
+        scratch.acts_offset[j] = (size_t)(prev - prepared.data());
+        scratch.shared[j] = true;
       } else {
         scratch.acts_offset[j] = n_acts;
+        scratch.shared[j] = false;
         n_acts += (size_t)(n_in / 256 * job.n_tokens);
+        last_quantised = &p;
       }
     }
     p.first_tile = n_tiles;
@@ -149,8 +154,8 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
   for (size_t j = 0; j < jobs.size(); j++) {
     PreparedJob& p = prepared[j];
     if (p.path != RowPath::kDecoded) continue;
-    if (scratch.acts_offset[j] == BatchScratch::kShared) {
-      p.acts = prepared[j - 1].acts;
+    if (scratch.shared[j]) {
+      p.acts = prepared[scratch.acts_offset[j]].acts;  // an earlier job's, already quantised
       continue;
     }
     const ProductJob& job = jobs[j];

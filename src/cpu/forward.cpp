@@ -168,31 +168,32 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
 
   Buf attn((size_t)T * q_dim);  // [T][n_head][hd]
   const double scale = 1.0 / std::sqrt((double)hd);
-  mm.pool().run(T, [&](int64_t t) {
-    const LayerState& st = rows.layer(rows.sequence_of((int)t), L);
-    const int n_keys = rows.position((int)t) + 1;  // causal: positions 0..pos
-    std::vector<double> p(n_keys);
-    std::vector<double> acc(hd);
-    std::vector<float> row(hd);  // a key or value row decoded from a cache of another type than f32
-    for (int hh = 0; hh < n_head; hh++) {
-      const int kh = hh / group;
-      const float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
-      double max_score = -INFINITY;
-      for (int s = 0; s < n_keys; s++) {
-        p[s] = dot(qh, st.k_cache.read(s, kh * hd, hd, row.data()), hd) * scale;
-        max_score = std::max(max_score, p[s]);
-      }
-      double sum = 0.0;
-      for (int s = 0; s < n_keys; s++) sum += (p[s] = std::exp(p[s] - max_score));
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int s = 0; s < n_keys; s++) {
-        const float* vs = st.v_cache.read(s, kh * hd, hd, row.data());
-        for (int i = 0; i < hd; i++) acc[i] += p[s] * vs[i];
-      }
-      float* o = attn.data() + ((size_t)t * n_head + hh) * hd;
-      const float* g = gate.data() + ((size_t)t * n_head + hh) * hd;
-      for (int i = 0; i < hd; i++) o[i] = (float)(acc[i] / sum) * sigmoid(g[i]);
+  // One task per token and head, so a decode step's heads spread over the threads too.
+  mm.pool().run((int64_t)T * n_head, [&](int64_t task) {
+    const int t = (int)(task / n_head), hh = (int)(task % n_head);
+    const LayerState& st = rows.layer(rows.sequence_of(t), L);
+    const int n_keys = rows.position(t) + 1;  // causal: positions 0..pos
+    thread_local std::vector<double> p, acc;
+    thread_local std::vector<float> row;  // a key or value row decoded from a cache of another type than f32
+    p.resize(n_keys);
+    acc.assign(hd, 0.0);
+    row.resize(hd);
+    const int kh = hh / group;
+    const float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
+    double max_score = -INFINITY;
+    for (int s = 0; s < n_keys; s++) {
+      p[s] = dot(qh, st.k_cache.read(s, kh * hd, hd, row.data()), hd) * scale;
+      max_score = std::max(max_score, p[s]);
     }
+    double sum = 0.0;
+    for (int s = 0; s < n_keys; s++) sum += (p[s] = std::exp(p[s] - max_score));
+    for (int s = 0; s < n_keys; s++) {
+      const float* vs = st.v_cache.read(s, kh * hd, hd, row.data());
+      for (int i = 0; i < hd; i++) acc[i] += p[s] * vs[i];
+    }
+    float* o = attn.data() + ((size_t)t * n_head + hh) * hd;
+    const float* g = gate.data() + ((size_t)t * n_head + hh) * hd;
+    for (int i = 0; i < hd; i++) o[i] = (float)(acc[i] / sum) * sigmoid(g[i]);
   });
   mm.matmul(w.output, attn.data(), T, out);
 }
@@ -371,12 +372,18 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
   for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++) {
     if (slots[e].empty()) continue;
     const int n = (int)slots[e].size();
-    for (int i = 0; i < n; i++) {
-      const float* src = h2 + (size_t)(slots[e][i] / K) * n_embd;
-      std::copy(src, src + n_embd, xs.data() + (size_t)(row + i) * n_embd);
+    // An expert of one token reads the token's row in place: in a decode step every expert then
+    // has the same input, which the fast tier quantises once for all of them.
+    const float* x = h2 + (size_t)(slots[e][0] / K) * n_embd;
+    if (n > 1) {
+      for (int i = 0; i < n; i++) {
+        const float* src = h2 + (size_t)(slots[e][i] / K) * n_embd;
+        std::copy(src, src + n_embd, xs.data() + (size_t)(row + i) * n_embd);
+      }
+      x = xs.data() + (size_t)row * n_embd;
     }
-    gate_up.push_back({w.gate_exps.matrix(e), xs.data() + (size_t)row * n_embd, n, gate.data() + (size_t)row * ff});
-    gate_up.push_back({w.up_exps.matrix(e), xs.data() + (size_t)row * n_embd, n, up.data() + (size_t)row * ff});
+    gate_up.push_back({w.gate_exps.matrix(e), x, n, gate.data() + (size_t)row * ff});
+    gate_up.push_back({w.up_exps.matrix(e), x, n, up.data() + (size_t)row * ff});
     down.push_back({w.down_exps.matrix(e), gate.data() + (size_t)row * ff, n, ys.data() + (size_t)row * n_embd});
   }
   // The shared expert: y = down (SiLU(gate h2) * (up h2)), and its scalar gate.

@@ -5,6 +5,7 @@
 // NMSE = sum((fast - ref)^2) / sum(ref^2) <= 5e-4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -135,6 +136,45 @@ TEST(FastProducts, BatchEqualsProductsOneByOne) {
   }
   products->matmul_batch(jobs);
   for (size_t j = 0; j < jobs.size(); j++) EXPECT_EQ(batched[j], alone[j]) << jobs[j].W.name;
+}
+
+// Jobs on one input quantise it once (a decode step's experts all read the token's row), past jobs
+// that take fp32 inputs; an earlier quantisation is not taken where the pointer matches but it
+// holds fewer tokens or shorter rows than the job reads, nor after a job on another input.
+TEST(FastProducts, BatchSharesAQuantisedInputOnlyWhereItIsTheSame) {
+  const std::string path = test::fixture("quant/quant-zoo.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto zoo = GgufFile::open(path);
+  ThreadPool pool(2);
+  const auto products = make_products(Numerics::kFast, pool);
+  const std::vector<float> a = activations(2, 1024, 3), b = activations(2, 1024, 5);
+  struct Case {
+    const char* type;
+    const std::vector<float>* x;
+    int n_tokens;
+    int64_t n_in;
+  };
+  const Case cases[] = {
+      {"iq2_xxs", &a, 2, 1024}, {"q4_K", &a, 2, 1024},  {"f32", &a, 2, 1024}, {"q8_0", &a, 2, 1024},
+      {"q6_K", &b, 2, 1024},    {"iq2_xs", &a, 2, 1024}, {"iq1_m", &a, 1, 512}, {"q5_K", &a, 1, 1024},
+      {"q4_K", &b, 1, 1024},    {"q8_0", &b, 2, 1024},
+  };
+  std::vector<ProductJob> jobs;
+  std::vector<std::vector<float>> alone, batched;
+  alone.reserve(std::size(cases));
+  batched.reserve(std::size(cases));
+  for (const Case& c : cases) {
+    const TensorView W = zoo_matrix(zoo->tensor(std::string("zoo.") + c.type), c.n_in, 32);
+    alone.emplace_back((size_t)c.n_tokens * 32);
+    batched.emplace_back((size_t)c.n_tokens * 32);
+    std::vector<float> x((size_t)c.n_tokens * c.n_in);  // token t's first n_in values of *c.x
+    for (int t = 0; t < c.n_tokens; t++)
+      std::copy_n(c.x->data() + (size_t)t * 1024, c.n_in, x.data() + (size_t)t * c.n_in);
+    products->matmul(W, x.data(), c.n_tokens, alone.back().data());
+    jobs.push_back({W, c.x->data(), c.n_tokens, batched.back().data()});
+  }
+  products->matmul_batch(jobs);
+  for (size_t j = 0; j < jobs.size(); j++) EXPECT_EQ(batched[j], alone[j]) << "job " << j << " " << jobs[j].W.name;
 }
 
 }  // namespace
