@@ -234,22 +234,27 @@ void deltanet_projections(const Products& mm, const Config& c, const DeltaNetWei
 
 // Causal depthwise conv1d over the channels, then SiLU; the state holds the previous K-1 inputs.
 //   y[c] = SiLU(sum_j w[c][j] * x_{t-(K-1)+j}[c])                  qkv: [T][conv_dim], in place
-void causal_conv_silu(const Config& c, const std::vector<float>& taps, std::vector<float>& conv_state,
-                      float* qkv, int T) {
+// Channels are independent: the pool takes them in chunks, each chunk's tokens in order.
+void causal_conv_silu(ThreadPool& pool, const Config& c, const std::vector<float>& taps,
+                      std::vector<float>& conv_state, float* qkv, int T) {
   const int K = c.ssm_conv_kernel, conv_dim = c.ssm_conv_dim();
-  for (int t = 0; t < T; t++) {
-    float* x = qkv + (size_t)t * conv_dim;
-    for (int ch = 0; ch < conv_dim; ch++) {
-      const float* wc = taps.data() + (size_t)ch * K;
-      double sum = (double)wc[K - 1] * x[ch];
-      for (int j = 0; j < K - 1; j++) sum += (double)wc[j] * conv_state[(size_t)j * conv_dim + ch];
-      // Shift the window: drop the oldest input, append this one.
-      for (int j = 0; j + 1 < K - 1; j++)
-        conv_state[(size_t)j * conv_dim + ch] = conv_state[(size_t)(j + 1) * conv_dim + ch];
-      if (K > 1) conv_state[(size_t)(K - 2) * conv_dim + ch] = x[ch];
-      x[ch] = silu((float)sum);
+  constexpr int kChannelsPerTask = 512;
+  pool.run((conv_dim + kChannelsPerTask - 1) / kChannelsPerTask, [&](int64_t task) {
+    const int ch0 = (int)task * kChannelsPerTask, ch1 = std::min(conv_dim, ch0 + kChannelsPerTask);
+    for (int t = 0; t < T; t++) {
+      float* x = qkv + (size_t)t * conv_dim;
+      for (int ch = ch0; ch < ch1; ch++) {
+        const float* wc = taps.data() + (size_t)ch * K;
+        double sum = (double)wc[K - 1] * x[ch];
+        for (int j = 0; j < K - 1; j++) sum += (double)wc[j] * conv_state[(size_t)j * conv_dim + ch];
+        // Shift the window: drop the oldest input, append this one.
+        for (int j = 0; j + 1 < K - 1; j++)
+          conv_state[(size_t)j * conv_dim + ch] = conv_state[(size_t)(j + 1) * conv_dim + ch];
+        if (K > 1) conv_state[(size_t)(K - 2) * conv_dim + ch] = x[ch];
+        x[ch] = silu((float)sum);
+      }
     }
-  }
+  });
 }
 
 // Gated DeltaNet.                                                h, out: [T][n_embd]
@@ -275,7 +280,7 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
     }
 
   for (int s = 0; s < rows.n_seqs(); s++)
-    causal_conv_silu(c, vec.conv1d, rows.layer(s, L).conv, qkv.data() + (size_t)rows.first[s] * conv_dim,
+    causal_conv_silu(mm.pool(), c, vec.conv1d, rows.layer(s, L).conv, qkv.data() + (size_t)rows.first[s] * conv_dim,
                      rows.n_rows_of(s));
 
   // q, k: L2-normalised per key head; q scaled by 1/sqrt(dk).

@@ -117,17 +117,28 @@ TEST(FastKernels, ProjectTypesHaveTunedKernels) {
   for (GgmlType t : kTunedTypes) EXPECT_NE(fast_kernels(t), nullptr) << type_name(t);
 }
 
+// The zoo and the fast tier's products on two threads, for the tests of batches and forms.
+class FastProducts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = test::fixture("quant/quant-zoo.gguf");
+    RL_REQUIRE_FIXTURE(path);
+    zoo = GgufFile::open(path);
+  }
+  TensorView matrix(const char* type, int64_t n_in) const {
+    return zoo_matrix(zoo->tensor(std::string("zoo.") + type), n_in, 32);
+  }
+  std::unique_ptr<GgufFile> zoo;
+  ThreadPool pool{2};
+  std::unique_ptr<Products> products = make_products(Numerics::kFast, pool);
+};
+
 // A batch (the routed experts of a decode step) computes each product exactly as alone.
-TEST(FastProducts, BatchEqualsProductsOneByOne) {
-  const std::string path = test::fixture("quant/quant-zoo.gguf");
-  RL_REQUIRE_FIXTURE(path);
-  auto zoo = GgufFile::open(path);
-  ThreadPool pool(2);
-  const auto products = make_products(Numerics::kFast, pool);
+TEST_F(FastProducts, BatchEqualsProductsOneByOne) {
   std::vector<ProductJob> jobs;
   std::vector<std::vector<float>> inputs, alone, batched;
   for (const char* type : {"iq2_xxs", "q4_K", "q8_0", "q3_K"}) {
-    const TensorView W = zoo_matrix(zoo->tensor(std::string("zoo.") + type), 1024, 32);
+    const TensorView W = matrix(type, 1024);
     inputs.push_back(activations(2, 1024, (uint32_t)inputs.size() + 7));
     alone.emplace_back(2 * 32);
     batched.emplace_back(2 * 32);
@@ -141,12 +152,7 @@ TEST(FastProducts, BatchEqualsProductsOneByOne) {
 // Jobs on one input quantise it once (a decode step's experts all read the token's row), past jobs
 // that take fp32 inputs; an earlier quantisation is not taken where the pointer matches but it
 // holds fewer tokens or shorter rows than the job reads, nor after a job on another input.
-TEST(FastProducts, BatchSharesAQuantisedInputOnlyWhereItIsTheSame) {
-  const std::string path = test::fixture("quant/quant-zoo.gguf");
-  RL_REQUIRE_FIXTURE(path);
-  auto zoo = GgufFile::open(path);
-  ThreadPool pool(2);
-  const auto products = make_products(Numerics::kFast, pool);
+TEST_F(FastProducts, BatchSharesAQuantisedInputOnlyWhereItIsTheSame) {
   const std::vector<float> a = activations(2, 1024, 3), b = activations(2, 1024, 5);
   struct Case {
     const char* type;
@@ -164,7 +170,7 @@ TEST(FastProducts, BatchSharesAQuantisedInputOnlyWhereItIsTheSame) {
   alone.reserve(std::size(cases));
   batched.reserve(std::size(cases));
   for (const Case& c : cases) {
-    const TensorView W = zoo_matrix(zoo->tensor(std::string("zoo.") + c.type), c.n_in, 32);
+    const TensorView W = matrix(c.type, c.n_in);
     alone.emplace_back((size_t)c.n_tokens * 32);
     batched.emplace_back((size_t)c.n_tokens * 32);
     std::vector<float> x((size_t)c.n_tokens * c.n_in);  // token t's first n_in values of *c.x
@@ -181,14 +187,10 @@ TEST(FastProducts, BatchSharesAQuantisedInputOnlyWhereItIsTheSame) {
 // A decode step dots each packed row in registers, a prefill dots rows decoded to memory once per
 // tile; a token's outputs must be the same bits either way (a batched decode step may give an
 // expert more tokens than kDotTokens, and then takes the prefill form).
-TEST(FastProducts, PackedRowAndDecodedTileGiveTheSameBits) {
-  const std::string path = test::fixture("quant/quant-zoo.gguf");
-  RL_REQUIRE_FIXTURE(path);
-  auto zoo = GgufFile::open(path);
-  ThreadPool pool(2);
+TEST_F(FastProducts, PackedRowAndDecodedTileGiveTheSameBits) {
   constexpr int kTokens = 7;
   for (const char* type : {"q8_0", "q4_K", "q5_K", "q6_K", "iq2_xxs", "iq2_xs", "iq1_m"}) {
-    const TensorView W = zoo_matrix(zoo->tensor(std::string("zoo.") + type), 1024, 32);
+    const TensorView W = matrix(type, 1024);
     const std::vector<float> x = activations(kTokens, 1024, 11);
     std::vector<float> tile((size_t)kTokens * 32);
     fast_matmul(pool, W, x.data(), kTokens, tile.data());
