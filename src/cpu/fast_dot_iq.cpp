@@ -47,7 +47,7 @@ __m256i nibble_scales(uint64_t packed) {
 }
 
 struct IQ2_XXSDecoder {
-  static constexpr bool kSigned = true, kHasMin = false;
+  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
   static const BlockIQ2_XXS& block(const uint8_t* row, int64_t b) {
     return reinterpret_cast<const BlockIQ2_XXS*>(row)[b];
   }
@@ -75,7 +75,7 @@ struct IQ2_XXSDecoder {
 };
 
 struct IQ2_XSDecoder {
-  static constexpr bool kSigned = true, kHasMin = false;
+  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
   static const BlockIQ2_XS& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockIQ2_XS*>(row)[b]; }
   // One 4-bit scale per 16 values.
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
@@ -100,7 +100,7 @@ struct IQ2_XSDecoder {
 };
 
 struct IQ1_MDecoder {
-  static constexpr bool kSigned = true, kHasMin = false;
+  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
   static const BlockIQ1_M& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockIQ1_M*>(row)[b]; }
   // 3-bit scales per 16 values, the fp16 super-scale in the top nibbles of the four scale words.
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {

@@ -16,7 +16,8 @@ using namespace simd;
 
 // The 6-bit scales and mins of the 8 sub-blocks of a Q4_K/Q5_K block (12 packed bytes: sub-blocks
 // 0..3 in the low 6 bits of bytes 0..3 / 4..7, sub-blocks 4..7 in bytes 8..11 plus the top 2
-// bits of bytes 0..7), unpacked four bytes at a time, each value twice (the per-16 form).
+// bits of bytes 0..7), unpacked four bytes at a time: the scales once in each lane (kScalePer32),
+// the mins each twice (BlockHeader::min).
 void unpack_k4_scales(const uint8_t* packed, BlockHeader* h) {
   uint32_t u[3];
   std::memcpy(u, packed, sizeof(u));
@@ -26,14 +27,14 @@ void unpack_k4_scales(const uint8_t* packed, BlockHeader* h) {
   const uint32_t mins_hi = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
   const __m128i scales = _mm_cvtsi64_si128((int64_t)(((uint64_t)scales_hi << 32) | scales_lo));
   const __m128i mins = _mm_cvtsi64_si128((int64_t)(((uint64_t)mins_hi << 32) | mins_lo));
-  h->scale = kernel::scales_from_bytes(_mm_unpacklo_epi8(scales, scales), false);
+  h->scale = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales));
   h->min = kernel::scales_from_bytes(_mm_unpacklo_epi8(mins, mins), false);
 }
 
 // Q4_K and Q5_K share everything but the fifth bit; AddHighBits::add(w, chunk, lo, hi) adds it.
 template <class Block, class AddHighBits>
 struct K4Decoder {
-  static constexpr bool kSigned = false, kHasMin = true;
+  static constexpr bool kSigned = false, kHasMin = true, kScalePer32 = true;
   static const Block& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const Block*>(row)[b]; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const Block& w = block(row, b);
@@ -74,7 +75,7 @@ struct Q5HighBits {
 };
 
 struct Q6_KDecoder {
-  static constexpr bool kSigned = true, kHasMin = false;
+  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
   static const BlockQ6_K& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockQ6_K*>(row)[b]; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const BlockQ6_K& w = block(row, b);
