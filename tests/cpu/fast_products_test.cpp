@@ -183,6 +183,36 @@ TEST_F(FastProducts, BatchSharesAQuantisedInputOnlyWhereItIsTheSame) {
   for (size_t j = 0; j < jobs.size(); j++) EXPECT_EQ(batched[j], alone[j]) << "job " << j << " " << jobs[j].W.name;
 }
 
+// A decode step's batch takes tiles of more rows than a prefill's (fast_products.cpp): over a
+// matrix of 2,064 rows (the zoo's 32 rows 64 times, then 16 more: a last, partial tile), with
+// every path in the batch, each row's output is the same bits as the row's in the 32-row matrix.
+TEST_F(FastProducts, DecodeTilesCoverEveryRow) {
+  constexpr int64_t kRows = 64 * 32 + 16;
+  const std::vector<float> x = activations(1, 1024, 13);
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<ProductJob> jobs;
+  std::vector<std::vector<float>> small, big;
+  data.reserve(3);
+  small.reserve(3);
+  big.reserve(3);
+  for (const char* type : {"q4_K", "f32", "q3_K"}) {
+    const TensorView W = matrix(type, 1024);
+    small.emplace_back(32);
+    products->matmul(W, x.data(), 1, small.back().data());
+    TensorView tall = W;  // the 32 rows repeated
+    data.emplace_back(W.row_bytes * kRows);
+    for (int64_t r = 0; r < kRows; r++) std::copy_n(W.row(r % 32), W.row_bytes, data.back().data() + r * W.row_bytes);
+    tall.data = data.back().data();
+    tall.ne[1] = kRows;
+    tall.nbytes = data.back().size();
+    big.emplace_back(kRows);
+    jobs.push_back({tall, x.data(), 1, big.back().data()});
+  }
+  products->matmul_batch(jobs);
+  for (size_t j = 0; j < jobs.size(); j++)
+    for (int64_t r = 0; r < kRows; r++) ASSERT_EQ(big[j][r], small[j][r % 32]) << jobs[j].W.name << " row " << r;
+}
+
 }  // namespace
 // A decode step dots each packed row in registers, a prefill dots rows decoded to memory once per
 // tile; a token's outputs must be the same bits either way (a batched decode step may give an
