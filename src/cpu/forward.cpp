@@ -109,16 +109,28 @@ void rmsnorm_rows(const float* x, const std::vector<float>& weight, float eps, i
 // pos * base^(-2i/rope_dim). The angle is formed as ggml forms it (fp32, multiplied up from the
 // position one frequency at a time), because at positions in the thousands the angle's rounding
 // is visible at the 1e-5 level and the reference is ggml's.
-void rope_neox(float* head, int rope_dim, int pos, float base) {
-  const int half = rope_dim / 2;
-  const float theta_scale = std::pow(base, -2.0f / (float)rope_dim);
-  float theta = (float)pos;
+// The angles depend on the position only, so a token's cos/sin pairs are formed once for all its
+// heads (RopeAngles) and applied to each (rope_neox).
+struct RopeAngles {
+  RopeAngles(int rope_dim, int pos, float base) : cos_sin((size_t)rope_dim) {
+    const float theta_scale = std::pow(base, -2.0f / (float)rope_dim);
+    float theta = (float)pos;
+    for (int i = 0; i < rope_dim / 2; i++) {
+      cos_sin[2 * i] = std::cos(theta);
+      cos_sin[2 * i + 1] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+  std::vector<float> cos_sin;  // [rope_dim / 2][cos, sin]
+};
+
+void rope_neox(float* head, const RopeAngles& angles) {
+  const int half = (int)angles.cos_sin.size() / 2;
   for (int i = 0; i < half; i++) {
-    const float c = std::cos(theta), s = std::sin(theta);
+    const float c = angles.cos_sin[2 * i], s = angles.cos_sin[2 * i + 1];
     const float x0 = head[i], x1 = head[i + half];
     head[i] = x0 * c - x1 * s;
     head[i + half] = x0 * s + x1 * c;
-    theta *= theta_scale;
   }
 }
 
@@ -142,18 +154,18 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
 
   Buf q((size_t)T * q_dim), gate((size_t)T * q_dim);  // [T][n_head][hd]
   for (int t = 0; t < T; t++) {
-    const int pos = rows.position(t);
+    const RopeAngles angles(c.rope_dim, rows.position(t), c.rope_base);
     for (int hh = 0; hh < n_head; hh++) {
       const float* src = qg.data() + ((size_t)t * n_head + hh) * 2 * hd;
       float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
       std::copy(src + hd, src + 2 * hd, gate.data() + ((size_t)t * n_head + hh) * hd);
       rmsnorm(src, vec.q_norm.data(), c.rms_eps, hd, qh);
-      rope_neox(qh, c.rope_dim, pos, c.rope_base);
+      rope_neox(qh, angles);
     }
     for (int kh = 0; kh < c.n_head_kv; kh++) {
       float* kk = k.data() + ((size_t)t * c.n_head_kv + kh) * hd;
       rmsnorm(kk, vec.k_norm.data(), c.rms_eps, hd, kk);
-      rope_neox(kk, c.rope_dim, pos, c.rope_base);
+      rope_neox(kk, angles);
     }
   }
 
@@ -328,13 +340,14 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
 void route(const Config& c, const float* logits, int T, int32_t* ids, float* weights) {
   const int E = c.n_expert, K = c.n_expert_used;
   std::vector<float> prob(E);
+  std::vector<double> unnormalised(E);
   std::vector<int> order(E);
   for (int t = 0; t < T; t++) {
     const float* l = logits + (size_t)t * E;
     const double max_l = *std::max_element(l, l + E);
     double sum = 0.0;
-    for (int e = 0; e < E; e++) sum += std::exp((double)l[e] - max_l);
-    for (int e = 0; e < E; e++) prob[e] = (float)(std::exp((double)l[e] - max_l) / sum);
+    for (int e = 0; e < E; e++) sum += (unnormalised[e] = std::exp((double)l[e] - max_l));
+    for (int e = 0; e < E; e++) prob[e] = (float)(unnormalised[e] / sum);
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int a, int b) {
       return prob[a] != prob[b] ? prob[a] > prob[b] : a < b;
@@ -348,6 +361,16 @@ void route(const Config& c, const float* logits, int T, int32_t* ids, float* wei
       weights[(size_t)t * K + k] = (float)wk;
     }
   }
+}
+
+// g = SiLU(g) * u, element-wise, over the pool in chunks (a decode step's ten experts are 5,120
+// values at the 80B's widths).
+void swiglu_into(ThreadPool& pool, Buf& g, const Buf& u) {
+  constexpr int64_t kChunk = 2048;
+  pool.run(((int64_t)g.size() + kChunk - 1) / kChunk, [&](int64_t task) {
+    const size_t end = std::min(g.size(), (size_t)(task + 1) * kChunk);
+    for (size_t i = (size_t)task * kChunk; i < end; i++) g[i] = silu(g[i]) * u[i];
+  });
 }
 
 // Mixture of experts with a shared expert.                      h2, out: [T][n_embd]
@@ -399,8 +422,8 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
   gate_up.push_back({w.shared_gate_inp, h2, T, shared_gate.data()});
   down.push_back({w.down_shexp, shared_g.data(), T, shared.data()});
   mm.matmul_batch(gate_up);
-  for (size_t i = 0; i < gate.size(); i++) gate[i] = silu(gate[i]) * up[i];  // SwiGLU
-  for (size_t i = 0; i < shared_g.size(); i++) shared_g[i] = silu(shared_g[i]) * shared_u[i];
+  swiglu_into(mm.pool(), gate, up);
+  swiglu_into(mm.pool(), shared_g, shared_u);
   mm.matmul_batch(down);
   Buf expert_out((size_t)T * K * n_embd);  // [T][K][n_embd]
   for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++)
