@@ -431,15 +431,19 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
       std::copy(ys.data() + (size_t)(row + i) * n_embd, ys.data() + (size_t)(row + i + 1) * n_embd,
                 expert_out.data() + (size_t)slots[e][i] * n_embd);
 
-  for (int t = 0; t < T; t++) {
+  // The weighted sum, per token in chunks of the hidden width over the pool.
+  constexpr int kChunk = 512;
+  const int chunks = (n_embd + kChunk - 1) / kChunk;
+  mm.pool().run((int64_t)T * chunks, [&](int64_t task) {
+    const int t = (int)(task / chunks), i0 = (int)(task % chunks) * kChunk, i1 = std::min(n_embd, i0 + kChunk);
     const float sg = sigmoid(shared_gate[t]);
-    for (int i = 0; i < n_embd; i++) {
+    for (int i = i0; i < i1; i++) {
       double routed = 0.0;
       for (int k = 0; k < K; k++)
         routed += (double)weights[(size_t)t * K + k] * expert_out[((size_t)t * K + k) * n_embd + i];
       out[(size_t)t * n_embd + i] = (float)routed + shared[(size_t)t * n_embd + i] * sg;
     }
-  }
+  });
 }
 
 void add_into(float* x, const float* y, size_t n) {
