@@ -64,13 +64,15 @@ struct NoHighBits {
 
 struct Q5HighBits {
   // Bit 2*chunk of qh[l] is the fifth bit of low-nibble value l, bit 2*chunk + 1 of high-nibble value l.
+  // Each bit is shifted to bit 4 and masked: the 16-bit shifts (at most 4 left, 3 right) carry
+  // bits across a byte boundary only into bits the mask clears.
   static void add(const BlockQ5_K& w, int chunk, __m256i& lo, __m256i& hi) {
-    const __m256i qh = load32(w.qh);
-    const __m256i bit_lo = _mm256_set1_epi8((char)(1 << (2 * chunk)));
-    const __m256i bit_hi = _mm256_set1_epi8((char)(2 << (2 * chunk)));
-    const __m256i sixteen = _mm256_set1_epi8(16);
-    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_lo), bit_lo), sixteen));
-    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_hi), bit_hi), sixteen));
+    const __m256i qh = load32(w.qh), sixteen = _mm256_set1_epi8(16);
+    lo = _mm256_or_si256(lo, _mm256_and_si256(bit_to_4(qh, 2 * chunk), sixteen));
+    hi = _mm256_or_si256(hi, _mm256_and_si256(bit_to_4(qh, 2 * chunk + 1), sixteen));
+  }
+  static __m256i bit_to_4(__m256i v, int bit) {
+    return bit <= 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
   }
 };
 
