@@ -23,7 +23,7 @@ namespace rl::cpu {
 // The scales of one block of 256 values (a decoder's header), in registers.
 struct BlockHeader {
   __m256 d;       // per 32 values
-  __m256i scale;  // 16 int16: per 16 values (or, kScalePer32, per 32 values in each lane)
+  __m256i scale;  // 16 int16 per 16 values: lane 0 those of values 32i..32i+15, lane 1 of 32i+16..32i+31
   __m256i min;    // 16 int16: per 32 values, each twice (min[2i] = min[2i + 1]); only where dmin != 0
   float dmin;     // 0: no min term (every type but Q4_K and Q5_K)
 };

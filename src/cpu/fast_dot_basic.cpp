@@ -45,7 +45,7 @@ void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t
 
 // Eight Q8_0 blocks of 32: x = d * q, one fp16 scale per block.
 struct Q8_0Decoder {
-  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
+  static constexpr bool kSigned = true, kHasMin = false;
   static const BlockQ8_0* blocks(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockQ8_0*>(row) + 8 * b; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const BlockQ8_0* w = blocks(row, b);

@@ -38,16 +38,17 @@ inline __m256i four_points(uint64_t p0, uint64_t p1, uint64_t p2, uint64_t p3) {
 
 void set_super_scale(float d, BlockHeader* h) { h->d = _mm256_set1_ps(d * 0.125f); }
 
-// 16 4-bit scales s (byte i: values 16 i .. 16 i + 15, as 8 bytes of two each, low nibble first)
-// to the per-16 scales 2s + 1.
+// 16 4-bit scales s, 8 bytes of two (byte i: values 32 i .. 32 i + 15 in the low nibble, 32 i + 16
+// .. 32 i + 31 in the high one), to the per-16 scales 2s + 1 (BlockHeader::scale: the low nibbles'
+// to the low lane).
 __m256i nibble_scales(uint64_t packed) {
   const __m128i v = _mm_cvtsi64_si128((int64_t)packed), low_nibble = _mm_set1_epi8(0x0F);
   const __m128i lo = _mm_and_si128(v, low_nibble), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low_nibble);
-  return kernel::scales_from_bytes(_mm_unpacklo_epi8(lo, hi), true);
+  return kernel::scales_from_bytes(_mm_unpacklo_epi64(lo, hi), true);
 }
 
 struct IQ2_XXSDecoder {
-  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
+  static constexpr bool kSigned = true, kHasMin = false;
   static const BlockIQ2_XXS& block(const uint8_t* row, int64_t b) {
     return reinterpret_cast<const BlockIQ2_XXS*>(row)[b];
   }
@@ -75,7 +76,7 @@ struct IQ2_XXSDecoder {
 };
 
 struct IQ2_XSDecoder {
-  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
+  static constexpr bool kSigned = true, kHasMin = false;
   static const BlockIQ2_XS& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockIQ2_XS*>(row)[b]; }
   // One 4-bit scale per 16 values.
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
@@ -100,7 +101,7 @@ struct IQ2_XSDecoder {
 };
 
 struct IQ1_MDecoder {
-  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
+  static constexpr bool kSigned = true, kHasMin = false;
   static const BlockIQ1_M& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockIQ1_M*>(row)[b]; }
   // 3-bit scales per 16 values, the fp16 super-scale in the top nibbles of the four scale words.
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {

@@ -16,8 +16,8 @@ using namespace simd;
 
 // The 6-bit scales and mins of the 8 sub-blocks of a Q4_K/Q5_K block (12 packed bytes: sub-blocks
 // 0..3 in the low 6 bits of bytes 0..3 / 4..7, sub-blocks 4..7 in bytes 8..11 plus the top 2
-// bits of bytes 0..7), unpacked four bytes at a time: the scales once in each lane (kScalePer32),
-// the mins each twice (BlockHeader::min).
+// bits of bytes 0..7), unpacked four bytes at a time: the scales once in each lane (a sub-block's
+// two halves share one), the mins each twice (BlockHeader::min).
 void unpack_k4_scales(const uint8_t* packed, BlockHeader* h) {
   uint32_t u[3];
   std::memcpy(u, packed, sizeof(u));
@@ -34,7 +34,7 @@ void unpack_k4_scales(const uint8_t* packed, BlockHeader* h) {
 // Q4_K and Q5_K share everything but the fifth bit; AddHighBits::add(w, chunk, lo, hi) adds it.
 template <class Block, class AddHighBits>
 struct K4Decoder {
-  static constexpr bool kSigned = false, kHasMin = true, kScalePer32 = true;
+  static constexpr bool kSigned = false, kHasMin = true;
   static const Block& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const Block*>(row)[b]; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const Block& w = block(row, b);
@@ -77,12 +77,15 @@ struct Q5HighBits {
 };
 
 struct Q6_KDecoder {
-  static constexpr bool kSigned = true, kHasMin = false, kScalePer32 = false;
+  static constexpr bool kSigned = true, kHasMin = false;
   static const BlockQ6_K& block(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockQ6_K*>(row)[b]; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const BlockQ6_K& w = block(row, b);
     h->d = _mm256_set1_ps(half_to_f32(w.d));
-    h->scale = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales)));
+    // scales[k] for values 16k..16k+15: the even k to the low lane, the odd to the high one.
+    const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales));
+    h->scale = _mm256_cvtepi8_epi16(
+        _mm_shuffle_epi8(scales, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
   }
   template <class Emit>
   static void groups(const uint8_t* row, int64_t b, Emit&& emit) {

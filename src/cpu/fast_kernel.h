@@ -5,8 +5,6 @@
 // Each type's decoder (fast_dot_k.cpp, fast_dot_iq.cpp, fast_dot_basic.cpp) is a struct with
 //   static constexpr bool kSigned;   // false: every q >= 0 (Q4_K, Q5_K), multiplied as it is
 //   static constexpr bool kHasMin;   // a min term (dmin, Q4_K and Q5_K)
-//   static constexpr bool kScalePer32;  // one scale per 32 values (Q4_K, Q5_K): BlockHeader::scale
-//                                       // holds the 8 in each 128-bit lane
 //   static void header(const uint8_t* row, int64_t b, BlockHeader* h);   // scales of block b
 //   template <class Emit> static void groups(const uint8_t* row, int64_t b, Emit&& emit);
 // where groups calls emit(ib32, m, s) for ib32 = 0..7 in order: the 32 int8 weights q have the
@@ -24,27 +22,15 @@ namespace rl::cpu::kernel {
 using namespace simd;
 
 // The per-16 scale vector of values [32 ib32, 32 ib32 + 32), as madd_epi16 multiplies by it: eight
-// copies of scale 2 ib32, then eight of scale 2 ib32 + 1 (both in one dword of the 16 scales).
+// copies of scale 2 ib32, then eight of scale 2 ib32 + 1. BlockHeader::scale holds the first
+// halves' scales in its low lane and the second halves' in its high lane, so one in-lane shuffle
+// picks word ib32 of each.
 inline __m256i scale_vector(__m256i scales, int ib32) {
-  const __m256i pair = _mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(ib32));
-  return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3,
-                                                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
-}
-
-// The scale vector of values [32 ib32, 32 ib32 + 32) where each lane of scales holds the 8 scales
-// per 32 values: one shuffle.
-inline __m256i scale_vector_per32(__m256i scales, int ib32) {
   return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((2 * ib32) | (2 * ib32 + 1) << 8)));
 }
 
-template <class Decoder>
-inline __m256i group_scale(__m256i scales, int ib32) {
-  if constexpr (Decoder::kScalePer32) return scale_vector_per32(scales, ib32);
-  return scale_vector(scales, ib32);
-}
-
-// 16 int16 scales from 16 bytes, each byte's value (unsigned) times 2 plus 1 when odd_scales
-// (the IQ types' 2s + 1).
+// BlockHeader::scale from 16 bytes (the 8 first halves' scales, then the 8 second halves'), each
+// byte's value (unsigned) times 2 plus 1 when odd_scales (the IQ types' 2s + 1).
 inline __m256i scales_from_bytes(__m128i bytes, bool odd_scales) {
   const __m256i s = _mm256_cvtepu8_epi16(bytes);
   return odd_scales ? _mm256_or_si256(_mm256_slli_epi16(s, 1), _mm256_set1_epi16(1)) : s;
@@ -94,7 +80,7 @@ void dot_row_n(const uint8_t* row, const ActivationQ8K* const* a, int64_t n_bloc
     __m256 dd[kTokens];
     block_scales<kTokens>(h.d, a, b, dd);
     Decoder::groups(row, b, [&](int ib32, __m256i m, __m256i s) {
-      accumulate_group<kTokens, Decoder::kSigned>(m, s, group_scale<Decoder>(h.scale, ib32), dd, a, b, ib32, acc);
+      accumulate_group<kTokens, Decoder::kSigned>(m, s, scale_vector(h.scale, ib32), dd, a, b, ib32, acc);
     });
     if constexpr (Decoder::kHasMin) {
       if (h.dmin != 0.0f) accumulate_min<kTokens>(h.dmin, h.min, a, b, mins);
@@ -121,7 +107,7 @@ void decode_block(const uint8_t* row, int64_t b, DecodedBlock* out) {
   _mm256_storeu_ps(out->d, h.d);
   store32(out->min, Decoder::kHasMin ? h.min : _mm256_setzero_si256());
   out->dmin = Decoder::kHasMin ? h.dmin : 0.0f;
-  for (int ib32 = 0; ib32 < 8; ib32++) store32(out->scale[ib32], group_scale<Decoder>(h.scale, ib32));
+  for (int ib32 = 0; ib32 < 8; ib32++) store32(out->scale[ib32], scale_vector(h.scale, ib32));
   Decoder::groups(row, b, [&](int ib32, __m256i m, __m256i s) {
     store32(out->q + 32 * ib32, Decoder::kSigned ? _mm256_sign_epi8(m, s) : m);
   });
