@@ -31,6 +31,12 @@ void unpack_k4_scales(const uint8_t* packed, BlockHeader* h) {
   h->min = kernel::scales_from_bytes(_mm_unpacklo_epi8(mins, mins), false);
 }
 
+// Bit `from` of every byte to bit `to`, by a 16-bit shift (other bits move too, some across a byte
+// boundary; the caller masks).
+__m256i shift_bit(__m256i v, int from, int to) {
+  return from <= to ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+}
+
 // Q4_K and Q5_K share everything but the fifth bit; AddHighBits::add(w, chunk, lo, hi) adds it.
 template <class Block, class AddHighBits>
 struct K4Decoder {
@@ -68,11 +74,8 @@ struct Q5HighBits {
   // bits across a byte boundary only into bits the mask clears.
   static void add(const BlockQ5_K& w, int chunk, __m256i& lo, __m256i& hi) {
     const __m256i qh = load32(w.qh), sixteen = _mm256_set1_epi8(16);
-    lo = _mm256_or_si256(lo, _mm256_and_si256(bit_to_4(qh, 2 * chunk), sixteen));
-    hi = _mm256_or_si256(hi, _mm256_and_si256(bit_to_4(qh, 2 * chunk + 1), sixteen));
-  }
-  static __m256i bit_to_4(__m256i v, int bit) {
-    return bit <= 4 ? _mm256_slli_epi16(v, 4 - bit) : _mm256_srli_epi16(v, bit - 4);
+    lo = _mm256_or_si256(lo, _mm256_and_si256(shift_bit(qh, 2 * chunk, 4), sixteen));
+    hi = _mm256_or_si256(hi, _mm256_and_si256(shift_bit(qh, 2 * chunk + 1, 4), sixteen));
   }
 };
 
@@ -90,10 +93,11 @@ struct Q6_KDecoder {
   template <class Emit>
   static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
     const BlockQ6_K& w = block(row, b);
-    const __m256i low_nibble = _mm256_set1_epi8(0x0F), two_bits = _mm256_set1_epi8(3), offset = _mm256_set1_epi8(32);
+    const __m256i low_nibble = _mm256_set1_epi8(0x0F), high_bits = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
     for (int half = 0; half < 2; half++) {
       // Per 128-value half: ql[l] low/high nibble = values l / l+64, ql[l+32] = values l+32 / l+96,
-      // qh[l] bit pairs 0, 2, 4, 6 = the high bits of values l, l+32, l+64, l+96.
+      // qh[l] bit pairs 0, 2, 4, 6 = the high bits of values l, l+32, l+64, l+96 (each pair shifted
+      // to bits 4-5 and masked: what crosses a byte in the 16-bit shift is masked off).
       const uint8_t* ql = w.ql + 64 * half;
       const __m256i qh = load32(w.qh + 32 * half);
       const __m256i ql0 = load32(ql), ql1 = load32(ql + 32);
@@ -101,7 +105,7 @@ struct Q6_KDecoder {
                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low_nibble),
                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low_nibble)};
       for (int k = 0; k < 4; k++) {
-        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), two_bits), 4);
+        const __m256i high = _mm256_and_si256(shift_bit(qh, 2 * k, 4), high_bits);
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low[k], high), offset);
         emit(4 * half + k, _mm256_abs_epi8(q), q);
       }
