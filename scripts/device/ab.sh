@@ -34,7 +34,8 @@
 #                  fast; a summary line per recipe and tier
 #     parity-recipes  per recipe in $RECIPES: `parity --backend cuda` on its tiny model, exact
 #                  (budgets 1, 0.5, 0.1; PASS/FAIL) and fast (report: teacher-forced figures)
-#     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill)
+#     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill);
+#                  CPU_THREADS (default 16) may list several counts, e.g. "16 8 4"; $OUT/cpu-fast-N.log
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
 #                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier);
 #                  AB_VARIANT=1 adds the variant's binary (step variant) to each round
@@ -200,8 +201,14 @@ for s in "$@"; do
         rm -f $t
       done
       ;;
-    cpu-fast) model; STEP_TIMEOUT=300 step cpu-fast "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads 16 \
-      --reps 1 --decode-tokens 32 --prefill-tokens 64 --json ;;
+    cpu-fast)
+      model
+      for t in ${CPU_THREADS:-16}; do
+        STEP_TIMEOUT=300 step cpu-fast-$t "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads $t \
+          --reps 1 --decode-tokens 32 --prefill-tokens 64 --json
+        log "cpu-fast $t threads: prefill $(grep '"prefill_tok_s"' "$OUT/cpu-fast-$t.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/cpu-fast-$t.log" | tr -dc '0-9.')"
+      done
+      ;;
     bench-8g) model; step bench-80b-8g "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ;;
     prefetch)
       model

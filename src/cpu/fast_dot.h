@@ -20,12 +20,12 @@ namespace rl::cpu {
 // decodes a tile of rows once to DecodedBlocks and dots them with every token (DecodeBlockFn,
 // dot_decoded).
 
-// The scales of one block of 256 values (a decoder's header).
+// The scales of one block of 256 values (a decoder's header), in registers.
 struct BlockHeader {
-  float d[8];
-  int16_t scale[16];  // per 16 values
-  int16_t min[8];     // per 32 values
-  float dmin;         // 0: no min term (every type but Q4_K and Q5_K)
+  __m256 d;       // per 32 values
+  __m256i scale;  // 16 int16 per 16 values: lane 0 those of values 32i..32i+15, lane 1 of 32i+16..32i+31
+  __m256i min;    // 16 int16: per 32 values, each twice (min[2i] = min[2i + 1]); only where dmin != 0
+  float dmin;     // 0: no min term (every type but Q4_K and Q5_K)
 };
 
 // A block decoded to memory. The scales are stored as the kernel multiplies by them: per 32
@@ -35,7 +35,7 @@ struct DecodedBlock {
   int8_t q[256];
   int16_t scale[8][16];
   float d[8];
-  int16_t min[8];
+  int16_t min[16];  // as BlockHeader::min
   float dmin;
 };
 

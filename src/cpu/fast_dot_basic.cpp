@@ -29,32 +29,37 @@ namespace {
 
 template <int kTokens>
 void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
-  __m256 acc[kTokens];
-  float mins[kTokens];
-  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = 0.0f;
+  __m256 acc[kTokens], mins[kTokens];
+  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; b++) {
     __m256 dd[kTokens];
     kernel::block_scales<kTokens>(_mm256_loadu_ps(w[b].d), a, b, dd);
-    for (int ib32 = 0; ib32 < 8; ib32++)
-      kernel::accumulate_group<kTokens>(load32(w[b].q + 32 * ib32), load32(w[b].scale[ib32]), dd, a, b, ib32, acc);
-    if (w[b].dmin != 0.0f) kernel::accumulate_min<kTokens>(w[b].dmin, w[b].min, a, b, mins);
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      const __m256i q = load32(w[b].q + 32 * ib32);
+      kernel::accumulate_group<kTokens, true>(_mm256_abs_epi8(q), q, load32(w[b].scale[ib32]), dd, a, b, ib32, acc);
+    }
+    if (w[b].dmin != 0.0f) kernel::accumulate_min<kTokens>(w[b].dmin, load32(w[b].min), a, b, mins);
   }
-  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - mins[t];
+  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - hsum(mins[t]);
 }
 
 // Eight Q8_0 blocks of 32: x = d * q, one fp16 scale per block.
 struct Q8_0Decoder {
+  static constexpr bool kSigned = true, kHasMin = false;
   static const BlockQ8_0* blocks(const uint8_t* row, int64_t b) { return reinterpret_cast<const BlockQ8_0*>(row) + 8 * b; }
   static void header(const uint8_t* row, int64_t b, BlockHeader* h) {
     const BlockQ8_0* w = blocks(row, b);
-    for (int i = 0; i < 8; i++) h->d[i] = half_to_f32(w[i].d), h->min[i] = 0;
-    for (int s = 0; s < 16; s++) h->scale[s] = 1;
-    h->dmin = 0.0f;
+    h->d = _mm256_cvtph_ps(_mm_setr_epi16((short)w[0].d, (short)w[1].d, (short)w[2].d, (short)w[3].d, (short)w[4].d,
+                                          (short)w[5].d, (short)w[6].d, (short)w[7].d));
+    h->scale = _mm256_set1_epi16(1);
   }
   template <class Emit>
   static void groups(const uint8_t* row, int64_t b, Emit&& emit) {
     const BlockQ8_0* w = blocks(row, b);
-    for (int i = 0; i < 8; i++) emit(i, load32(w[i].qs));
+    for (int i = 0; i < 8; i++) {
+      const __m256i q = load32(w[i].qs);
+      emit(i, _mm256_abs_epi8(q), q);
+    }
   }
 };
 

@@ -3,15 +3,16 @@
 //   - straight from the packed row (a decode step: each block decoded into registers and dotted at
 //     once, so a weight is read once from memory and nothing is written back).
 // Each type's decoder (fast_dot_k.cpp, fast_dot_iq.cpp, fast_dot_basic.cpp) is a struct with
+//   static constexpr bool kSigned;   // false: every q >= 0 (Q4_K, Q5_K), multiplied as it is
+//   static constexpr bool kHasMin;   // a min term (dmin, Q4_K and Q5_K)
 //   static void header(const uint8_t* row, int64_t b, BlockHeader* h);   // scales of block b
 //   template <class Emit> static void groups(const uint8_t* row, int64_t b, Emit&& emit);
-// where groups calls emit(ib32, q) for ib32 = 0..7 in order, q the 32 int8 values (|q| <= 128).
+// where groups calls emit(ib32, m, s) for ib32 = 0..7 in order: the 32 int8 weights q have the
+// magnitudes m (unsigned, <= 128) and the signs of s (nonzero wherever m is; unused when !kSigned).
 // Both forms run the same integer operations on the same values and accumulate in the same order,
 // so a token's dot is bit-identical whichever form computed it (a batched decode step may take
 // either, tests/cpu/fast_products_test.cpp).
 #pragma once
-#include <cmath>
-
 #include "cpu/activation_quant.h"
 #include "cpu/fast_dot.h"
 #include "cpu/fast_simd.h"
@@ -20,9 +21,19 @@ namespace rl::cpu::kernel {
 
 using namespace simd;
 
-// The per-16 scale vector of values [32 ib32, 32 ib32 + 32), as madd_epi16 multiplies by it.
-inline __m256i scale_vector(const int16_t* scale16, int ib32) {
-  return _mm256_set_m128i(_mm_set1_epi16(scale16[2 * ib32 + 1]), _mm_set1_epi16(scale16[2 * ib32]));
+// The per-16 scale vector of values [32 ib32, 32 ib32 + 32), as madd_epi16 multiplies by it: eight
+// copies of scale 2 ib32, then eight of scale 2 ib32 + 1. BlockHeader::scale holds the first
+// halves' scales in its low lane and the second halves' in its high lane, so one in-lane shuffle
+// picks word ib32 of each.
+inline __m256i scale_vector(__m256i scales, int ib32) {
+  return _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((2 * ib32) | (2 * ib32 + 1) << 8)));
+}
+
+// BlockHeader::scale from 16 bytes (the 8 first halves' scales, then the 8 second halves'), each
+// byte's value (unsigned) times 2 plus 1 when odd_scales (the IQ types' 2s + 1).
+inline __m256i scales_from_bytes(__m128i bytes, bool odd_scales) {
+  const __m256i s = _mm256_cvtepu8_epi16(bytes);
+  return odd_scales ? _mm256_or_si256(_mm256_slli_epi16(s, 1), _mm256_set1_epi16(1)) : s;
 }
 
 // dd[t] = d_w * d_x per 32 values of block b.
@@ -31,49 +42,51 @@ inline void block_scales(__m256 wd, const ActivationQ8K* const* a, int64_t b, __
   for (int t = 0; t < kTokens; t++) dd[t] = _mm256_mul_ps(wd, _mm256_loadu_ps(a[t][b].d));
 }
 
-// acc[t] += d * (q . x[t]) over values [32 ib32, 32 ib32 + 32) of block b.
-template <int kTokens>
-inline void accumulate_group(__m256i q, __m256i scale, const __m256* dd, const ActivationQ8K* const* a, int64_t b,
-                             int ib32, __m256* acc) {
-  // |w| (<= 128 for every decoder) times x with w's sign: maddubs cannot saturate.
-  const __m256i magnitude = _mm256_abs_epi8(q);
+// acc[t] += d * (q . x[t]) over values [32 ib32, 32 ib32 + 32) of block b, q = m with the signs of
+// s (kSigned) or m itself.
+template <int kTokens, bool kSigned>
+inline void accumulate_group(__m256i m, __m256i s, __m256i scale, const __m256* dd, const ActivationQ8K* const* a,
+                             int64_t b, int ib32, __m256* acc) {
   const __m256i lane = _mm256_set1_epi32(ib32);
   for (int t = 0; t < kTokens; t++) {
-    const __m256i x = _mm256_sign_epi8(load32(a[t][b].qs + 32 * ib32), q);
-    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), scale);
+    // |q| (<= 128) times x with q's sign: maddubs cannot saturate.
+    __m256i x = load32(a[t][b].qs + 32 * ib32);
+    if constexpr (kSigned) x = _mm256_sign_epi8(x, s);
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), scale);
     acc[t] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd[t], lane), _mm256_cvtepi32_ps(p), acc[t]);
   }
 }
 
-// The min term of block b: dmin * m * (sum of the 32 activations it multiplies). Explicit fma, so
-// the compiler cannot contract it differently for different token counts.
+// The min term of block b, per 32 values: dmin * d_x * m * (sum of the 32 activations it
+// multiplies), into eight lanes (min: as BlockHeader::min; the pair sums of bsums come out of one
+// madd).
 template <int kTokens>
-inline void accumulate_min(float dmin, const int16_t* min, const ActivationQ8K* const* a, int64_t b, float* mins) {
+inline void accumulate_min(float dmin, __m256i min, const ActivationQ8K* const* a, int64_t b, __m256* mins) {
+  const __m256 dm = _mm256_set1_ps(dmin);
   for (int t = 0; t < kTokens; t++) {
-    float sum = 0.0f;
-    for (int s = 0; s < 8; s++)
-      sum = std::fma(a[t][b].d[s], (float)(min[s] * (a[t][b].bsums[2 * s] + a[t][b].bsums[2 * s + 1])), sum);
-    mins[t] = std::fma(dmin, sum, mins[t]);
+    const __m256i sums = _mm256_madd_epi16(load32(a[t][b].bsums), min);
+    mins[t] = _mm256_fmadd_ps(_mm256_mul_ps(dm, _mm256_loadu_ps(a[t][b].d)), _mm256_cvtepi32_ps(sums), mins[t]);
   }
 }
 
 // One packed row against kTokens tokens, each block decoded into registers.
 template <class Decoder, int kTokens>
 void dot_row_n(const uint8_t* row, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
-  __m256 acc[kTokens];
-  float mins[kTokens];
-  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = 0.0f;
+  __m256 acc[kTokens], mins[kTokens];
+  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; b++) {
     BlockHeader h;
     Decoder::header(row, b, &h);
     __m256 dd[kTokens];
-    block_scales<kTokens>(_mm256_loadu_ps(h.d), a, b, dd);
-    Decoder::groups(row, b, [&](int ib32, __m256i q) {
-      accumulate_group<kTokens>(q, scale_vector(h.scale, ib32), dd, a, b, ib32, acc);
+    block_scales<kTokens>(h.d, a, b, dd);
+    Decoder::groups(row, b, [&](int ib32, __m256i m, __m256i s) {
+      accumulate_group<kTokens, Decoder::kSigned>(m, s, scale_vector(h.scale, ib32), dd, a, b, ib32, acc);
     });
-    if (h.dmin != 0.0f) accumulate_min<kTokens>(h.dmin, h.min, a, b, mins);
+    if constexpr (Decoder::kHasMin) {
+      if (h.dmin != 0.0f) accumulate_min<kTokens>(h.dmin, h.min, a, b, mins);
+    }
   }
-  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - mins[t];
+  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - hsum(mins[t]);
 }
 
 template <class Decoder>
@@ -91,13 +104,13 @@ template <class Decoder>
 void decode_block(const uint8_t* row, int64_t b, DecodedBlock* out) {
   BlockHeader h;
   Decoder::header(row, b, &h);
-  for (int i = 0; i < 8; i++) {
-    out->d[i] = h.d[i];
-    out->min[i] = h.min[i];
-  }
-  out->dmin = h.dmin;
+  _mm256_storeu_ps(out->d, h.d);
+  store32(out->min, Decoder::kHasMin ? h.min : _mm256_setzero_si256());
+  out->dmin = Decoder::kHasMin ? h.dmin : 0.0f;
   for (int ib32 = 0; ib32 < 8; ib32++) store32(out->scale[ib32], scale_vector(h.scale, ib32));
-  Decoder::groups(row, b, [&](int ib32, __m256i q) { store32(out->q + 32 * ib32, q); });
+  Decoder::groups(row, b, [&](int ib32, __m256i m, __m256i s) {
+    store32(out->q + 32 * ib32, Decoder::kSigned ? _mm256_sign_epi8(m, s) : m);
+  });
 }
 
 template <class Decoder>

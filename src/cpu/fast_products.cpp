@@ -19,6 +19,13 @@ namespace {
 // expert of the fixtures is 16 tasks, so a decode step's 10 experts give the pool 160 (not tuned
 // by measurement).
 constexpr int64_t kRowTile = 16;
+// The products of a batch of at most kDotTokens tokens (a decode step's) read in place (tuned,
+// F32 and F16 rows) take tiles of up to kMaxDecodeTile rows, about kTilesPerThread a thread: every tile is one fetch-and-add on the
+// pool's task counter, which all threads share, and a tile of 16 rows of 2,048 Q4_K values is about
+// a microsecond, so at 16 threads the counter's cache line would be taken every few dozen
+// nanoseconds.
+constexpr int64_t kMaxDecodeTile = 128;
+constexpr int64_t kTilesPerThread = 32;
 // Below this many multiply-adds a batch runs on the calling thread: waking the pool costs more.
 constexpr int64_t kMinParallelWork = 1 << 15;
 
@@ -36,16 +43,20 @@ struct PreparedJob {
   const FastKernels* kernels = nullptr;
   const ActivationQ8K* acts = nullptr;  // [n_tokens][n_in / 256] when kDecoded (maybe an earlier job's)
   int64_t first_tile, n_tiles;
+  int64_t tile_rows;
 };
 
 // A batch's preparation, kept by each calling thread from one batch to the next so a decode
 // step allocates nothing once the buffers have grown to its largest batch.
 struct BatchScratch {
   std::vector<PreparedJob> prepared;       // [jobs]
-  std::vector<size_t> acts_offset;         // [jobs]: into acts; kShared: the previous job's input
+  std::vector<size_t> acts_offset;         // [jobs]: into acts, or (shared) the job whose input it is
+  std::vector<char> shared;                // [jobs]: the input is an earlier job's
   std::vector<ActivationQ8K> acts;         // every decoded job's quantised activations, in job order
-  static constexpr size_t kShared = SIZE_MAX;
 };
+
+// Whether a job takes the decode step's larger tiles (kMaxDecodeTile).
+bool decode_tiled(const PreparedJob& p) { return p.job->n_tokens <= kDotTokens && p.path != RowPath::kDequantised; }
 
 RowPath row_path(const TensorView& W, bool quantize_inputs) {
   if (W.type == GgmlType::F32) return RowPath::kF32;
@@ -117,9 +128,11 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
   std::vector<PreparedJob>& prepared = scratch.prepared;
   prepared.resize(jobs.size());
   scratch.acts_offset.resize(jobs.size());
+  scratch.shared.resize(jobs.size());
   // First the paths and where each job's activations go, so the buffer is sized once.
-  int64_t n_tiles = 0, work = 0;
+  int64_t n_tiles = 0, work = 0, decode_rows = 0;
   size_t n_acts = 0;
+  const PreparedJob* last_quantised = nullptr;  // the last job whose input gets quantised
   for (size_t j = 0; j < jobs.size(); j++) {
     PreparedJob& p = prepared[j];
     const ProductJob& job = jobs[j];
@@ -130,27 +143,38 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
     p.acts = nullptr;
     if (p.path == RowPath::kDecoded) {
       p.kernels = fast_kernels(job.W.type);
-      // A gate and an up product share their input: quantise it once.
-      const PreparedJob* prev = j > 0 ? &prepared[j - 1] : nullptr;
-      if (prev && prev->path == RowPath::kDecoded && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens &&
-          prev->job->W.row_length() == n_in) {
-        scratch.acts_offset[j] = BatchScratch::kShared;
+      // Jobs in a row on one input (a gate and an up product; a decode step's experts, which all
+      // read the token's row) quantise it once.
+      const PreparedJob* prev = last_quantised;
+      if (prev && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens && prev->job->W.row_length() == n_in) {
+        scratch.acts_offset[j] = (size_t)(prev - prepared.data());
+        scratch.shared[j] = true;
       } else {
         scratch.acts_offset[j] = n_acts;
+        scratch.shared[j] = false;
         n_acts += (size_t)(n_in / 256 * job.n_tokens);
+        last_quantised = &p;
       }
     }
-    p.first_tile = n_tiles;
-    p.n_tiles = (job.W.n_rows() + kRowTile - 1) / kRowTile;
-    n_tiles += p.n_tiles;
+    decode_rows += decode_tiled(p) ? job.W.n_rows() : 0;
     work += n_in * job.W.n_rows() * job.n_tokens;
+  }
+  // Tiles: kRowTile rows, or, for the decode step's jobs, rows enough for about kTilesPerThread
+  // tiles a thread (a multiple of kRowTile, at most kMaxDecodeTile).
+  const int64_t decode_tile = std::clamp(decode_rows / (kTilesPerThread * pool.size()) / kRowTile * kRowTile,
+                                         kRowTile, kMaxDecodeTile);
+  for (PreparedJob& p : prepared) {
+    p.tile_rows = decode_tiled(p) ? decode_tile : kRowTile;
+    p.first_tile = n_tiles;
+    p.n_tiles = (p.job->W.n_rows() + p.tile_rows - 1) / p.tile_rows;
+    n_tiles += p.n_tiles;
   }
   if (scratch.acts.size() < n_acts) scratch.acts.resize(n_acts);
   for (size_t j = 0; j < jobs.size(); j++) {
     PreparedJob& p = prepared[j];
     if (p.path != RowPath::kDecoded) continue;
-    if (scratch.acts_offset[j] == BatchScratch::kShared) {
-      p.acts = prepared[j - 1].acts;
+    if (scratch.shared[j]) {
+      p.acts = prepared[scratch.acts_offset[j]].acts;  // an earlier job's, already quantised
       continue;
     }
     const ProductJob& job = jobs[j];
@@ -165,8 +189,8 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
     const auto it = std::upper_bound(prepared.begin(), prepared.end(), i,
                                      [](int64_t v, const PreparedJob& p) { return v < p.first_tile; });
     const PreparedJob& p = *(it - 1);
-    const int64_t r0 = (i - p.first_tile) * kRowTile;
-    run_tile(p, r0, std::min(kRowTile, p.job->W.n_rows() - r0));
+    const int64_t r0 = (i - p.first_tile) * p.tile_rows;
+    run_tile(p, r0, std::min(p.tile_rows, p.job->W.n_rows() - r0));
   };
   if (work < kMinParallelWork) {
     for (int64_t i = 0; i < n_tiles; i++) tile(i);

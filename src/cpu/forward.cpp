@@ -102,16 +102,28 @@ void rmsnorm_rows(const float* x, const std::vector<float>& weight, float eps, i
 // pos * base^(-2i/rope_dim). The angle is formed as ggml forms it (fp32, multiplied up from the
 // position one frequency at a time), because at positions in the thousands the angle's rounding
 // is visible at the 1e-5 level and the reference is ggml's.
-void rope_neox(float* head, int rope_dim, int pos, float base) {
-  const int half = rope_dim / 2;
-  const float theta_scale = std::pow(base, -2.0f / (float)rope_dim);
-  float theta = (float)pos;
+// The angles depend on the position only, so a token's cos/sin pairs are formed once for all its
+// heads (RopeAngles) and applied to each (rope_neox).
+struct RopeAngles {
+  RopeAngles(int rope_dim, int pos, float base) : cos_sin((size_t)rope_dim) {
+    const float theta_scale = std::pow(base, -2.0f / (float)rope_dim);
+    float theta = (float)pos;
+    for (int i = 0; i < rope_dim / 2; i++) {
+      cos_sin[2 * i] = std::cos(theta);
+      cos_sin[2 * i + 1] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+  std::vector<float> cos_sin;  // [rope_dim / 2][cos, sin]
+};
+
+void rope_neox(float* head, const RopeAngles& angles) {
+  const int half = (int)angles.cos_sin.size() / 2;
   for (int i = 0; i < half; i++) {
-    const float c = std::cos(theta), s = std::sin(theta);
+    const float c = angles.cos_sin[2 * i], s = angles.cos_sin[2 * i + 1];
     const float x0 = head[i], x1 = head[i + half];
     head[i] = x0 * c - x1 * s;
     head[i + half] = x0 * s + x1 * c;
-    theta *= theta_scale;
   }
 }
 
@@ -135,18 +147,18 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
 
   Buf q((size_t)T * q_dim), gate((size_t)T * q_dim);  // [T][n_head][hd]
   for (int t = 0; t < T; t++) {
-    const int pos = rows.position(t);
+    const RopeAngles angles(c.rope_dim, rows.position(t), c.rope_base);
     for (int hh = 0; hh < n_head; hh++) {
       const float* src = qg.data() + ((size_t)t * n_head + hh) * 2 * hd;
       float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
       std::copy(src + hd, src + 2 * hd, gate.data() + ((size_t)t * n_head + hh) * hd);
       rmsnorm(src, vec.q_norm.data(), c.rms_eps, hd, qh);
-      rope_neox(qh, c.rope_dim, pos, c.rope_base);
+      rope_neox(qh, angles);
     }
     for (int kh = 0; kh < c.n_head_kv; kh++) {
       float* kk = k.data() + ((size_t)t * c.n_head_kv + kh) * hd;
       rmsnorm(kk, vec.k_norm.data(), c.rms_eps, hd, kk);
-      rope_neox(kk, c.rope_dim, pos, c.rope_base);
+      rope_neox(kk, angles);
     }
   }
 
@@ -161,31 +173,32 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
 
   Buf attn((size_t)T * q_dim);  // [T][n_head][hd]
   const double scale = 1.0 / std::sqrt((double)hd);
-  mm.pool().run(T, [&](int64_t t) {
-    const LayerState& st = rows.layer(rows.sequence_of((int)t), L);
-    const int n_keys = rows.position((int)t) + 1;  // causal: positions 0..pos
-    std::vector<double> p(n_keys);
-    std::vector<double> acc(hd);
-    std::vector<float> row(hd);  // a key or value row decoded from a cache of another type than f32
-    for (int hh = 0; hh < n_head; hh++) {
-      const int kh = hh / group;
-      const float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
-      double max_score = -INFINITY;
-      for (int s = 0; s < n_keys; s++) {
-        p[s] = dot(qh, st.k_cache.read(s, kh * hd, hd, row.data()), hd) * scale;
-        max_score = std::max(max_score, p[s]);
-      }
-      double sum = 0.0;
-      for (int s = 0; s < n_keys; s++) sum += (p[s] = std::exp(p[s] - max_score));
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int s = 0; s < n_keys; s++) {
-        const float* vs = st.v_cache.read(s, kh * hd, hd, row.data());
-        for (int i = 0; i < hd; i++) acc[i] += p[s] * vs[i];
-      }
-      float* o = attn.data() + ((size_t)t * n_head + hh) * hd;
-      const float* g = gate.data() + ((size_t)t * n_head + hh) * hd;
-      for (int i = 0; i < hd; i++) o[i] = (float)(acc[i] / sum) * sigmoid(g[i]);
+  // One task per token and head, so a decode step's heads spread over the threads too.
+  mm.pool().run((int64_t)T * n_head, [&](int64_t task) {
+    const int t = (int)(task / n_head), hh = (int)(task % n_head);
+    const LayerState& st = rows.layer(rows.sequence_of(t), L);
+    const int n_keys = rows.position(t) + 1;  // causal: positions 0..pos
+    thread_local std::vector<double> p, acc;
+    thread_local std::vector<float> row;  // a key or value row decoded from a cache of another type than f32
+    p.resize(n_keys);
+    acc.assign(hd, 0.0);
+    row.resize(hd);
+    const int kh = hh / group;
+    const float* qh = q.data() + ((size_t)t * n_head + hh) * hd;
+    double max_score = -INFINITY;
+    for (int s = 0; s < n_keys; s++) {
+      p[s] = dot(qh, st.k_cache.read(s, kh * hd, hd, row.data()), hd) * scale;
+      max_score = std::max(max_score, p[s]);
     }
+    double sum = 0.0;
+    for (int s = 0; s < n_keys; s++) sum += (p[s] = std::exp(p[s] - max_score));
+    for (int s = 0; s < n_keys; s++) {
+      const float* vs = st.v_cache.read(s, kh * hd, hd, row.data());
+      for (int i = 0; i < hd; i++) acc[i] += p[s] * vs[i];
+    }
+    float* o = attn.data() + ((size_t)t * n_head + hh) * hd;
+    const float* g = gate.data() + ((size_t)t * n_head + hh) * hd;
+    for (int i = 0; i < hd; i++) o[i] = (float)(acc[i] / sum) * sigmoid(g[i]);
   });
   mm.matmul(w.output, attn.data(), T, out);
 }
@@ -226,22 +239,27 @@ void deltanet_projections(const Products& mm, const Config& c, const DeltaNetWei
 
 // Causal depthwise conv1d over the channels, then SiLU; the state holds the previous K-1 inputs.
 //   y[c] = SiLU(sum_j w[c][j] * x_{t-(K-1)+j}[c])                  qkv: [T][conv_dim], in place
-void causal_conv_silu(const Config& c, const std::vector<float>& taps, std::vector<float>& conv_state,
-                      float* qkv, int T) {
+// Channels are independent: the pool takes them in chunks, each chunk's tokens in order.
+void causal_conv_silu(ThreadPool& pool, const Config& c, const std::vector<float>& taps,
+                      std::vector<float>& conv_state, float* qkv, int T) {
   const int K = c.ssm_conv_kernel, conv_dim = c.ssm_conv_dim();
-  for (int t = 0; t < T; t++) {
-    float* x = qkv + (size_t)t * conv_dim;
-    for (int ch = 0; ch < conv_dim; ch++) {
-      const float* wc = taps.data() + (size_t)ch * K;
-      double sum = (double)wc[K - 1] * x[ch];
-      for (int j = 0; j < K - 1; j++) sum += (double)wc[j] * conv_state[(size_t)j * conv_dim + ch];
-      // Shift the window: drop the oldest input, append this one.
-      for (int j = 0; j + 1 < K - 1; j++)
-        conv_state[(size_t)j * conv_dim + ch] = conv_state[(size_t)(j + 1) * conv_dim + ch];
-      if (K > 1) conv_state[(size_t)(K - 2) * conv_dim + ch] = x[ch];
-      x[ch] = silu((float)sum);
+  constexpr int kChannelsPerTask = 512;
+  pool.run((conv_dim + kChannelsPerTask - 1) / kChannelsPerTask, [&](int64_t task) {
+    const int ch0 = (int)task * kChannelsPerTask, ch1 = std::min(conv_dim, ch0 + kChannelsPerTask);
+    for (int t = 0; t < T; t++) {
+      float* x = qkv + (size_t)t * conv_dim;
+      for (int ch = ch0; ch < ch1; ch++) {
+        const float* wc = taps.data() + (size_t)ch * K;
+        double sum = (double)wc[K - 1] * x[ch];
+        for (int j = 0; j < K - 1; j++) sum += (double)wc[j] * conv_state[(size_t)j * conv_dim + ch];
+        // Shift the window: drop the oldest input, append this one.
+        for (int j = 0; j + 1 < K - 1; j++)
+          conv_state[(size_t)j * conv_dim + ch] = conv_state[(size_t)(j + 1) * conv_dim + ch];
+        if (K > 1) conv_state[(size_t)(K - 2) * conv_dim + ch] = x[ch];
+        x[ch] = silu((float)sum);
+      }
     }
-  }
+  });
 }
 
 // Gated DeltaNet.                                                h, out: [T][n_embd]
@@ -267,7 +285,7 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
     }
 
   for (int s = 0; s < rows.n_seqs(); s++)
-    causal_conv_silu(c, vec.conv1d, rows.layer(s, L).conv, qkv.data() + (size_t)rows.first[s] * conv_dim,
+    causal_conv_silu(mm.pool(), c, vec.conv1d, rows.layer(s, L).conv, qkv.data() + (size_t)rows.first[s] * conv_dim,
                      rows.n_rows_of(s));
 
   // q, k: L2-normalised per key head; q scaled by 1/sqrt(dk).
@@ -315,13 +333,14 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
 void route(const Config& c, const float* logits, int T, int32_t* ids, float* weights) {
   const int E = c.n_expert, K = c.n_expert_used;
   std::vector<float> prob(E);
+  std::vector<double> unnormalised(E);
   std::vector<int> order(E);
   for (int t = 0; t < T; t++) {
     const float* l = logits + (size_t)t * E;
     const double max_l = *std::max_element(l, l + E);
     double sum = 0.0;
-    for (int e = 0; e < E; e++) sum += std::exp((double)l[e] - max_l);
-    for (int e = 0; e < E; e++) prob[e] = (float)(std::exp((double)l[e] - max_l) / sum);
+    for (int e = 0; e < E; e++) sum += (unnormalised[e] = std::exp((double)l[e] - max_l));
+    for (int e = 0; e < E; e++) prob[e] = (float)(unnormalised[e] / sum);
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int a, int b) {
       return prob[a] != prob[b] ? prob[a] > prob[b] : a < b;
@@ -335,6 +354,16 @@ void route(const Config& c, const float* logits, int T, int32_t* ids, float* wei
       weights[(size_t)t * K + k] = (float)wk;
     }
   }
+}
+
+// g = SiLU(g) * u, element-wise, over the pool in chunks (a decode step's ten experts are 5,120
+// values at the 80B's widths).
+void swiglu_into(ThreadPool& pool, Buf& g, const Buf& u) {
+  constexpr int64_t kChunk = 2048;
+  pool.run(((int64_t)g.size() + kChunk - 1) / kChunk, [&](int64_t task) {
+    const size_t end = std::min(g.size(), (size_t)(task + 1) * kChunk);
+    for (size_t i = (size_t)task * kChunk; i < end; i++) g[i] = silu(g[i]) * u[i];
+  });
 }
 
 // Mixture of experts with a shared expert.                      h2, out: [T][n_embd]
@@ -364,12 +393,18 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
   for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++) {
     if (slots[e].empty()) continue;
     const int n = (int)slots[e].size();
-    for (int i = 0; i < n; i++) {
-      const float* src = h2 + (size_t)(slots[e][i] / K) * n_embd;
-      std::copy(src, src + n_embd, xs.data() + (size_t)(row + i) * n_embd);
+    // An expert of one token reads the token's row in place: in a decode step every expert then
+    // has the same input, which the fast tier quantises once for all of them.
+    const float* x = h2 + (size_t)(slots[e][0] / K) * n_embd;
+    if (n > 1) {
+      for (int i = 0; i < n; i++) {
+        const float* src = h2 + (size_t)(slots[e][i] / K) * n_embd;
+        std::copy(src, src + n_embd, xs.data() + (size_t)(row + i) * n_embd);
+      }
+      x = xs.data() + (size_t)row * n_embd;
     }
-    gate_up.push_back({w.gate_exps.matrix(e), xs.data() + (size_t)row * n_embd, n, gate.data() + (size_t)row * ff});
-    gate_up.push_back({w.up_exps.matrix(e), xs.data() + (size_t)row * n_embd, n, up.data() + (size_t)row * ff});
+    gate_up.push_back({w.gate_exps.matrix(e), x, n, gate.data() + (size_t)row * ff});
+    gate_up.push_back({w.up_exps.matrix(e), x, n, up.data() + (size_t)row * ff});
     down.push_back({w.down_exps.matrix(e), gate.data() + (size_t)row * ff, n, ys.data() + (size_t)row * n_embd});
   }
   // The shared expert: y = down (SiLU(gate h2) * (up h2)), and its scalar gate.
@@ -380,8 +415,8 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
   gate_up.push_back({w.shared_gate_inp, h2, T, shared_gate.data()});
   down.push_back({w.down_shexp, shared_g.data(), T, shared.data()});
   mm.matmul_batch(gate_up);
-  for (size_t i = 0; i < gate.size(); i++) gate[i] = silu(gate[i]) * up[i];  // SwiGLU
-  for (size_t i = 0; i < shared_g.size(); i++) shared_g[i] = silu(shared_g[i]) * shared_u[i];
+  swiglu_into(mm.pool(), gate, up);
+  swiglu_into(mm.pool(), shared_g, shared_u);
   mm.matmul_batch(down);
   Buf expert_out((size_t)T * K * n_embd);  // [T][K][n_embd]
   for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++)
@@ -389,15 +424,19 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
       std::copy(ys.data() + (size_t)(row + i) * n_embd, ys.data() + (size_t)(row + i + 1) * n_embd,
                 expert_out.data() + (size_t)slots[e][i] * n_embd);
 
-  for (int t = 0; t < T; t++) {
+  // The weighted sum, per token in chunks of the hidden width over the pool.
+  constexpr int kChunk = 512;
+  const int chunks = (n_embd + kChunk - 1) / kChunk;
+  mm.pool().run((int64_t)T * chunks, [&](int64_t task) {
+    const int t = (int)(task / chunks), i0 = (int)(task % chunks) * kChunk, i1 = std::min(n_embd, i0 + kChunk);
     const float sg = sigmoid(shared_gate[t]);
-    for (int i = 0; i < n_embd; i++) {
+    for (int i = i0; i < i1; i++) {
       double routed = 0.0;
       for (int k = 0; k < K; k++)
         routed += (double)weights[(size_t)t * K + k] * expert_out[((size_t)t * K + k) * n_embd + i];
       out[(size_t)t * n_embd + i] = (float)routed + shared[(size_t)t * n_embd + i] * sg;
     }
-  }
+  });
 }
 
 void add_into(float* x, const float* y, size_t n) {

@@ -1,6 +1,9 @@
 #include "cpu/thread_pool.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "common/error.h"
 
@@ -16,7 +19,22 @@ ThreadPool::ThreadPool(int n_threads) {
   if (n_threads > max_threads())
     fail("--threads {}: at most {} CPU threads (4 per hardware thread of this machine's {}, {} at most)", n_threads,
          max_threads(), std::thread::hardware_concurrency(), kMaxThreadsCap);
+  spin_ = n_threads <= (int)std::thread::hardware_concurrency();
   for (int i = 1; i < n_threads; i++) workers_.emplace_back([this] { worker_loop(); });
+}
+
+template <class T>
+void ThreadPool::spin_while_equal(const std::atomic<T>& v, T old) const {
+  if (!spin_) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+  for (int i = 1; v.load(std::memory_order_relaxed) == old; i++) {
+    _mm_pause();
+    // Now and then the clock, and a yield: another program's thread that wants this core gets it.
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() > until) return;
+      std::this_thread::yield();
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -43,6 +61,7 @@ void ThreadPool::drain(const std::function<void(int64_t)>& fn, int64_t n_tasks) 
 void ThreadPool::worker_loop() {
   uint32_t seen = 0;
   for (;;) {
+    spin_while_equal(generation_, seen);
     generation_.wait(seen);  // returns once it differs from seen
     if (stopping_.load()) return;
     seen = generation_.load();
@@ -74,7 +93,10 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
   // Every task has been handed out: close the run and wait for the workers still in it (one that
   // joined late finds no task left and leaves at once).
   open_.store(false);
-  for (int active = active_.load(); active != 0; active = active_.load()) active_.wait(active);
+  for (int active = active_.load(); active != 0; active = active_.load()) {
+    spin_while_equal(active_, active);
+    if (active_.load() == active) active_.wait(active);
+  }
   fn_ = nullptr;
   if (error_) std::rethrow_exception(error_);
 }

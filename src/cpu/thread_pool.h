@@ -2,7 +2,9 @@
 // over the workers and the calling thread and returns when all are done. A decode step runs a few
 // hundred short runs, so a run touches no mutex: workers sleep on the generation counter itself
 // (C++20 atomic wait, a futex) and join and leave a run through atomics, instead of each one
-// taking a shared lock on waking and again on leaving, one after another.
+// taking a shared lock on waking and again on leaving, one after another. Between runs a worker
+// first spins for a while (kSpinMicros): the runs of a decode step come microseconds apart, and
+// waking a sleeping core through the futex takes tens of microseconds, much of a short run.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -17,6 +19,11 @@ namespace rl::cpu {
 // only adds scheduling cost, and a mistyped count must not start thousands of threads.
 constexpr int kMaxThreadsCap = 512;
 int max_threads();
+
+// How long a worker (and the caller waiting for the workers) spins before it sleeps. Only a pool
+// of at most one thread per hardware thread spins: one with more would take the cores its own
+// threads need.
+constexpr int kSpinMicros = 200;
 
 class ThreadPool {
  public:
@@ -37,9 +44,13 @@ class ThreadPool {
  private:
   void worker_loop();
   void drain(const std::function<void(int64_t)>& fn, int64_t n_tasks);  // takes tasks until none are left
+  // Spins until v differs from old or kSpinMicros have passed (the caller then sleeps in v.wait).
+  template <class T>
+  void spin_while_equal(const std::atomic<T>& v, T old) const;
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one run() at a time
+  bool spin_ = false;     // at most one thread per hardware thread
 
   // fn_ and n_tasks_ are written before open_ is set and read after it is seen set.
   std::atomic<uint32_t> generation_{0};  // bumped by every run() (and to stop); workers wait on it

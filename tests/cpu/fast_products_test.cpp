@@ -5,6 +5,7 @@
 // NMSE = sum((fast - ref)^2) / sum(ref^2) <= 5e-4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -116,17 +117,28 @@ TEST(FastKernels, ProjectTypesHaveTunedKernels) {
   for (GgmlType t : kTunedTypes) EXPECT_NE(fast_kernels(t), nullptr) << type_name(t);
 }
 
+// The zoo and the fast tier's products on two threads, for the tests of batches and forms.
+class FastProducts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = test::fixture("quant/quant-zoo.gguf");
+    RL_REQUIRE_FIXTURE(path);
+    zoo = GgufFile::open(path);
+  }
+  TensorView matrix(const char* type, int64_t n_in) const {
+    return zoo_matrix(zoo->tensor(std::string("zoo.") + type), n_in, 32);
+  }
+  std::unique_ptr<GgufFile> zoo;
+  ThreadPool pool{2};
+  std::unique_ptr<Products> products = make_products(Numerics::kFast, pool);
+};
+
 // A batch (the routed experts of a decode step) computes each product exactly as alone.
-TEST(FastProducts, BatchEqualsProductsOneByOne) {
-  const std::string path = test::fixture("quant/quant-zoo.gguf");
-  RL_REQUIRE_FIXTURE(path);
-  auto zoo = GgufFile::open(path);
-  ThreadPool pool(2);
-  const auto products = make_products(Numerics::kFast, pool);
+TEST_F(FastProducts, BatchEqualsProductsOneByOne) {
   std::vector<ProductJob> jobs;
   std::vector<std::vector<float>> inputs, alone, batched;
   for (const char* type : {"iq2_xxs", "q4_K", "q8_0", "q3_K"}) {
-    const TensorView W = zoo_matrix(zoo->tensor(std::string("zoo.") + type), 1024, 32);
+    const TensorView W = matrix(type, 1024);
     inputs.push_back(activations(2, 1024, (uint32_t)inputs.size() + 7));
     alone.emplace_back(2 * 32);
     batched.emplace_back(2 * 32);
@@ -137,18 +149,78 @@ TEST(FastProducts, BatchEqualsProductsOneByOne) {
   for (size_t j = 0; j < jobs.size(); j++) EXPECT_EQ(batched[j], alone[j]) << jobs[j].W.name;
 }
 
+// Jobs on one input quantise it once (a decode step's experts all read the token's row), past jobs
+// that take fp32 inputs; an earlier quantisation is not taken where the pointer matches but it
+// holds fewer tokens or shorter rows than the job reads, nor after a job on another input.
+TEST_F(FastProducts, BatchSharesAQuantisedInputOnlyWhereItIsTheSame) {
+  const std::vector<float> a = activations(2, 1024, 3), b = activations(2, 1024, 5);
+  struct Case {
+    const char* type;
+    const std::vector<float>* x;
+    int n_tokens;
+    int64_t n_in;
+  };
+  const Case cases[] = {
+      {"iq2_xxs", &a, 2, 1024}, {"q4_K", &a, 2, 1024},  {"f32", &a, 2, 1024}, {"q8_0", &a, 2, 1024},
+      {"q6_K", &b, 2, 1024},    {"iq2_xs", &a, 2, 1024}, {"iq1_m", &a, 1, 512}, {"q5_K", &a, 1, 1024},
+      {"q4_K", &b, 1, 1024},    {"q8_0", &b, 2, 1024},
+  };
+  std::vector<ProductJob> jobs;
+  std::vector<std::vector<float>> alone, batched;
+  alone.reserve(std::size(cases));
+  batched.reserve(std::size(cases));
+  for (const Case& c : cases) {
+    const TensorView W = matrix(c.type, c.n_in);
+    alone.emplace_back((size_t)c.n_tokens * 32);
+    batched.emplace_back((size_t)c.n_tokens * 32);
+    std::vector<float> x((size_t)c.n_tokens * c.n_in);  // token t's first n_in values of *c.x
+    for (int t = 0; t < c.n_tokens; t++)
+      std::copy_n(c.x->data() + (size_t)t * 1024, c.n_in, x.data() + (size_t)t * c.n_in);
+    products->matmul(W, x.data(), c.n_tokens, alone.back().data());
+    jobs.push_back({W, c.x->data(), c.n_tokens, batched.back().data()});
+  }
+  products->matmul_batch(jobs);
+  for (size_t j = 0; j < jobs.size(); j++) EXPECT_EQ(batched[j], alone[j]) << "job " << j << " " << jobs[j].W.name;
+}
+
+// A decode step's batch takes tiles of more rows than a prefill's (fast_products.cpp): over a
+// matrix of 2,064 rows (the zoo's 32 rows 64 times, then 16 more: a last, partial tile), with
+// every path in the batch, each row's output is the same bits as the row's in the 32-row matrix.
+TEST_F(FastProducts, DecodeTilesCoverEveryRow) {
+  constexpr int64_t kRows = 64 * 32 + 16;
+  const std::vector<float> x = activations(1, 1024, 13);
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<ProductJob> jobs;
+  std::vector<std::vector<float>> small, big;
+  data.reserve(3);
+  small.reserve(3);
+  big.reserve(3);
+  for (const char* type : {"q4_K", "f32", "q3_K"}) {
+    const TensorView W = matrix(type, 1024);
+    small.emplace_back(32);
+    products->matmul(W, x.data(), 1, small.back().data());
+    TensorView tall = W;  // the 32 rows repeated
+    data.emplace_back(W.row_bytes * kRows);
+    for (int64_t r = 0; r < kRows; r++) std::copy_n(W.row(r % 32), W.row_bytes, data.back().data() + r * W.row_bytes);
+    tall.data = data.back().data();
+    tall.ne[1] = kRows;
+    tall.nbytes = data.back().size();
+    big.emplace_back(kRows);
+    jobs.push_back({tall, x.data(), 1, big.back().data()});
+  }
+  products->matmul_batch(jobs);
+  for (size_t j = 0; j < jobs.size(); j++)
+    for (int64_t r = 0; r < kRows; r++) ASSERT_EQ(big[j][r], small[j][r % 32]) << jobs[j].W.name << " row " << r;
+}
+
 }  // namespace
 // A decode step dots each packed row in registers, a prefill dots rows decoded to memory once per
 // tile; a token's outputs must be the same bits either way (a batched decode step may give an
 // expert more tokens than kDotTokens, and then takes the prefill form).
-TEST(FastProducts, PackedRowAndDecodedTileGiveTheSameBits) {
-  const std::string path = test::fixture("quant/quant-zoo.gguf");
-  RL_REQUIRE_FIXTURE(path);
-  auto zoo = GgufFile::open(path);
-  ThreadPool pool(2);
+TEST_F(FastProducts, PackedRowAndDecodedTileGiveTheSameBits) {
   constexpr int kTokens = 7;
   for (const char* type : {"q8_0", "q4_K", "q5_K", "q6_K", "iq2_xxs", "iq2_xs", "iq1_m"}) {
-    const TensorView W = zoo_matrix(zoo->tensor(std::string("zoo.") + type), 1024, 32);
+    const TensorView W = matrix(type, 1024);
     const std::vector<float> x = activations(kTokens, 1024, 11);
     std::vector<float> tile((size_t)kTokens * 32);
     fast_matmul(pool, W, x.data(), kTokens, tile.data());
