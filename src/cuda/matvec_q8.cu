@@ -379,12 +379,13 @@ struct Q8JobList {
 // first choice here (not measured for these kernels).
 template <GgmlType T>
 constexpr int kQ8Rows = kIntegerForm<T> ? 4 : 2;
-// With N > 1 columns a lane group takes 4 rows, whose products share each column's activation
-// loads: with one row a lane group (rows × columns held at 4) the columns' activations were
-// loaded again for every row, and the time grew as the columns (H200, 2026-12-01, PERF.md:
-// ssm_in Q4_K 9.1 µs at one column, 22.9 at four, 78.8 at sixteen).
+// With N columns a lane group's rows are fewer (rows × columns held near kQ8Rows): four rows on
+// every column count measured slower, the registers of 4·N sums and N columns' activations
+// costing more than the activation loads they share (H200, 2026-12-01, PERF.md "matvec-q8 token
+// columns": ssm_in Q4_K at 2 / 4 / 8 / 16 columns 13.6 / 22.9 / 40.3 / 78.8 µs this way, 14.5 /
+// 29.0 / 49.1 / 93.6 with four rows).
 template <GgmlType T, int N>
-constexpr int kQ8RowsN = N == 1 ? kQ8Rows<T> : 4;
+constexpr int kQ8RowsN = kQ8Rows<T> / N > 1 ? kQ8Rows<T> / N : 1;
 
 template <GgmlType T, int W, int N>
 __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<MatvecJob> jobs, int cols, int G) {

@@ -91,7 +91,7 @@ Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec(w.type);
   // A few tokens (a short chunk, a batched step): the fast tier's Q8 decode products, each matrix
   // read once for all their columns.
-  if (rows <= kMaxQ8Columns && forms.matvec(w.type) == Kernel::kMatvecQ8) return Kernel::kMatvecQ8;
+  if (rows <= kQ8PassTokens && forms.matvec(w.type) == Kernel::kMatvecQ8) return Kernel::kMatvecQ8;
   return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();
 }
 
@@ -100,7 +100,7 @@ namespace {
 // A dense SwiGLU pair (Products::project_gate_up): one launch when both matrices have one type and
 // shape (X24 for an X24 type over n_embd columns, in prefill), else two products.
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
-  const bool q8_columns = T <= kMaxQ8Columns && forms.matvec(gate.type) == Kernel::kMatvecQ8;
+  const bool q8_columns = T <= kQ8PassTokens && forms.matvec(gate.type) == Kernel::kMatvecQ8;
   if ((T == 1 || q8_columns) && gate.type == up.type && gate.cols == up.cols) {
     const Kernel k = forms.matvec(gate.type);
     return {k, k, true};

@@ -17,7 +17,7 @@ namespace rl::cuda {
 enum class Kernel : uint8_t {
   kMatvec,     // one row: matvec family, fp32 activations, double sums
   kMatvecF32,  // one row, fast tier: the matvec family with fp32 sums (Sums::kFast)
-  kMatvecQ8,   // fast tier, 1 to kMaxQ8Columns rows: dp4a products on the Q8 form of the input (matvec_q8 family)
+  kMatvecQ8,   // fast tier, 1 to kQ8PassTokens rows: dp4a products on the Q8 form of the input (matvec_q8 family)
   kMatmulF64,  // prefill: fp64 tensor cores on the fp32 activations (matmul family)
   kMatmulX24,  // prefill: 8-bit tensor cores on X24 activations (matmul_x24 family)
   kMatmulX8,   // prefill, fast tier: the X24 kernels on X8 activations (int8 per value; XForm::kX8)
@@ -27,6 +27,12 @@ enum class Kernel : uint8_t {
 };
 const char* kernel_name(Kernel k);
 // kMatvec or kMatvecF32, and the sums it forms.
+// A pass of up to this many tokens takes the fast tier's matvec-q8 on token columns for its dense
+// products of Q8 types (each matrix read once for the columns), longer ones the prefill forms.
+// Measured per product (H200, 2026-12-01, PERF.md "matvec-q8 token columns"): ssm_in Q4_K 2048 ->
+// 12288 at 2 / 4 / 8 tokens 13.6 / 22.9 / 40.3 µs on columns against 20.4 on the X8 prefill
+// product, ssm_out 4096 -> 2048 6.7 / 9.2 / 14.7 against 35.6.
+constexpr int kQ8PassTokens = 4;
 inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kMatvecF32; }
 // kMatmulX24 or kMatmulX8, and the activations' form it reads.
 inline bool is_x24(Kernel k) { return k == Kernel::kMatmulX24 || k == Kernel::kMatmulX8; }

@@ -172,16 +172,16 @@ TEST(CudaPlan, FastDecodeTakesQ8ForItsTypes) {
   EXPECT_EQ(f32.lm_head_last, K::kMatvecF32);
 }
 
-// A chunk of 2 to kMaxQ8Columns tokens (a short prompt, a batched step) takes the fast tier's
+// A chunk of 2 to kQ8PassTokens tokens (a short prompt, a batched step) takes the fast tier's
 // matvec-q8 for its dense products of Q8 types, each matrix read once for every column; the
-// routed experts keep the prefill forms, and h2 goes to X24 only for them. A 17-token chunk and
-// the exact tier are prefill throughout.
+// routed experts keep the prefill forms, and h2 goes to X24 only for them. A longer chunk and the
+// exact tier are prefill throughout.
 TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
   NumericForms forms = both_forms();
   forms.fast = forms.bf16 = forms.q8 = true;
   DeviceWeights w = weights();
   w.layers[0].ssm.ba = mat(GgmlType::Q5_0, 8, kEmbd);
-  for (int T : {2, 7, kMaxQ8Columns}) {
+  for (int T : {2, 3, kQ8PassTokens}) {
     SCOPED_TRACE(T);
     const PassPlan p = make_pass_plan(config(), w, forms, {}, true, T);
     const LayerPlan& dn = p.layers[0];
@@ -199,9 +199,9 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
     EXPECT_FALSE(dn.moe_input_q8);             // decode only
     EXPECT_EQ(p.lm_head_all, K::kMatvecQ8);
   }
-  const PassPlan p17 = make_pass_plan(config(), w, forms, {}, true, kMaxQ8Columns + 1);
-  EXPECT_NE(p17.layers[0].mixer_in[0], K::kMatvecQ8);
-  EXPECT_NE(p17.layers[0].shared.gate, K::kMatvecQ8);
+  const PassPlan longer = make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1);
+  EXPECT_NE(longer.layers[0].mixer_in[0], K::kMatvecQ8);
+  EXPECT_NE(longer.layers[0].shared.gate, K::kMatvecQ8);
   // A shared pair without X24 form and routed experts without one: nothing converts h2 to X24.
   w.layers[0].moe.gate_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
   w.layers[0].moe.up_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
