@@ -78,9 +78,8 @@ class CudaBackendImpl final : public CudaBackend {
   size_t session_bytes(int n_ctx) const override { return cuda::session_bytes(engine_.config(), engine_.forms, n_ctx); }
   // The sessions decode one after another, each on its own graph. A batched pass (the products
   // and MoE once over the rows, each sequence's DeltaNet and attention on its own state: branch
-  // cuda-batch-pass) measured slower through `serve --parallel 4` on the H200 (97 tok/s in all
-  // against 225 for one stream; docs/PERF.md). Where its time went was not measured; the likely
-  // part is the prefill products it takes for a few rows, tiled for 512.
+  // batch2) measured slower through `serve --parallel 4` on the H200 (184 tok/s in all against
+  // 246 for one stream, its dense products on matvec-q8 token columns; docs/PERF.md).
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
                                                std::span<const int32_t> tokens) override {
     check_decode_batch(sessions, tokens);
