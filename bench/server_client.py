@@ -1,6 +1,6 @@
 """The bench scripts' client for `redlite serve` (stdlib only): a free port, waiting for /health,
 and one streamed completion timed from the client side."""
-import http.client, json, socket, time
+import http.client, json, socket, subprocess, time
 
 
 def free_port():
@@ -9,6 +9,15 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def stop(srv, timeout_s=30):
+    """Stops a server started with subprocess.Popen: SIGTERM, then SIGKILL after timeout_s."""
+    srv.terminate()
+    try:
+        srv.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        srv.kill()
 
 
 def wait_healthy(port, srv, timeout_s=60):

@@ -11,7 +11,7 @@ usage: bench/server_overhead.py --bin build/redlite -m MODEL [--backend cpu] [-n
 """
 import argparse, re, statistics, subprocess, sys
 
-from server_client import free_port, stream_completion, wait_healthy
+from server_client import free_port, stop, stream_completion, wait_healthy
 
 
 def main():
@@ -34,8 +34,7 @@ def main():
         stream_completion(port, a.prompt, 4)  # warm-up
         runs = [stream_completion(port, a.prompt, a.n) for _ in range(a.reps)]
     finally:
-        srv.terminate()
-        srv.wait(timeout=30)
+        stop(srv)
 
     run_tok_s = []
     for _ in range(a.reps):

@@ -14,7 +14,7 @@ usage: bench/server_parallel.py --bin build/redlite -m MODEL [--backend cpu] [--
 """
 import argparse, json, statistics, subprocess, sys, threading, time
 
-from server_client import free_port, stream_completion, wait_healthy
+from server_client import free_port, stop, stream_completion, wait_healthy
 
 
 def run_streams(a, n_streams, deadline):
@@ -42,11 +42,7 @@ def run_streams(a, n_streams, deadline):
         if errors or any(r is None for r in results):
             raise RuntimeError("; ".join(errors) or "a stream did not finish before the deadline")
     finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        stop(srv)
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     ttft = [r["ttft_s"] for r in results]

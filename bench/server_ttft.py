@@ -14,7 +14,7 @@ usage: bench/server_ttft.py --bin build/redlite -m MODEL [--backend cuda] [--pro
 """
 import argparse, json, random, subprocess, sys, time
 
-from server_client import free_port, stream_completion, wait_healthy
+from server_client import free_port, stop, stream_completion, wait_healthy
 
 
 def prompt_ids(n, vocab_lo, vocab_hi, seed):
@@ -62,11 +62,7 @@ def main():
             print(json.dumps(row), flush=True)
             out.append(row)
     finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        stop(srv)
     return 0
 
 
