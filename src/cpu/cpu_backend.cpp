@@ -105,24 +105,14 @@ class CpuSession final : public Session {
     if (s->position() > n_ctx_)
       fail("restore: the snapshot is at position {}, past this session's context of {} tokens", s->position(),
            n_ctx_);
-    auto each_kv = [this](auto&& f) {
-      for (size_t L = 0; L < state_.layers.size(); L++)
-        if (!config().is_recurrent[L]) f(L, state_.layers[L]);
-    };
-    ledger_.adopt(
-        s->kv,
-        [&](const State& source, size_t n) {
-          each_kv([&](size_t L, LayerState& l) {
-            l.k_cache.copy_rows(source.layers[L].k_cache, 0, 0, n);
-            l.v_cache.copy_rows(source.layers[L].v_cache, 0, 0, n);
-          });
-        },
-        [&](const KvPiece<FrozenKv>& p) {
-          each_kv([&](size_t L, LayerState& l) {
-            l.k_cache.copy_rows(p.rows->k[L], p.begin - p.first, p.begin, p.end - p.begin);
-            l.v_cache.copy_rows(p.rows->v[L], p.begin - p.first, p.begin, p.end - p.begin);
-          });
-        });
+    // A copy that fails part way (no memory) leaves the caches shorter than the position: the
+    // session goes back to empty (position 0) before the error goes on, so nothing reads past them.
+    try {
+      adopt_rows(*s);
+    } catch (...) {
+      reset();
+      throw;
+    }
     for (size_t L = 0; L < state_.layers.size(); L++) {
       state_.layers[L].conv = s->conv[L];
       state_.layers[L].ssm = s->ssm[L];
@@ -138,6 +128,31 @@ class CpuSession final : public Session {
     }
     state_.position = 0;
   }
+
+ private:
+  // restore's KV part: the snapshot's rows into this session's caches (kv_share.h adopt).
+  void adopt_rows(const CpuSnapshot& s) {
+    auto each_kv = [this](auto&& f) {
+      for (size_t L = 0; L < state_.layers.size(); L++)
+        if (!config().is_recurrent[L]) f(L, state_.layers[L]);
+    };
+    ledger_.adopt(
+        s.kv,
+        [&](const State& source, size_t n) {
+          each_kv([&](size_t L, LayerState& l) {
+            l.k_cache.copy_rows(source.layers[L].k_cache, 0, 0, n);
+            l.v_cache.copy_rows(source.layers[L].v_cache, 0, 0, n);
+          });
+        },
+        [&](const KvPiece<FrozenKv>& p) {
+          each_kv([&](size_t L, LayerState& l) {
+            l.k_cache.copy_rows(p.rows->k[L], p.begin - p.first, p.begin, p.end - p.begin);
+            l.v_cache.copy_rows(p.rows->v[L], p.begin - p.first, p.begin, p.end - p.begin);
+          });
+        });
+  }
+
+ public:
   void set_trace(TraceSink* sink) override { trace_ = sink; }
 
   void reserve_context() override {

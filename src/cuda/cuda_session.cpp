@@ -16,10 +16,20 @@ namespace {
 
 // KV rows frozen for snapshots (model/kv_share.h): per attention layer its K and V rows in the
 // session's layout for `capacity` rows (KvCacheRef: a q8_0 cache's values, then their scales).
+// Copies into and out of device-held snapshot state are enqueued on the compute stream and not
+// waited for, so its holders wait for the device before they free it (cudaFree's own
+// synchronisation is not a documented promise). Snapshots go away on the thread that runs the
+// passes, never while it captures a graph.
+inline void wait_before_free() { cudaDeviceSynchronize(); }
+
 struct FrozenKvDevice {
   KvType type = KvType::kF32;
   size_t capacity = 0;
   std::vector<DeviceBuffer> k, v;  // [n_layer]; empty for the DeltaNet layers
+  FrozenKvDevice() = default;
+  FrozenKvDevice(const FrozenKvDevice&) = delete;
+  FrozenKvDevice& operator=(const FrozenKvDevice&) = delete;
+  ~FrozenKvDevice() { wait_before_free(); }
   size_t bytes() const {
     size_t n = 0;
     for (size_t L = 0; L < k.size(); L++) n += k[L].bytes() + v[L].bytes();
@@ -42,6 +52,7 @@ class CudaSnapshot final : public SessionSnapshot {
   size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
   int position() const override { return (int)kv.position(); }
   bool lost() const override { return kv.lost(); }
+  ~CudaSnapshot() override { wait_before_free(); }
 };
 
 // Rows [src_row, src_row + n) of a K or V cache laid out for src_capacity rows into rows
@@ -232,19 +243,22 @@ class CudaSessionImpl final : public Session {
     f->k.resize(st_.k_cache.size());
     f->v.resize(st_.v_cache.size());
     const size_t width = (size_t)e_.config().kv_dim(), bytes = kv_bytes(st_.kv_type, f->capacity * width);
+    // Every buffer before any copy: a failed allocation frees only buffers no copy writes.
     try {
       each_kv([&](size_t L) {
         f->k[L].allocate(bytes);
         f->v[L].allocate(bytes);
-        copy_kv_rows(f->type, width, st_.k_cache[L], st_.n_ctx, from, f->k[L], f->capacity, 0, f->capacity,
-                     e_.streams.compute);
-        copy_kv_rows(f->type, width, st_.v_cache[L], st_.n_ctx, from, f->v[L], f->capacity, 0, f->capacity,
-                     e_.streams.compute);
       });
     } catch (...) {
       cudaGetLastError();  // a failed cudaMalloc must not surface at the next kernel launch's check
       throw;
     }
+    each_kv([&](size_t L) {
+      copy_kv_rows(f->type, width, st_.k_cache[L], st_.n_ctx, from, f->k[L], f->capacity, 0, f->capacity,
+                   e_.streams.compute);
+      copy_kv_rows(f->type, width, st_.v_cache[L], st_.n_ctx, from, f->v[L], f->capacity, 0, f->capacity,
+                   e_.streams.compute);
+    });
     return f;
   }
   // The caches themselves, for the destructor when a copy cannot be allocated.

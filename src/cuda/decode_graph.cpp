@@ -130,6 +130,9 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   }
   if (!profiler.on) {
     upload_token_position(e, token, st.position);
+    // A pass that threw may have left prefetch copies in flight (a finished pass waits for its
+    // copies): the graph reads the slots only after them (run_pass's begin_pass does the same).
+    RL_CUDA_CHECK(cudaStreamWaitEvent(stream, e.streams.prefetch_done, 0));
     RL_CUDA_CHECK(cudaGraphLaunch(st.token_graph, stream));
   }
   const size_t io_count = (size_t)n_layer * K + n_layer;

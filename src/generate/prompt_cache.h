@@ -34,6 +34,11 @@ class PromptCache {
   // most max_len tokens long, and returns that length; 0 (session untouched) when none fits.
   int restore_longest_prefix(std::span<const int32_t> prompt, size_t max_len, Session& session);
 
+  // Evicts down to the budget now: rows frozen for the entries since the last put or lookup (a
+  // session released or overwritten) count from then on, so the owner trims before it needs the
+  // memory they took (the server, before it makes a session).
+  void trim() { evict_to(max_bytes_); }
+
   size_t bytes() const;  // what the entries hold now
   size_t max_bytes() const { return max_bytes_; }
   size_t size() const { return entries_.size(); }

@@ -140,7 +140,17 @@ class KvLedger {
     try {
       rows = freeze_(0, reach);
     } catch (...) {
-      rows = surrender_();
+      // No memory for the copy: the session's own store goes to the snapshots. That hand-over
+      // allocates too (a small holder); if even it fails, the snapshots are lost, not the process
+      // (this runs in a destructor).
+      try {
+        rows = surrender_();
+      } catch (...) {
+        lose_from(0);
+        for (KvShare<Rows, Store>* s : shares_) s->ledger_ = nullptr;  // no live rows: their pieces stand
+        shares_.clear();
+        return;
+      }
     }
     freeze_from(0, std::move(rows), 0);
   }

@@ -218,6 +218,9 @@ void Scheduler::start_job(Slot& slot, const std::shared_ptr<Job>& job, int new_c
         std::lock_guard<std::mutex> l(m_);
         slot.release();
       }
+      // The released sessions froze the rows their snapshots shared: the cache goes back within
+      // its budget before the new session takes the memory the releases made.
+      prompt_cache_.trim();
       auto session = backend_.new_session(new_ctx);
       session->reserve_context();
       std::lock_guard<std::mutex> l(m_);

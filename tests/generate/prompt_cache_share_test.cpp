@@ -58,6 +58,28 @@ TEST_F(PromptCacheSharedRows, BudgetCountsRowsFrozenAfterTheyWereStored) {
   EXPECT_EQ(other->decode(7), fresh->decode(7));
 }
 
+// A session that goes away freezes the rows its snapshots shared: trim() brings the cache back
+// within its budget at once (the server calls it before making a session), not at the next put.
+TEST_F(PromptCacheSharedRows, TrimEvictsRowsFrozenByASessionThatWent) {
+  auto backend = cpu::make_cpu_backend(model_, 2);
+  const size_t recurrent = model_->config().recurrent_state_bytes(), row = model_->config().kv_bytes_per_token();
+  PromptCache cache(2 * recurrent + 10 * row);
+  auto s = backend->new_session(256);
+  s->prefill(tokens(0, 30));
+  cache.put(tokens(0, 30), s->snapshot());
+  s->prefill(tokens(30, 20));
+  cache.put(tokens(0, 50), s->snapshot());
+  EXPECT_EQ(cache.bytes(), 2 * recurrent);
+  s.reset();  // rows 0..49 frozen once for both: over the budget until something evicts
+  EXPECT_EQ(cache.bytes(), 2 * recurrent + 50 * row);
+  EXPECT_GT(cache.bytes(), cache.max_bytes());
+  cache.trim();
+  // The least recently used (30-token) entry goes; the other then holds the frozen rows alone.
+  EXPECT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache.bytes(), recurrent + 50 * row);
+  EXPECT_LE(cache.bytes(), cache.max_bytes());
+}
+
 // A lost snapshot (its rows could not be frozen) is dropped at the next lookup, which misses
 // instead of failing: the request prefills from the start.
 TEST(PromptCacheLostRows, LostSnapshotsAreDroppedNotRestored) {
