@@ -9,8 +9,9 @@
 // activation blocks), lanes of a group taking consecutive units, so a warp's weight loads are
 // contiguous; rows narrower than 32 units take groups of 8 or 16 lanes, so that the 512-column down
 // products keep every lane busy. Job lists, slot pointers and warp shapes follow matvec.cu.
-// None of this is measured yet: kQ8Rows and the lane and warp rules of launch_q8_jobs are first
-// choices, to be tuned on the H200 (bench_cuda_kernels, "fast" against "fast-q8" cases).
+// The kernels are measured against matvec-f32 (H200, PERF.md: the token 252-255 tok/s against
+// 233-234); kQ8Rows and the lane and warp rules of launch_q8_jobs are matvec.cu's, not tuned for
+// these kernels (bench_cuda_kernels, "fast" against "fast-q8" cases; kernel_variants.sh).
 //
 // The weights' integer forms: Q4_K / Q5_K d·sc·q − dmin·m (the min term from the block sums),
 // Q6_K d·sc·(q − 32) (signed bytes), Q8_0 d·q, and the IQ types w = s·(u − b) (quant_device.cuh,
@@ -375,8 +376,8 @@ struct Q8JobList {
 
 // Rows a lane group computes (matvec; SwiGLU pairs: one pair): their weight loads are in flight
 // together and share the unit's activations. matvec.cu's shapes, measured there for its fast
-// kernels (kMatvecRows: the IQ types' down products faster with 4 rows than 2), taken as the
-// first choice here (not measured for these kernels).
+// kernels (kMatvecRows: the IQ types' down products faster with 4 rows than 2), taken here
+// without a variant measured for these kernels.
 template <GgmlType T>
 constexpr int kQ8Rows = kIntegerForm<T> ? 4 : 2;
 // With N columns a lane group's rows are fewer (rows × columns held near kQ8Rows): four rows on
