@@ -55,6 +55,9 @@ class DeviceBuffer {
     if (bytes) RL_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
     bytes_ = bytes;
   }
+  // cudaFree waits for the device's work first, so a buffer freed while copies or kernels on it
+  // are in flight (a snapshot's rows, a session's caches) is freed after them; every owner relies
+  // on that rather than on a wait of its own.
   void release() {
     if (ptr_) cudaFree(ptr_);
     ptr_ = nullptr;

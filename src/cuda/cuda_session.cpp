@@ -16,20 +16,10 @@ namespace {
 
 // KV rows frozen for snapshots (model/kv_share.h): per attention layer its K and V rows in the
 // session's layout for `capacity` rows (KvCacheRef: a q8_0 cache's values, then their scales).
-// Copies into and out of device-held snapshot state are enqueued on the compute stream and not
-// waited for, so its holders wait for the device before they free it (cudaFree's own
-// synchronisation is not a documented promise). Snapshots go away on the thread that runs the
-// passes, never while it captures a graph.
-inline void wait_before_free() { cudaDeviceSynchronize(); }
-
 struct FrozenKvDevice {
   KvType type = KvType::kF32;
   size_t capacity = 0;
   std::vector<DeviceBuffer> k, v;  // [n_layer]; empty for the DeltaNet layers
-  FrozenKvDevice() = default;
-  FrozenKvDevice(const FrozenKvDevice&) = delete;
-  FrozenKvDevice& operator=(const FrozenKvDevice&) = delete;
-  ~FrozenKvDevice() { wait_before_free(); }
   size_t bytes() const {
     size_t n = 0;
     for (size_t L = 0; L < k.size(); L++) n += k[L].bytes() + v[L].bytes();
@@ -52,7 +42,6 @@ class CudaSnapshot final : public SessionSnapshot {
   size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
   int position() const override { return (int)kv.position(); }
   bool lost() const override { return kv.lost(); }
-  ~CudaSnapshot() override { wait_before_free(); }
 };
 
 // Rows [src_row, src_row + n) of a K or V cache laid out for src_capacity rows into rows
