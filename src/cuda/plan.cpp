@@ -87,11 +87,18 @@ const char* routing_name(Routing r) {
   return "?";
 }
 
+namespace {
+// A pass of 2 to kQ8PassTokens tokens on matvec-q8 token columns for a matrix of type t.
+bool q8_columns(const NumericForms& forms, GgmlType t, int T) {
+  return T <= kQ8PassTokens && forms.matvec(t) == Kernel::kMatvecQ8;
+}
+}  // namespace
+
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec(w.type);
-  // A few tokens (a short chunk, a batched step): the fast tier's Q8 decode products, each matrix
-  // read once for all their columns.
-  if (rows <= kQ8PassTokens && forms.matvec(w.type) == Kernel::kMatvecQ8) return Kernel::kMatvecQ8;
+  // A few tokens (a short chunk): the fast tier's Q8 decode products, each matrix read once for
+  // all their columns.
+  if (q8_columns(forms, w.type, rows)) return Kernel::kMatvecQ8;
   return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();
 }
 
@@ -100,8 +107,7 @@ namespace {
 // A dense SwiGLU pair (Products::project_gate_up): one launch when both matrices have one type and
 // shape (X24 for an X24 type over n_embd columns, in prefill), else two products.
 PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate, const DMat& up, int T) {
-  const bool q8_columns = T <= kQ8PassTokens && forms.matvec(gate.type) == Kernel::kMatvecQ8;
-  if ((T == 1 || q8_columns) && gate.type == up.type && gate.cols == up.cols) {
+  if ((T == 1 || q8_columns(forms, gate.type, T)) && gate.type == up.type && gate.cols == up.cols) {
     const Kernel k = forms.matvec(gate.type);
     return {k, k, true};
   }

@@ -26,13 +26,13 @@ enum class Kernel : uint8_t {
   kMatmulBf16, // prefill, fast tier: bf16 tensor cores on dequantised tiles, fp32 sums (matmul_bf16)
 };
 const char* kernel_name(Kernel k);
-// kMatvec or kMatvecF32, and the sums it forms.
 // A pass of up to this many tokens takes the fast tier's matvec-q8 on token columns for its dense
 // products of Q8 types (each matrix read once for the columns), longer ones the prefill forms.
 // Measured per product (H200, 2026-12-01, PERF.md "matvec-q8 token columns"): ssm_in Q4_K 2048 ->
 // 12288 at 2 / 4 / 8 tokens 13.6 / 22.9 / 40.3 µs on columns against 20.4 on the X8 prefill
 // product, ssm_out 4096 -> 2048 6.7 / 9.2 / 14.7 against 35.6.
 constexpr int kQ8PassTokens = 4;
+// kMatvec or kMatvecF32, and the sums it forms.
 inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kMatvecF32; }
 // kMatmulX24 or kMatmulX8, and the activations' form it reads.
 inline bool is_x24(Kernel k) { return k == Kernel::kMatmulX24 || k == Kernel::kMatmulX8; }

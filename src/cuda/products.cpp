@@ -1,8 +1,5 @@
 #include "cuda/products.h"
 
-#include <algorithm>
-#include <vector>
-
 #include "common/error.h"
 #include "cuda/kernels.h"
 
@@ -13,7 +10,8 @@ Sums sums_of(Kernel k) { return k == Kernel::kMatvecF32 ? Sums::kFast : Sums::kE
 }  // namespace
 
 void Products::convert_q8(const float* x, int T, int cols) {
-  if (T < 1 || T > kMaxQ8Columns) fail("Products: matvec-q8 takes 1 to {} token columns, not {}", kMaxQ8Columns, T);
+  if (T < 1 || T > q8_scratch_.rows)
+    fail("Products: matvec-q8 of {} token columns, its input buffer holds {}", T, q8_scratch_.rows);
   quantize_q8(x, T, cols, q8_scratch_.values(), q8_scratch_.scales(), stream_);
 }
 

@@ -71,7 +71,7 @@ class Products {
   void gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n);
 
  private:
-  // x [T][cols] (T ≤ kMaxQ8Columns) in the Q8 form in q8_scratch_ (one input at a time).
+  // x [T][cols] (T ≤ q8_scratch_.rows) in the Q8 form in q8_scratch_ (one input at a time).
   void convert_q8(const float* x, int T, int cols);
   const Config& c_;
   Workspace& ws_;

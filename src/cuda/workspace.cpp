@@ -85,11 +85,12 @@ Workspace::Workspace(const Config& c, const NumericForms& forms) {
     auto alloc_q8 = [&](Q8Rows& b, size_t rows, size_t cols) {
       alloc_bytes(b.q, rows * cols);
       alloc_bytes(b.ds, rows * (cols / 32) * sizeof(float2));
+      b.rows = (int)rows;
     };
     const size_t dense = std::max<size_t>({n_embd, (size_t)c.ssm_value_dim(), (size_t)c.q_dim(), ff_sh});
-    // A few token columns (NumericForms: matvec-q8 up to kMaxQ8Columns tokens) on the dense inputs.
-    alloc_q8(q8_input, kMaxQ8Columns, dense);
-    alloc_q8(q8_side_input, kMaxQ8Columns, std::max(n_embd, ff_sh));
+    // A pass of up to kQ8PassTokens tokens takes matvec-q8 for its dense products (plan.h).
+    alloc_q8(q8_input, kQ8PassTokens, dense);
+    alloc_q8(q8_side_input, 1, std::max(n_embd, ff_sh));
     alloc_q8(q8_moe_input, 1, n_embd);
     alloc_q8(q8_expert_act, std::max(c.n_expert_used, 1), ff);
   }

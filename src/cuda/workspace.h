@@ -72,6 +72,7 @@ struct QuantRows {
 struct Q8Rows {
   DeviceBuffer q;   // [rows][cols] int8
   DeviceBuffer ds;  // [rows][cols / 32] float2
+  int rows = 0;     // the inputs it holds at once
   int8_t* values() const { return q.get<int8_t>(); }
   float2* scales() const { return ds.get<float2>(); }
 };
@@ -134,8 +135,8 @@ struct Workspace {
   QuantRows expert_act_x24;    // [TK][ff]     expert_act for the X24 down products
   QuantRows dense_input_x32;   // [T][x32_cols] the input of consecutive dense X32 products
   // The Q8 form of decode inputs (NumericForms::q8), one buffer per input that may be live at once.
-  Q8Rows q8_input;       // [kMaxQ8Columns][max(n_embd, value_dim, q_dim, ff_sh)] a dense product's input
-  Q8Rows q8_side_input;  // [kMaxQ8Columns][max(n_embd, ff_sh)] a product's input on the side branch
+  Q8Rows q8_input;       // [kQ8PassTokens][max(n_embd, value_dim, q_dim, ff_sh)] a dense product's input
+  Q8Rows q8_side_input;  // [1][max(n_embd, ff_sh)] a product's input on the decode graph's side branch
   Q8Rows q8_moe_input;   // [1][n_embd] h2, converted once a layer for every matvec-q8 product of it
   Q8Rows q8_expert_act;  // [K][ff]     the routed experts' SwiGLU outputs, for their down products
   // The next layer's predicted selections (prefetch, decode): never the buffers the real routing uses.
