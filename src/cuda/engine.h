@@ -17,7 +17,6 @@
 #include <map>
 #include <span>
 #include <memory>
-#include <span>
 #include <vector>
 
 #include "cuda/cuda_backend.h"

@@ -9,7 +9,7 @@
 // what it selects that was prefetched it finds resident (its kernels wait for the prefetch's
 // copies), what was mispredicted is a copy for nothing, its slot the next one taken.
 #include <algorithm>
-#include <vector>
+#include <span>
 
 #include "cuda/engine.h"
 #include "cuda/kernels.h"
@@ -47,8 +47,7 @@ void prefetch_predicted(Engine& e, int L) {
   e.predicted_layer = -1;
   RL_CUDA_CHECK(cudaEventSynchronize(e.streams.prediction_ready));
   const int32_t* ids = e.ws.predict_ids_host.get<int32_t>();
-  const std::vector<int> predicted(ids, ids + std::min(e.config().n_expert_used, e.opts.prefetch_experts));
-  e.residency.prefetch(L, predicted);
+  e.residency.prefetch(L, std::span<const int>(ids, std::min(e.config().n_expert_used, e.opts.prefetch_experts)));
 }
 
 }  // namespace rl::cuda

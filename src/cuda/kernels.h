@@ -49,7 +49,6 @@ struct GateUpJob {
   const float2* xds = nullptr;
   int slot = 0;
   int rows = 0;
-  int act_stride = 0;  // as MatvecJob::y_stride
 };
 constexpr int kMaxMatvecJobs = 24;  // per launch; longer lists take several launches
 
@@ -94,7 +93,7 @@ bool q8_supported(GgmlType t);
 // 2-byte aligned, as row_size and cudaMalloc give.
 // columns (1 to kMaxQ8Columns): token columns of every job, each matrix read once for up to 8 of
 // them: column c reads the Q8 row c after the job's input (xq + c·cols, xds + c·cols / 32) and
-// writes y + c·y_stride (act + c·act_stride). A column's sums are those of a one-column launch
+// writes y + c·y_stride (a pair's act + c·rows). A column's sums are those of a one-column launch
 // on its row, in the same order, wherever that launch takes one warp a row (every width up to
 // 2048 columns); wider ones may split a row over warps there, and then differ by rounding.
 constexpr int kMaxQ8Columns = 16;

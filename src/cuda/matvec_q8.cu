@@ -350,9 +350,9 @@ struct LaneSlot {
 };
 
 // This lane's part of R rows' products on N columns: units u0, u0 + step, ...; with one column,
-// two units' loads in flight. A unit's weights are decoded once for its N columns (the dot
-// calls of one unit and row read the same words: the compiler keeps them; nothing is stored
-// between them).
+// two units' loads in flight. The N columns' dot calls of a unit and row read the same weight
+// words with nothing stored between them, so the loads may be shared; whether the decoding is
+// is up to the compiler (not checked: the launch's time grows almost as the columns, PERF.md).
 template <GgmlType T, int R, int N>
 __device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], const int8_t* xq, const float2* xds,
                                              int cols, int u0, int step, int n_units,
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList
                             (jb.up ? jb.up : base + jb.up_offset) + row * jb.row_bytes_up};
     lane_dots_q8<T, 2, N>(wr, jb.xq, jb.xds, cols, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
   }
-  const size_t as = jb.act_stride ? jb.act_stride : jb.rows;
+  const size_t as = jb.rows;
 #pragma unroll
   for (int c = 0; c < N; c++) {
     const bool own_g = s.reduce(acc[c][0], active, G);
@@ -457,7 +457,7 @@ MatvecJob from_column(MatvecJob j, int c0, int cols) {
 }
 GateUpJob from_column(GateUpJob j, int c0, int cols) {
   j.xq += (size_t)c0 * cols, j.xds += (size_t)c0 * (cols / 32);
-  j.act += (size_t)c0 * (j.act_stride ? j.act_stride : j.rows);
+  j.act += (size_t)c0 * j.rows;
   return j;
 }
 
@@ -468,8 +468,10 @@ bool aligned16(const GateUpJob& j) {
   return (reinterpret_cast<uintptr_t>(j.gate) | reinterpret_cast<uintptr_t>(j.up) | j.gate_offset | j.up_offset |
           j.row_bytes_gate | j.row_bytes_up) % 16 == 0;
 }
-bool inputs_aligned(const MatvecJob& j) { return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0; }
-bool inputs_aligned(const GateUpJob& j) { return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0; }
+template <class Job>
+bool inputs_aligned(const Job& j) {
+  return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0;
+}
 
 // One launch of m ≤ kMaxMatvecJobs jobs on N columns.
 template <int N, class Job>
