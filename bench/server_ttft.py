@@ -46,7 +46,6 @@ def main():
     cmd = [a.bin, "serve", "-m", a.model, "--port", str(port), "--backend", a.backend, "--ctx", str(ctx),
            "--prompt-cache-mib", "0"] + a.serve_flags
     srv = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-    out = []
     try:
         wait_healthy(port, srv, max(1.0, deadline - time.monotonic()))
         stream_completion(port, "Warm up.", 4, a.request_timeout_s)
@@ -60,7 +59,6 @@ def main():
                    "completion_tokens": r["tokens"], "decode_tok_s_client": round(r["client_tok_s"], 1),
                    "model": a.model, "backend": a.backend}
             print(json.dumps(row), flush=True)
-            out.append(row)
     finally:
         stop(srv)
     return 0

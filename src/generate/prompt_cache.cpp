@@ -14,10 +14,17 @@ size_t PromptCache::bytes() const {
 }
 
 // Lost snapshots go first (kv_share.h: no memory was there to keep their rows). Shares of rows
-// frozen for several snapshots grow as others go: the sum is taken again after each eviction.
+// frozen for several snapshots grow as others go, so an entry's bytes taken off the sum as it goes
+// leave the sum low: it is taken again once the estimate is within the budget, and the loop goes
+// on while that is still over (one or two sums, not one per eviction).
 void PromptCache::evict_to(size_t budget) {
   entries_.remove_if([](const Entry& e) { return e.snapshot->lost(); });
-  while (!entries_.empty() && bytes() > budget) entries_.pop_back();
+  for (size_t total = bytes(); !entries_.empty() && total > budget; total = bytes()) {
+    while (!entries_.empty() && total > budget) {
+      total -= std::min(total, entries_.back().snapshot->bytes());
+      entries_.pop_back();
+    }
+  }
 }
 
 void PromptCache::put(std::span<const int32_t> tokens, std::unique_ptr<SessionSnapshot> snapshot) {

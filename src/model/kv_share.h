@@ -128,7 +128,7 @@ class KvLedger {
       lose_from(from);
       return;
     }
-    freeze_from(from, std::move(rows), from);
+    freeze_from(from, std::move(rows));
   }
 
   // The session is going away: every reference is frozen.
@@ -146,13 +146,11 @@ class KvLedger {
       try {
         rows = surrender_();
       } catch (...) {
-        lose_from(0);
-        for (KvShare<Rows, Store>* s : shares_) s->ledger_ = nullptr;  // no live rows: their pieces stand
-        shares_.clear();
+        lose_from(0);  // every share has live rows, so none is left
         return;
       }
     }
-    freeze_from(0, std::move(rows), 0);
+    freeze_from(0, std::move(rows));
   }
 
   // Restores `s`'s rows into this session's store and makes `s` reference them here.
@@ -186,11 +184,11 @@ class KvLedger {
     });
   }
   // Every share reaching past `from` gets rows [from, its live end) from `rows`.
-  void freeze_from(size_t from, std::shared_ptr<const Rows> rows, size_t first) {
+  void freeze_from(size_t from, std::shared_ptr<const Rows> rows) {
     std::vector<KvShare<Rows, Store>*> kept;
     for (KvShare<Rows, Store>* s : shares_) {
       if (s->live_ > from) {
-        s->pieces_.insert(s->pieces_.begin(), KvPiece<Rows>{rows, first, from, s->live_});
+        s->pieces_.insert(s->pieces_.begin(), KvPiece<Rows>{rows, from, from, s->live_});
         s->live_ = from;
       }
       if (s->live_ > 0)
