@@ -32,9 +32,12 @@ TEST(PrefetchAccuracy, SelfCheckReproducesTheOraclesSelections) {
   // Near-ties of the 10th and 11th logits, summed in another order than the oracle's, may flip a
   // selection; none did on this model (1.0000), and a wrong norm or router would lose many.
   EXPECT_GE(accuracy_of(r.out, "self-check"), 0.99) << r.out;
+  // The predictions from the previous layer's residual beat chance by far (early 0.66, late 0.80
+  // on this model, dev 2026-12-01): at least twice chance, so a prediction that read the wrong
+  // layer's router or residual (near chance) fails.
   for (const char* label : {"early", "late"}) {
     const double a = accuracy_of(r.out, label);
-    EXPECT_GE(a, 0.0) << label << " missing:\n" << r.out;
+    EXPECT_GT(a, 2 * 0.1562) << label << ":\n" << r.out;
     EXPECT_LE(a, 1.0) << label;
   }
 }

@@ -17,12 +17,7 @@ namespace rl {
 namespace {
 
 using CliRun = test::ShellRun;
-
-// stderr goes with stdout unless stdout_only (for output that is parsed).
-CliRun run_redlite(const std::string& args, bool stdout_only = false) {
-  const std::string cmd = test::redlite_bin() + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  return test::run_shell(cmd);
-}
+using test::run_redlite;
 
 const std::string kStem = "tiny-qwen3next-q4km";
 

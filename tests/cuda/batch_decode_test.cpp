@@ -19,6 +19,7 @@
 #include "cuda/cuda_backend.h"
 #include "common/error.h"
 #include "cuda/cuda_check.h"
+#include "gpu_test_util.h"
 #include "model/parity.h"
 #include "backend_test_util.h"
 #include "test_util.h"
@@ -82,7 +83,7 @@ void run_batch(const std::string& path, Numerics numerics, double* top1, double*
 }
 
 TEST(CudaBatchedDecode, EachSequenceMeetsTheFastTierBarAgainstTheOracle) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  RL_REQUIRE_GPU();
   int ran = 0;
   for (const char* name : kModels) {
     const std::string path = test::fixture(name);
@@ -100,9 +101,9 @@ TEST(CudaBatchedDecode, EachSequenceMeetsTheFastTierBarAgainstTheOracle) {
 }
 
 TEST(CudaBatchedDecode, ExactTierGivesEachSequenceItsOwnTokens) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "fixture not found: " << path;
+  RL_REQUIRE_FIXTURE(path);
   double top1 = 0, rms = 0;
   bool identical = false;
   run_batch(path, Numerics::kExact, &top1, &rms, &identical);
@@ -111,9 +112,9 @@ TEST(CudaBatchedDecode, ExactTierGivesEachSequenceItsOwnTokens) {
 }
 
 TEST(CudaBatchedDecode, RefusesAnotherModelsSession) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device on this machine: GPU test skipped";
+  RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "fixture not found: " << path;
+  RL_REQUIRE_FIXTURE(path);
   auto model = Model::open(path);
   cuda::CudaOptions o;
   auto a = cuda::make_cuda_backend(model, o), b = cuda::make_cuda_backend(model, o);
