@@ -199,8 +199,9 @@ struct TokenConstraint::Impl {
     return best;
   }
   uint32_t state_distance() const {
-    const Stack* s = nearest_stack();
-    return s ? distance(*s) : kNoLimit;
+    uint32_t d = kNoLimit;
+    for (const Stack& s : state) d = std::min(d, distance(s));
+    return d;
   }
   uint32_t min_distance(const std::vector<const Cell*>& stacks) const {
     uint32_t d = kNoLimit;
