@@ -158,11 +158,8 @@ LoadedModel open_model(const CommonOptions& opts) {
   lm.kv_type = resolve_kv_type(opts);
   lm.backend = open_backend(backend, lm.model, opts);
   lm.n_ctx = opts.ctx > 0 ? opts.ctx : std::min(4096, n_ctx_train);
-#ifdef REDLITE_HAVE_CUDA
-  // A context the device cannot hold is refused now, naming the bytes, not at the first request.
-  if (auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(lm.backend.get()))
-    cuda_backend->check_session_fits(lm.n_ctx);
-#endif
+  // A context the backend cannot hold is refused now, naming the bytes, not at the first request.
+  lm.backend->check_session_fits(lm.n_ctx);
   return lm;
 }
 

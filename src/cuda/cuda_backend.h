@@ -48,10 +48,8 @@ class CudaBackend : public Backend {
   // The layer plan of a pass of `tokens` tokens (1: decode; up to kMaxChunk = 512: a prefill
   // chunk) as text: each matrix's type and kernel, each layer's routing (docs/cuda.md).
   virtual std::string plan_report(int tokens) const = 0;
-  // Throws rl::Error naming --ctx and the bytes a session of n_ctx tokens needs (its KV cache in
-  // the backend's --kv-type, the recurrent states, the split buffers) when free device memory is
-  // short of them: the command line calls it at load.
-  virtual void check_session_fits(int n_ctx) const = 0;
+  // check_session_fits (Backend): free device memory against the session's KV cache in the
+  // backend's --kv-type, its recurrent states and split buffers.
 };
 
 // Throws rl::Error when no GPU is usable, a tensor type is unsupported, or the budget does not fit.

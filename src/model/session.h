@@ -78,6 +78,10 @@ class Backend {
   // Bytes a session of n_ctx positions holds once its context is reserved (KV rows of every
   // position, recurrent states): what the server counts against its budget at admission.
   virtual size_t session_bytes(int n_ctx) const = 0;
+  // Throws rl::Error naming --ctx and the bytes a session of n_ctx tokens needs when the memory
+  // the backend keeps sessions in cannot hold them: the command line calls it at load. A backend
+  // whose sessions live in host memory checks nothing here (reserve_context reports a failure).
+  virtual void check_session_fits(int /*n_ctx*/) const {}
 
   // Advances several sequences by one token each in one pass: sessions[i] (distinct sessions of
   // this backend) decodes tokens[i] at its own position, and the result's [i] is its logits
