@@ -86,6 +86,8 @@ step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
   return $rc
 }
 configure() { rl_configure "$@"; }  # configure SRC BUILD (deps.sh)
+json_num() { grep "\"$2\"" "$1" | head -1 | tr -dc '0-9.'; }  # json_num LOG KEY: a bench --json number
+speeds() { echo "prefill $(json_num "$1" prefill_tok_s) decode $(json_num "$1" decode_tok_s)"; }  # speeds LOG
 model() {
   mkdir -p "$(dirname $M80)"
   [ -e $M80 ] || STEP_TIMEOUT=400 step synth-80b "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 --out $M80
@@ -140,7 +142,7 @@ for s in "$@"; do
       for r in $(seq "${AB_ROUNDS:-2}"); do
         for n in exact fast; do
           step "tier-$n-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --numerics $n --reps 1 --json
-          log "tier $n $r: prefill $(grep '"prefill_tok_s"' "$OUT/tier-$n-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/tier-$n-$r.log" | tr -dc '0-9.')"
+          log "tier $n $r: $(speeds "$OUT/tier-$n-$r.log")"
         done
       done
       ;;
@@ -149,7 +151,7 @@ for s in "$@"; do
       for r in $(seq "${AB_ROUNDS:-2}"); do
         for f in f32 q8; do
           step "fast-decode-$f-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --numerics fast --fast-decode $f --reps 1 --json
-          log "fast-decode $f $r: prefill $(grep '"prefill_tok_s"' "$OUT/fast-decode-$f-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/fast-decode-$f-$r.log" | tr -dc '0-9.')"
+          log "fast-decode $f $r: $(speeds "$OUT/fast-decode-$f-$r.log")"
         done
       done
       ;;
@@ -180,7 +182,7 @@ for s in "$@"; do
         fi
         for n in exact fast; do
           step "recipe-$r-$n" "$BUILD/redlite" bench -m $f --backend cuda --numerics $n --reps 1 --json
-          log "recipe $r $n: prefill $(grep '"prefill_tok_s"' "$OUT/recipe-$r-$n.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/recipe-$r-$n.log" | tr -dc '0-9.')"
+          log "recipe $r $n: $(speeds "$OUT/recipe-$r-$n.log")"
         done
         [ $f = $M80 ] || rm -f $f
       done
@@ -206,7 +208,7 @@ for s in "$@"; do
       for t in ${CPU_THREADS:-16}; do
         STEP_TIMEOUT=300 step cpu-fast-$t "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads $t \
           --reps 1 --decode-tokens 32 --prefill-tokens 64 --json
-        log "cpu-fast $t threads: prefill $(grep '"prefill_tok_s"' "$OUT/cpu-fast-$t.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/cpu-fast-$t.log" | tr -dc '0-9.')"
+        log "cpu-fast $t threads: $(speeds "$OUT/cpu-fast-$t.log")"
       done
       ;;
     bench-8g) model; step bench-80b-8g "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ;;
@@ -219,8 +221,7 @@ for s in "$@"; do
           flags="--prefetch ${p%%:*}"; case $p in *:*) flags="$flags --prefetch-experts ${p#*:}" ;; esac
           f="$OUT/prefetch-${p/:/-}-$r.log"
           step "prefetch-${p/:/-}-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 $flags --reps 1 --json
-          field() { grep "\"$1\"" "$f" | head -1 | tr -dc '0-9.'; }
-          log "prefetch $p $r: decode $(field decode_tok_s) hit rate $(field hit_rate) accuracy $(field prediction_accuracy) prefetched $(field prefetched) used $(field prefetch_hits) wasted $(field prefetch_wasted)"
+          log "prefetch $p $r: decode $(json_num "$f" decode_tok_s) hit rate $(json_num "$f" hit_rate) accuracy $(json_num "$f" prediction_accuracy) prefetched $(json_num "$f" prefetched) used $(json_num "$f" prefetch_hits) wasted $(json_num "$f" prefetch_wasted)"
         done
       done
       ;;
@@ -232,7 +233,7 @@ for s in "$@"; do
         for b in $order; do
           bin=$BUILD/redlite; [ $b = base ] && bin=$BASE_BUILD/redlite; [ $b = variant ] && bin=/tmp/rl-build-variant/redlite
           step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json --numerics ${AB_NUMERICS:-exact}
-          log "ab $b $r: prefill $(grep '"prefill_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.') decode $(grep '"decode_tok_s"' "$OUT/ab-$b-$r.log" | tr -dc '0-9.')"
+          log "ab $b $r: $(speeds "$OUT/ab-$b-$r.log")"
         done
       done
       ;;

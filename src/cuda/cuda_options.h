@@ -50,9 +50,9 @@ struct CudaOptions {
   // layer L's experts and layer L+1's mixer; late: layer L's output, closer to layer L+1's input
   // but overlapping only layer L+1's mixer.
   enum class Prefetch { kOff, kEarly, kLate };
-  // On by default, expected to pay, not yet timed: at --cache-mib 8192 on the H200 a decode token
-  // spent 7.4 of its 13.7 ms with compute waiting for copies (issue 22's profile), which a right
-  // prediction overlaps; the A/B is scripts/device/ab.sh prefetch.
+  // On by default: at --cache-mib 8192 on the H200 it decoded 84.4 tok/s against 77.5 off (one
+  // round of scripts/device/ab.sh prefetch, PERF.md), the prediction overlapping the copies a
+  // decode token otherwise waits for.
   Prefetch prefetch = Prefetch::kEarly;
   // How many of the prediction's top experts (by router logit) are prefetched (--prefetch-experts;
   // at most n_expert_used). A wrong one costs a copy on the link the real misses need, and the

@@ -76,7 +76,7 @@ struct NumericForms {
   // A prefill product without an X24 / X32 form: kMatmulBf16 in the fast tier (from compute
   // capability 8.0), else kMatmulF64. (bf16 products everywhere prefilled the 80B seed-mix at 2,298
   // tok/s where the exact tier's X24 / X32 did 3,175; the fast tier keeps those kernels where they
-  // apply, on its X8 form: 3,950. H200, 2026-12-01, PERF.md.)
+  // apply, on its X8 form: 3,949. H200, 2026-12-01, PERF.md's fast prefill row.)
   Kernel prefill_matmul() const;
   bool use_x24(GgmlType t) const;
   // The kernel of a product that use_x24: the X24 form, or X8 in the fast tier — one byte plane
