@@ -146,13 +146,17 @@ std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<c
   fail("--backend {}: unknown or not built in this binary (available: cpu)", name);
 }
 
+void check_ctx(int ctx, int n_ctx_train, const std::string& model_path) {
+  if (ctx > 0 && n_ctx_train > 0 && ctx > n_ctx_train)
+    fail("--ctx {}: past the model's context_length of {} tokens ({})", ctx, n_ctx_train, model_path);
+}
+
 LoadedModel open_model(const CommonOptions& opts) {
   if (opts.model_path.empty()) fail("-m/--model: no model file given");
   LoadedModel lm;
   lm.model = Model::open(opts.model_path);
   const int n_ctx_train = lm.model->config().n_ctx_train;
-  if (opts.ctx > 0 && n_ctx_train > 0 && opts.ctx > n_ctx_train)
-    fail("--ctx {}: past the model's context_length of {} tokens ({})", opts.ctx, n_ctx_train, opts.model_path);
+  check_ctx(opts.ctx, n_ctx_train, opts.model_path);
   const std::string backend = opts.backend.empty() ? default_backend_name() : opts.backend;
   lm.numerics = resolve_numerics(opts);
   lm.kv_type = resolve_kv_type(opts);

@@ -63,6 +63,8 @@ struct LoadedModel {
 // Opens the model file and the backend named by opts.backend (or the default); throws rl::Error
 // naming the file or the unknown backend.
 LoadedModel open_model(const CommonOptions& opts);
+// Throws rl::Error naming --ctx when ctx (0: the default) is past the model's context_length.
+void check_ctx(int ctx, int n_ctx_train, const std::string& model_path);
 // A backend by name on an already opened model (parity runs two on one model).
 std::unique_ptr<Backend> open_backend(const std::string& name, std::shared_ptr<const Model> model,
                                       const CommonOptions& opts);

@@ -55,8 +55,7 @@ KvCacheSize kv_cache_size(const InspectArgs& a) {
   const std::shared_ptr<const Model> model = Model::open(a.model_path);
   const Config& c = model->config();
   check_kv_type(numerics, type, c.head_dim);
-  if (a.ctx > 0 && c.n_ctx_train > 0 && a.ctx > c.n_ctx_train)
-    fail("--ctx {}: past the model's context_length of {} tokens ({})", a.ctx, c.n_ctx_train, a.model_path);
+  check_ctx(a.ctx, c.n_ctx_train, a.model_path);
   return {type, c.kv_bytes_per_token(type), a.ctx > 0 ? a.ctx : c.n_ctx_train};
 }
 
