@@ -50,7 +50,7 @@ struct PreparedJob {
 // step allocates nothing once the buffers have grown to its largest batch.
 struct BatchScratch {
   std::vector<PreparedJob> prepared;       // [jobs]
-  std::vector<size_t> acts_offset;         // [jobs]: into acts, or (shared) the job whose input it is
+  std::vector<size_t> acts_offset;         // [jobs]: into acts (a shared input: the first job's)
   std::vector<char> shared;                // [jobs]: the input is an earlier job's
   std::vector<ActivationQ8K> acts;         // every decoded job's quantised activations, in job order
 };
@@ -147,7 +147,7 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
       // read the token's row) quantise it once.
       const PreparedJob* prev = last_quantised;
       if (prev && prev->job->x == job.x && prev->job->n_tokens == job.n_tokens && prev->job->W.row_length() == n_in) {
-        scratch.acts_offset[j] = (size_t)(prev - prepared.data());
+        scratch.acts_offset[j] = scratch.acts_offset[(size_t)(prev - prepared.data())];  // its quantised input
         scratch.shared[j] = true;
       } else {
         scratch.acts_offset[j] = n_acts;
@@ -173,16 +173,13 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
   for (size_t j = 0; j < jobs.size(); j++) {
     PreparedJob& p = prepared[j];
     if (p.path != RowPath::kDecoded) continue;
-    if (scratch.shared[j]) {
-      p.acts = prepared[scratch.acts_offset[j]].acts;  // an earlier job's, already quantised
-      continue;
-    }
+    ActivationQ8K* acts = scratch.acts.data() + scratch.acts_offset[j];
+    p.acts = acts;
+    if (scratch.shared[j]) continue;  // an earlier job's input, already quantised there
     const ProductJob& job = jobs[j];
     const int64_t n_in = job.W.row_length(), n_blocks = n_in / 256;
-    ActivationQ8K* acts = scratch.acts.data() + scratch.acts_offset[j];
     for (int t = 0; t < job.n_tokens; t++)
       quantize_activation_q8k(job.x + (int64_t)t * n_in, n_in, acts + (size_t)t * n_blocks);
-    p.acts = acts;
   }
   auto tile = [&](int64_t i) {
     // The job owning tile i: the last whose first tile is <= i.
