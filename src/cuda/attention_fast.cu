@@ -17,9 +17,9 @@
 // splits its key tiles over blocks, each writing partial results that the decode step's combine
 // kernel folds, so that a few tokens at depth still fill the GPU.
 //
-// Decode (T = 1): flash-decoding in fp32, attention_fast_decode.cu.
+// Decode (T = 1): flash-decoding on tensor cores, attention_fast_decode.cu.
 //
-// Accuracy (the tests' bounds are argued from this; the decode's, ~1e-6, in its file). Prefill:
+// Accuracy (the tests' bounds are argued from this; the decode rounds the same operands). Prefill:
 // q, k, v and p are rounded to fp16 (unit roundoff u = 2^-11, an error of RMS ~u/√3 each). A
 // score's error then has an RMS of ~u·√(2/3)·σ (σ the scores' spread), which is also the output's
 // relative error (the output is a p-weighted mean whose weights move by that much), plus ~u/√3
@@ -62,16 +62,6 @@ struct PrefillTile {
   static constexpr int kRow = TIER + kSmemPad;
   static constexpr size_t kBytes = (size_t)(kPrefillRows + 2 * kPrefillKeys) * kRow * sizeof(__half);
 };
-
-// D += A·B, one mma.m16n8k16 (fp16 A 16×16 row-major, B 16×8 column-major, fp32 D). Fragments
-// (PTX ISA), g = lane/4, q = lane%4: a = {A[g][2q..], A[g+8][2q..], A[g][2q+8..], A[g+8][2q+8..]},
-// b = {B[2q..][g], B[2q+8..][g]}, d = {D[g][2q], D[g][2q+1], D[g+8][2q], D[g+8][2q+1]}.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Four 8×8 fp16 tiles, transposed: lanes 8i .. 8i + 7 give the row addresses of tile i; lane l
 // receives {tile[2(l%4)][l/4], tile[2(l%4)+1][l/4]} of each, which for rows = keys and columns =

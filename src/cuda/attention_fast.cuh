@@ -36,6 +36,22 @@ __device__ __forceinline__ float warp_sum_f(float v) {
   return v;
 }
 
+// D += A·B, one mma.m16n8k16 (fp16 A 16×16 row-major, B 16×8 column-major, fp32 D). Fragments
+// (PTX ISA), g = lane/4, q = lane%4: a = {A[g][2q..], A[g+8][2q..], A[g][2q+8..], A[g+8][2q+8..]},
+// b = {B[2q..][g], B[2q+8..][g]}, d = {D[g][2q], D[g][2q+1], D[g+8][2q], D[g+8][2q+1]}.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// D += A·B, one mma.m16n8k8 (A 16×8, B 8×8): a = {A[g][2q..], A[g+8][2q..]}, b = B[2q..][g], d as above.
+__device__ __forceinline__ void mma_f16_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
 // ---- attention_fast_decode.cu ----
 // A decode step over a cache of element type E (scale_log2 = scale·log2(e)): the split kernel,
 // then the fold with the gate. Instantiated for the four element types in that file.

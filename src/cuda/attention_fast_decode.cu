@@ -1,17 +1,30 @@
 // The fast tier's decode attention (attention_fast.cu has the function and the chunk kernel).
 //
-// Decode (T = 1): flash-decoding in fp32. The keys 0 .. pos go in at most max_splits (≤
-// kFastDecodeMaxSplits) splits of at least kMinSplitKeys keys: as many as fill the GPU at short depth,
-// longer ones at long depth, so the split buffers do not grow with the context. A block takes one
-// split and G query heads of one KV head (each key read once for them, float4 loads) and keeps a
-// running softmax over tiles of kDecodeTile keys; it writes its heads' partial maximum, sum and
-// weighted values, and a second kernel folds the splits and applies the gate. The position is read
-// from pos_dev when given, so a captured graph replays at any depth.
+// Decode (T = 1): flash-decoding on tensor cores. The keys 0 .. pos go in at most max_splits (≤
+// kFastDecodeMaxSplits) splits of at least kMinSplitKeys keys: as many as fill the GPU at short
+// depth, longer ones at long depth, so the split buffers do not grow with the context. A block takes
+// one split and up to 8 query heads of one KV head (each key read once for all of them); its warps
+// take the split's keys 8 at a time, round robin, each with its own running softmax, all in
+// registers straight from the cache (no shared-memory staging):
+//   S = Q·Kᵀ by mma.m16n8k16, M = the block's heads (padded to 16), N = the 8 keys, K = dims:
+//     lane (g, q) (g = lane/4, q = lane%4) loads dims 8(4i + q) .. +7 of key g for i < hd/32, which
+//     are mma's B fragments of two dim steps (a dim step's 16 dims are any 16 the A and B fragments
+//     agree on), and holds the same dims of head g's query as A fragments for the whole split;
+//   P = exp2(S - m) in fp32 (the running maximum m and sum per head, reduced over the 4 lanes of a
+//     head), rounded to fp16: lane (g, q) holds P[head g][keys 2q, 2q + 1], mma's B fragment of
+//   Oᵀ += Vᵀ·Pᵀ by mma.m16n8k8, M = 16 dims, N = heads, K = the 8 keys: lane (g, q) loads dims
+//     64j + 8g .. +7 of keys 2q and 2q + 1 and pairs them (byte_perm) into A fragments, dim
+//     64j + 8g + 2u being row g of m-tile (j, u) and the next dim row g + 8. The output is fully
+//     used (rows are dims), where the score mma wastes half its rows on padding heads.
+// At the end the warps' partials are folded in shared memory into the block's partial maximum, sum
+// and weighted values, and a second kernel folds the splits and applies the gate. The position is
+// read from pos_dev when given, so a captured graph replays at any depth.
 //
-// The caches are of any --kv-type, read through kv_cache_device.cuh's accessor.
+// The caches are of any --kv-type, read through kv_cache_device.cuh's accessor (KvOct: eight
+// values as fp16 pairs).
 //
-// Accuracy: fp32 operands and sums; a score's error is ~2^-24·√(hd/2) of the scores' spread and a
-// value sum of n keys ~2^-24·√(n/2) relative, n ≤ 2,048 a thread: ~1e-6 relative RMS.
+// Accuracy: as the prefill (attention_fast.cu): q, k, v and p rounded to fp16, fp32 sums: ~1e-3
+// relative RMS for scores of spread 2.
 #include "cuda/attention_fast.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/math_device.cuh"
@@ -22,15 +35,13 @@ namespace rl::cuda::fast_attention {
 
 namespace {
 
-constexpr int kDecodeThreads = 256;
-constexpr int kDecodeWarps = kDecodeThreads / 32;
-constexpr int kDecodeKeysPerWarp = 4;  // key rows a warp loads at once in the score pass
-constexpr int kDecodeTile = 256;       // keys whose scores a block holds in shared memory at a time
+constexpr int kDecodeThreads = 256;    // the combine kernel's block
+constexpr int kSplitWarps = 4;         // warps a split block; each takes every 4th round of 8 keys
+constexpr int kSplitThreads = 32 * kSplitWarps;
+constexpr int kStepKeys = 8;           // keys a warp takes at once (one score mma's N)
 constexpr int kMinSplitKeys = 64;      // shortest split: below it a block's fixed costs dominate
-constexpr int kMaxDecodeHeadsF = 8;    // query heads of one KV head a block (the 80B's group)
-constexpr int kValueUnroll = 4;        // value rows a thread loads at once
+constexpr int kMaxDecodeHeadsF = 8;    // query heads of one KV head a block (the score mma's 16 rows hold them)
 constexpr int kCombineUnroll = 8;      // split partials a combine thread loads at once
-static_assert(kDecodeTile % (kDecodeWarps * kDecodeKeysPerWarp) == 0, "a tile is whole score rounds");
 static_assert(kFastDecodeMaxSplits <= kFastSplitPartials, "a decode step's partials fit the buffers");
 
 // The splits of a step at n keys, and split s's first key: n·s/ns, so none is empty (ns ≤ n).
@@ -42,140 +53,132 @@ __device__ __forceinline__ int split_begin(int s, int n_keys, int ns) {
   return (int)((long long)s * n_keys / ns);
 }
 
-// One decode block's shared memory: its G queries (times scale·log2(e)), per tile the scores and
-// then the probabilities, and at the end the key groups' partial value sums (groups·hd ≤
-// 4·kDecodeThreads, since a group is hd/4 threads); the running maximum, sum and rescale factor.
-template <int G>
-struct alignas(16) DecodeSmem {
-  float q[G][kMaxHeadDimF];
-  union {
-    float p[G][kDecodeTile];
-    float red[G * 4 * kDecodeThreads];
-  };
-  float m[G], l[G], alpha[G];
+// Shared memory of a split block: each warp's maximum and sum per head and its weighted values
+// [head][dim] (unnormalised, against its own maximum), folded at the end.
+template <int TIER>
+struct SplitSmem {
+  float m[kSplitWarps][kMaxDecodeHeadsF], l[kSplitWarps][kMaxDecodeHeadsF];
+  float acc[kSplitWarps][kMaxDecodeHeadsF][TIER];
 };
 
-// Block (head group, split): query heads h0 .. h0 + G - 1 (one KV head) over the split's keys.
-// Score pass: warp w scores keys 4w .. 4w + 3 of each round of 32, lane holding dims 4(lane + 32c)
-// of each, the 4·G dot products summed at once by warp_sum_scatter. Value pass: thread (group,
-// quad) accumulates dims 4·quad of its heads over keys ≡ group (mod groups).
-template <int G, class E>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_split_fast_kernel(
-    const float* __restrict__ q, KvPlane<E> kc, KvPlane<E> vc,
-    float* __restrict__ part_acc, float* __restrict__ part_ml, int n_head, int n_kv, int hd, int pos0,
-    const int32_t* __restrict__ pos_dev, float scale_log2, int max_splits) {
-  using Q = KvQuad<E>;
-  constexpr int kChunks = kMaxHeadDimF / 128, kRound = kDecodeWarps * kDecodeKeysPerWarp;
+// Block (head group, split): query heads h0 .. h0 + gb - 1 (one KV head, gb ≤ 8) over the split's
+// keys, head dims up to TIER (a multiple of 64; dims from hd to TIER load as zeros).
+template <int TIER, class E>
+__global__ void __launch_bounds__(kSplitThreads) attention_decode_split_fast_kernel(
+    const float* __restrict__ q, KvPlane<E> kc, KvPlane<E> vc, float* __restrict__ part_acc,
+    float* __restrict__ part_ml, int n_head, int n_kv, int hd, int gb, int pos0, const int32_t* __restrict__ pos_dev,
+    float scale_log2, int max_splits) {
+  constexpr int kChunks = TIER / 32, kGroups = TIER / 64;
   if (pos_dev) pos0 = pos_dev[0];
   const int n_keys = pos0 + 1, ns = decode_splits(n_keys, max_splits), split = blockIdx.y;
   if (split >= ns) return;
   const int jb = split_begin(split, n_keys, ns), je = split_begin(split + 1, n_keys, ns);
-  const int h0 = blockIdx.x * G, kv_off = (h0 / (n_head / n_kv)) * hd;
+  const int h0 = blockIdx.x * gb, kv_off = (h0 / (n_head / n_kv)) * hd;
   const size_t kv_row = (size_t)n_kv * hd;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  __shared__ DecodeSmem<G> s;
-  for (int i = tid; i < G * hd; i += kDecodeThreads) s.q[i / hd][i % hd] = q[(size_t)h0 * hd + i] * scale_log2;
-  if (tid < G) s.m[tid] = -INFINITY, s.l[tid] = 0.0f;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, fq = lane % 4;
+  __shared__ SplitSmem<TIER> sm;
 
-  const int quads = hd / 4, groups = kDecodeThreads / quads, group = tid / quads, quad = tid % quads;
-  float4 acc[G];
+  // Head g's query, dims 8(4i + q) .. +7, times scale·log2(e), as fp16 pairs (zero past hd and gb).
+  uint4 qf[kChunks];
 #pragma unroll
-  for (int i = 0; i < G; i++) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int i = 0; i < kChunks; i++) {
+    const int d = 8 * (4 * i + fq);
+    qf[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (d < hd && g < gb) {
+      const float* qr = q + (size_t)(h0 + g) * hd + d;
+      const float4 a = *reinterpret_cast<const float4*>(qr), b = *reinterpret_cast<const float4*>(qr + 4);
+      qf[i] = make_uint4(pack_half2(a.x * scale_log2, a.y * scale_log2), pack_half2(a.z * scale_log2, a.w * scale_log2),
+                         pack_half2(b.x * scale_log2, b.y * scale_log2), pack_half2(b.z * scale_log2, b.w * scale_log2));
+    }
+  }
+  // Oᵀ: o[j][u] = {O[2q][r], O[2q + 1][r], O[2q][r + 1], O[2q + 1][r + 1]}, r = 64j + 8g + 2u.
+  float o[kGroups][4][4];
+#pragma unroll
+  for (int j = 0; j < kGroups; j++)
+#pragma unroll
+    for (int u = 0; u < 4; u++) o[j][u][0] = o[j][u][1] = o[j][u][2] = o[j][u][3] = 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f;  // head g's (l: over this lane's keys)
 
-  for (int t0 = jb; t0 < je; t0 += kDecodeTile) {
-    const int nt = min(kDecodeTile, je - t0);
-    __syncthreads();  // q and m, l are set; the previous tile's p are read
-    for (int base = warp * kDecodeKeysPerWarp; base < nt; base += kRound) {
-      typename Q::Raw kr[kDecodeKeysPerWarp][kChunks];
+  for (int j0 = jb + warp * kStepKeys; j0 < je; j0 += kSplitWarps * kStepKeys) {
+    // Loads: key j0 + g's dims for the scores, keys j0 + 2q and + 1's for the values (keys past the
+    // split repeat its last one and are masked).
+    const int last = je - 1;
+    const auto krow = kc.row(min(j0 + g, last), kv_row, kv_off);
+    const auto va_row = vc.row(min(j0 + 2 * fq, last), kv_row, kv_off);
+    const auto vb_row = vc.row(min(j0 + 2 * fq + 1, last), kv_row, kv_off);
+    uint4 kf[kChunks], va[kGroups], vb[kGroups];
 #pragma unroll
-      for (int kk = 0; kk < kDecodeKeysPerWarp; kk++) {
-        const auto row = kc.row(t0 + min(base + kk, nt - 1), kv_row, kv_off);
-#pragma unroll
-        for (int c = 0; c < kChunks; c++) {
-          const int d = 4 * (lane + 32 * c);
-          kr[kk][c] = d < hd ? Q::load(row, d) : Q::zero();
-        }
-      }
-      float a[kDecodeKeysPerWarp * G];  // key kk, head i at kk·G + i
-#pragma unroll
-      for (int i = 0; i < kDecodeKeysPerWarp * G; i++) a[i] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kChunks; c++) {
-        const int d = 4 * (lane + 32 * c);
-        if (d >= hd) break;
-#pragma unroll
-        for (int i = 0; i < G; i++) {
-          const float4 qv = *reinterpret_cast<const float4*>(&s.q[i][d]);
-#pragma unroll
-          for (int kk = 0; kk < kDecodeKeysPerWarp; kk++)
-            a[kk * G + i] = dot4(qv, Q::to_float(kr[kk][c]), a[kk * G + i]);
-        }
-      }
-      int p;
-      const float v = warp_sum_scatter(a, lane, p);
-      const int key = base + p / G;
-      if (lane % (32 / (kDecodeKeysPerWarp * G)) == 0 && key < nt) s.p[p % G][key] = v;
+    for (int i = 0; i < kChunks; i++) {
+      const int d = 8 * (4 * i + fq);
+      kf[i] = d < hd ? KvOct<E>::load(krow, d) : make_uint4(0u, 0u, 0u, 0u);
     }
-    __syncthreads();
-    if (warp < G) {  // warp i: head i's tile softmax, folded into its running maximum and sum
-      float mx = -INFINITY;
-      for (int j = lane; j < nt; j += 32) mx = fmaxf(mx, s.p[warp][j]);
-      mx = warp_max_f(mx);
-      const float m_old = s.m[warp], m_new = fmaxf(m_old, mx);  // finite: the tile has a key
-      float sum = 0.0f;
-      for (int j = lane; j < nt; j += 32) {
-        const float e = exp2f(s.p[warp][j] - m_new);
-        s.p[warp][j] = e;
-        sum += e;
-      }
-      sum = warp_sum_f(sum);
-      if (lane == 0) {
-        const float alpha = exp2f(m_old - m_new);
-        s.alpha[warp] = alpha;
-        s.l[warp] = fmaf(s.l[warp], alpha, sum);
-        s.m[warp] = m_new;
-      }
+#pragma unroll
+    for (int j = 0; j < kGroups; j++) {
+      const int d = 64 * j + 8 * g;
+      va[j] = d < hd ? KvOct<E>::load(va_row, d) : make_uint4(0u, 0u, 0u, 0u);
+      vb[j] = d < hd ? KvOct<E>::load(vb_row, d) : make_uint4(0u, 0u, 0u, 0u);
     }
-    __syncthreads();
-    if (group < groups) {
+    // s = {S[head g][key 2q], S[head g][key 2q + 1], padding rows}.
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int i = 0; i < G; i++) {
-        const float al = s.alpha[i];
-        acc[i].x *= al, acc[i].y *= al, acc[i].z *= al, acc[i].w *= al;
-      }
-      for (int j = group; j < nt; j += groups * kValueUnroll) {
-        typename Q::Raw vv[kValueUnroll];
+    for (int i = 0; i < kChunks; i++) {
+      if (8 * 4 * i >= hd) break;
+      const uint32_t a0[4] = {qf[i].x, 0u, qf[i].y, 0u}, a1[4] = {qf[i].z, 0u, qf[i].w, 0u};
+      mma_f16(s, a0, kf[i].x, kf[i].y);
+      mma_f16(s, a1, kf[i].z, kf[i].w);
+    }
+    const int key = j0 + 2 * fq;
+    const float s0 = key < je ? s[0] : -INFINITY, s1 = key + 1 < je ? s[1] : -INFINITY;
+    float mx = fmaxf(s0, s1);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);  // finite: key j0 < je is in every step
+    const float alpha = exp2f(m_run - m_new), p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
+    l_run = fmaf(l_run, alpha, p0 + p1);
+    m_run = m_new;
+    // The rescale of heads 2q and 2q + 1, whose alphas lanes 8q and 8q + 4 hold.
+    const float a_lo = __shfl_sync(0xffffffffu, alpha, 8 * fq), a_hi = __shfl_sync(0xffffffffu, alpha, 8 * fq + 4);
+    const uint32_t pb = pack_half2(p0, p1);
 #pragma unroll
-        for (int u = 0; u < kValueUnroll; u++) {
-          const int jj = j + u * groups;
-          vv[u] = jj < nt ? Q::load(vc.row(t0 + jj, kv_row, kv_off), 4 * quad) : Q::zero();
-        }
+    for (int j = 0; j < kGroups; j++) {
+      if (64 * j >= hd) break;
+      const uint32_t wa[4] = {va[j].x, va[j].y, va[j].z, va[j].w}, wb[4] = {vb[j].x, vb[j].y, vb[j].z, vb[j].w};
 #pragma unroll
-        for (int u = 0; u < kValueUnroll; u++) {
-          const int jj = j + u * groups;
-          if (jj >= nt) break;
-          const float4 v4 = Q::to_float(vv[u]);
-#pragma unroll
-          for (int i = 0; i < G; i++) fma4(acc[i], s.p[i][jj], v4);
-        }
+      for (int u = 0; u < 4; u++) {
+        o[j][u][0] *= a_lo, o[j][u][1] *= a_hi, o[j][u][2] *= a_lo, o[j][u][3] *= a_hi;
+        mma_f16_k8(o[j][u], __byte_perm(wa[u], wb[u], 0x5410), __byte_perm(wa[u], wb[u], 0x7632), pb);
       }
     }
   }
-  __syncthreads();  // the last tile's p are read: red overlays them
-  if (group < groups)
+
+  // The warps' partials into shared memory, then the block's fold of them.
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  if (fq == 0) sm.m[warp][g] = m_run, sm.l[warp][g] = l_run;
 #pragma unroll
-    for (int i = 0; i < G; i++) *reinterpret_cast<float4*>(&s.red[(group * G + i) * hd + 4 * quad]) = acc[i];
+  for (int j = 0; j < kGroups; j++)
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int r = 64 * j + 8 * g + 2 * u;
+      *reinterpret_cast<float2*>(&sm.acc[warp][2 * fq][r]) = make_float2(o[j][u][0], o[j][u][2]);
+      *reinterpret_cast<float2*>(&sm.acc[warp][2 * fq + 1][r]) = make_float2(o[j][u][1], o[j][u][3]);
+    }
   __syncthreads();
-  for (int x = tid; x < G * hd; x += kDecodeThreads) {
+  for (int x = tid; x < gb * hd; x += kSplitThreads) {
     const int i = x / hd, d = x % hd;
-    float sum = 0.0f;
-    for (int gr = 0; gr < groups; gr++) sum += s.red[(gr * G + i) * hd + d];
-    part_acc[((size_t)(h0 + i) * max_splits + split) * hd + d] = sum;
-  }
-  if (tid < G) {
-    const size_t o = ((size_t)(h0 + tid) * max_splits + split) * 2;
-    part_ml[o] = s.m[tid];
-    part_ml[o + 1] = s.l[tid];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kSplitWarps; w++) mx = fmaxf(mx, sm.m[w][i]);  // finite: warp 0 has keys
+    float acc = 0.0f, l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kSplitWarps; w++) {
+      const float f = exp2f(sm.m[w][i] - mx);  // 0 for a warp without keys
+      acc = fmaf(f, sm.acc[w][i][d], acc);
+      l = fmaf(f, sm.l[w][i], l);
+    }
+    const size_t at = (size_t)(h0 + i) * max_splits + split;
+    part_acc[at * hd + d] = acc;
+    if (d == 0) part_ml[2 * at] = mx, part_ml[2 * at + 1] = l;
   }
 }
 
@@ -238,22 +241,23 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_combine_fast_kernel(
   }
 }
 
-// Query heads a decode block: the largest power of two up to kMaxDecodeHeadsF dividing the group.
+// Query heads a decode block: the largest divisor of the group up to kMaxDecodeHeadsF.
 int decode_heads_per_block(int group) {
-  int g = kMaxDecodeHeadsF;
-  while (group % g != 0) g /= 2;
+  int g = std::min(group, kMaxDecodeHeadsF);
+  while (group % g != 0) g--;
   return g;
 }
 
-template <int G, class E>
+template <int TIER, class E>
 void launch_decode_split(const float* q, KvPlane<E> kc, KvPlane<E> vc, int n_head, int n_kv, int hd, int pos0,
                          const int32_t* pos_dev, float scale_log2, const AttentionSplitsF& sp,
                          cudaStream_t stream) {
+  const int gb = decode_heads_per_block(n_head / n_kv);
   // With the position on the device every split a context could use gets a block; the ones past
   // the step's splits exit at once.
   const int grid_splits = pos_dev ? sp.max_splits : decode_splits(pos0 + 1, sp.max_splits);
-  attention_decode_split_fast_kernel<G, E><<<dim3(n_head / G, grid_splits), kDecodeThreads, 0, stream>>>(
-      q, kc, vc, sp.acc, sp.ml, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp.max_splits);
+  attention_decode_split_fast_kernel<TIER, E><<<dim3(n_head / gb, grid_splits), kSplitThreads, 0, stream>>>(
+      q, kc, vc, sp.acc, sp.ml, n_head, n_kv, hd, gb, pos0, pos_dev, scale_log2, sp.max_splits);
   RL_CUDA_LAUNCH_CHECK();
 }
 
@@ -261,17 +265,16 @@ template <class E>
 void attention_decode_fast(const float* q, const float* gate, KvPlane<E> kc, KvPlane<E> vc, float* out,
                            int n_head, int n_kv, int hd, int pos0, const int32_t* pos_dev, float scale_log2,
                            const AttentionSplitsF& sp, cudaStream_t stream) {
-  switch (decode_heads_per_block(n_head / n_kv)) {
-    case 8: launch_decode_split<8>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream); break;
-    case 4: launch_decode_split<4>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream); break;
-    case 2: launch_decode_split<2>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream); break;
-    default: launch_decode_split<1>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
-  }
+  if (hd <= 64)
+    launch_decode_split<64>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
+  else if (hd <= 128)
+    launch_decode_split<128>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
+  else
+    launch_decode_split<256>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
   attention_combine_fast_kernel<<<n_head, kDecodeThreads, 0, stream>>>(sp.acc, sp.ml, gate, out, hd, pos0, pos_dev,
                                                                         sp.max_splits, 0);
   RL_CUDA_LAUNCH_CHECK();
 }
-
 
 }  // namespace
 

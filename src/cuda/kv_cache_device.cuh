@@ -123,6 +123,33 @@ struct KvQuad<KvQ8> {
   static __device__ __forceinline__ uint2 to_half(Raw r) { return KvQuad<float>::to_half(to_float(r)); }
 };
 
+// Eight consecutive values of a row at column d (d a multiple of 8: one q8_0 block holds them all)
+// as four packed fp16 pairs, value 2i in the low half of word i: the decode kernel's mma operands.
+template <class E>
+struct KvOct {
+  static __device__ __forceinline__ uint4 load(KvRow<E> row, int d) {
+    const uint2 lo = KvQuad<E>::to_half(KvQuad<E>::load(row, d)), hi = KvQuad<E>::to_half(KvQuad<E>::load(row, d + 4));
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
+  }
+};
+template <>
+struct KvOct<__half> {
+  static __device__ __forceinline__ uint4 load(const __half* row, int d) {
+    return __ldg(reinterpret_cast<const uint4*>(row + d));
+  }
+};
+template <>
+struct KvOct<KvQ8> {
+  static __device__ __forceinline__ uint4 load(const KvRowQ8& row, int d) {
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(row.q + d));
+    const float s = __half2float(__ldg(row.d + d / kKvQ8Block));
+    const auto pair = [s](uint32_t w, int at) {
+      return pack_half2((float)(int8_t)((w >> at) & 0xff) * s, (float)(int8_t)((w >> (at + 8)) & 0xff) * s);
+    };
+    return make_uint4(pair(q.x, 0), pair(q.x, 16), pair(q.y, 0), pair(q.y, 16));
+  }
+};
+
 // A cache value from fp32: itself, or rounded to nearest even.
 __device__ __forceinline__ void to_cache(float& dst, float x) { dst = x; }
 __device__ __forceinline__ void to_cache(__half& dst, float x) { dst = __float2half_rn(x); }
