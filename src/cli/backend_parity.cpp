@@ -11,15 +11,6 @@
 namespace rl::cli {
 namespace {
 
-// Router selections of every layer, in order, from the trace.
-struct TopkRecorder final : TraceSink {
-  std::vector<std::vector<int32_t>> rows;  // one entry per (pass, layer): [n_tokens][k]
-  void tensor(std::string_view, int, int, const float*) override {}
-  void ids(std::string_view name, int n, int w, const int32_t* d) override {
-    if (name.rfind("ffn_moe_topk", 0) == 0) rows.emplace_back(d, d + (size_t)n * w);
-  }
-};
-
 // Fixed, model-independent prompts: deterministic ids spread over the vocabulary.
 std::vector<int32_t> make_prompt(int n, int n_vocab, int seed) {
   std::vector<int32_t> t(n);
@@ -35,7 +26,7 @@ struct Run {
   std::vector<float> prompt_logits;  // [n][n_vocab]
   std::vector<std::vector<float>> greedy_logits;
   std::vector<int32_t> greedy;
-  TopkRecorder topk;
+  SelectionRecorder topk;
 };
 
 Run run(Session& s, const std::vector<int32_t>& prompt, int n_greedy) {
@@ -124,7 +115,7 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
           top1 += argmax_token(got.greedy_logits[i]) == argmax_token(ref.greedy_logits[i]);
           worst = std::max(worst, relative_rms(got.greedy_logits[i], ref.greedy_logits[i]));
         }
-        const int mismatches = count_selection_mismatches(got.topk.rows, ref.topk.rows);
+        const int mismatches = count_selection_mismatches(got.topk, ref.topk);
         const bool pass_ok =
             top1 == positions && worst <= o.max_rel_rms && common_greedy == o.greedy && mismatches == 0;
         all_pass = all_pass && pass_ok;

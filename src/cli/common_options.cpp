@@ -89,6 +89,12 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
          "Q5_K, Q6_K, Q8_0, IQ2_XXS, IQ2_XS, IQ1_M, or on fp32 activations for every type (f32)")
       ->check(CLI::IsMember({"q8", "f32"}))
       ->group(group);
+  app.add_option("--prefill-chunk", opts.prefill_chunk,
+                 "cuda: tokens a prefill pass takes at most (default 2048); a longer prompt runs in passes of this "
+                 "many. Larger passes give each expert more tokens per weight read (faster prefill) and take more "
+                 "device memory for their activations")
+      ->check(CLI::Range(1, cuda::kMaxPrefillChunk))
+      ->group(group);
   app.add_flag("--x32-always", opts.x32_always,
                "cuda: every dense Q4_K prefill product on X32, also those too small to fill the GPU "
                "(parity checks on short prompts)")

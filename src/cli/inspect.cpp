@@ -33,7 +33,7 @@ struct InspectArgs {
   bool plan = false;
   std::string backend = "cuda";
   int64_t cache_mib = 0;
-  int chunk = 512;
+  int chunk = 0;  // 0: the backend's --prefill-chunk
   std::string numerics = "fast";
   int ctx = 0;          // 0: the model's context_length
   std::string kv_type;  // empty: the tier's default
@@ -150,7 +150,7 @@ int run_plan(const InspectArgs& a) {
   o.kv_type = kv_cache_size(a).type;
   o.preload = false;
   auto backend = cuda::make_cuda_backend(Model::open(a.model_path), o);
-  std::fputs(backend->plan_report(a.chunk).c_str(), stdout);
+  std::fputs(backend->plan_report(a.chunk > 0 ? a.chunk : o.prefill_chunk).c_str(), stdout);
   std::fputs(backend->plan_report(1).c_str(), stdout);
   return 0;
 #else
@@ -209,8 +209,10 @@ const Registrar registrar(
                                                       "commands; 0: every expert when they fit)")
           ->check(CLI::NonNegativeNumber)
           ->needs(plan);
-      sub.add_option("--chunk", args->chunk, "Tokens of the prefill chunk whose plan --plan prints (1 to 512)")
-          ->check(CLI::Range(1, 512))
+      sub.add_option("--chunk", args->chunk,
+                     "Tokens of the prefill pass whose plan --plan prints (default: the --prefill-chunk, 2048 "
+                     "unless given; at most that)")
+          ->check(CLI::Range(1, cuda::kMaxPrefillChunk))
           ->needs(plan);
       sub.add_option("--numerics", args->numerics,
                      "Numeric tier of the plan --plan prints and of the KV cache's default type: fast (default) or "

@@ -33,7 +33,7 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
       stats(open_device()),
       weights(upload_weights(*model)),
       forms(NumericForms::choose(model->config(), weights, opts)),
-      ws(model->config(), forms),
+      ws(model->config(), forms, opts.prefill_chunk),
       residency(*model, weights, streams, opts.cache_mib, opts.cache_policy, ws.bytes()),
       products(model->config(), ws, ws.q8_input, streams.compute, &stats.x32_products),
       side_products(model->config(), ws, ws.q8_side_input, streams.side, &stats.x32_products) {
@@ -104,7 +104,8 @@ class CudaBackendImpl final : public CudaBackend {
   std::string profile_report() const override { return engine_.profiler.report(); }
   void check_session_fits(int n_ctx) const override { cuda::check_session_fits(engine_, n_ctx); }
   std::string plan_report(int tokens) const override {
-    if (tokens < 1 || tokens > kMaxChunk) fail("plan: {} tokens is not a pass (1 to {})", tokens, kMaxChunk);
+    if (tokens < 1 || tokens > engine_.ws.max_tokens)
+      fail("plan: {} tokens is not a pass (1 to {}, the --prefill-chunk)", tokens, engine_.ws.max_tokens);
     const Engine& e = engine_;
     const ExpertCache& cache = e.residency.cache();
     const PassPlan plan =
@@ -123,6 +124,9 @@ class CudaBackendImpl final : public CudaBackend {
 
 std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const Model> model, const CudaOptions& options) {
   if (!model) fail("make_cuda_backend: no model");
+  if (options.prefill_chunk < 1 || options.prefill_chunk > kMaxPrefillChunk)  // before any upload
+    fail("CUDA backend: a prefill chunk of {} tokens (--prefill-chunk: 1 to {})", options.prefill_chunk,
+         kMaxPrefillChunk);
   return std::make_unique<CudaBackendImpl>(std::move(model), options);
 }
 

@@ -45,7 +45,7 @@ class CudaBackend : public Backend {
   virtual void reset_stats() = 0;
   // Per-stage GPU milliseconds since the last reset (--profile), as a table; "" when off.
   virtual std::string profile_report() const = 0;
-  // The layer plan of a pass of `tokens` tokens (1: decode; up to kMaxChunk = 512: a prefill
+  // The layer plan of a pass of `tokens` tokens (1: decode; up to --prefill-chunk: a prefill
   // chunk) as text: each matrix's type and kernel, each layer's routing (docs/cuda.md).
   virtual std::string plan_report(int tokens) const = 0;
   // check_session_fits (Backend): free device memory against the session's KV cache in the

@@ -11,6 +11,9 @@
 
 namespace rl::cuda {
 
+// The largest --prefill-chunk (the workspace grows linearly with the chunk: docs/PERF.md).
+constexpr int kMaxPrefillChunk = 8192;
+
 struct CudaOptions {
   // The numeric tier (--numerics, docs/cuda.md "Numeric forms"): exact reproduces the oracle;
   // fast takes the fp32-sum kernels where the tier has them.
@@ -61,6 +64,11 @@ struct CudaOptions {
   // time, rank 8 54 %, rank 10 37 % (deeper layers are predicted better); 8 keeps the ranks that are
   // right at least half the time. Not yet timed on the GPU (scripts/device/ab.sh prefetch).
   int prefetch_experts = 8;
+  // Tokens a prefill pass takes at most (--prefill-chunk, 1 to kMaxPrefillChunk); the workspace holds
+  // a pass of this many. 2048: with ~10 of 512 experts a token, a 512-token pass gave each expert
+  // ~10 tokens to spread its dequantised weight tiles over, 2048 gives ~40; on the H200 the 80B's
+  // prefill of 32,768 tokens went from 4,428 to 6,010 tok/s (docs/PERF.md).
+  int prefill_chunk = 2048;
   // Every dense Q4_K prefill product on X32 (--x32-always), also those whose grid has fewer blocks
   // than the GPU has SMs (by default those keep the fp64 products' column splits): parity checks
   // on short prompts and tests, whose products are all small.

@@ -1,5 +1,5 @@
 // Sessions of the CUDA backend: per-session device state (KV caches, DeltaNet states), prefill in
-// chunks of kMaxChunk tokens, decode (GPU-routed graph first, else the synchronous path), and
+// chunks of --prefill-chunk tokens, decode (GPU-routed graph first, else the synchronous path), and
 // snapshots (device copies of the recurrent states; the KV rows shared with the session until it
 // overwrites them, model/kv_share.h).
 #include <algorithm>
@@ -110,8 +110,9 @@ class CudaSessionImpl final : public Session {
     const size_t n_vocab = (size_t)e_.config().n_vocab;
     if (all_logits) all_logits->assign(tokens.size() * n_vocab, 0.0f);
     std::vector<float> last(n_vocab);
-    for (size_t begin = 0; begin < tokens.size(); begin += kMaxChunk) {
-      const size_t n = std::min(tokens.size() - begin, (size_t)kMaxChunk);
+    const size_t chunk = (size_t)e_.ws.max_tokens;
+    for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
+      const size_t n = std::min(tokens.size() - begin, chunk);
       float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();
       run_pass(e_, st_, tokens.subspan(begin, n), all_logits != nullptr, dst, trace_);
       if (all_logits && begin + n == tokens.size())
@@ -131,6 +132,7 @@ class CudaSessionImpl final : public Session {
 
   int position() const override { return st_.position; }
   int n_ctx() const override { return st_.n_ctx; }
+  int prefill_chunk() const override { return e_.ws.max_tokens; }
   int n_vocab() const override { return e_.config().n_vocab; }
 
   std::unique_ptr<SessionSnapshot> snapshot() const override {

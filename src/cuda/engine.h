@@ -90,7 +90,7 @@ struct Engine {
 };
 
 // ---- forward.cpp ----------------------------------------------------------------------------
-// One forward pass of T <= kMaxChunk tokens on the synchronous path: the token ids and positions
+// One forward pass of T <= ws.max_tokens (--prefill-chunk) tokens on the synchronous path: the token ids and positions
 // uploaded, the pass, the logits (every position's when all_logits, else the last one's) copied to
 // logits_out, the statistics updated.
 void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,

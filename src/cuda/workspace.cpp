@@ -39,8 +39,8 @@ std::pair<void*, void*> StagingArea::stage_bytes(size_t count_bytes) {
   return {h, d};
 }
 
-Workspace::Workspace(const Config& c, const NumericForms& forms) {
-  const size_t T = kMaxChunk;
+Workspace::Workspace(const Config& c, const NumericForms& forms, int max_tokens_) : max_tokens(max_tokens_) {
+  const size_t T = max_tokens;  // 1 .. kMaxPrefillChunk (make_cuda_backend checks)
   const size_t n_embd = c.n_embd;
   const size_t wide = std::max<size_t>({(size_t)c.ssm_conv_dim(), 2 * (size_t)c.q_dim(), 1});
   const size_t narrow =

@@ -16,7 +16,6 @@
 
 namespace rl::cuda {
 
-constexpr int kMaxChunk = 512;               // tokens per forward pass (DESIGN.md §5)
 constexpr size_t kStagingBytes = 64u << 20;  // pinned ring for per-layer host<->device tables
 
 struct NumericForms;
@@ -99,9 +98,11 @@ struct AttentionViews {
 };
 
 struct Workspace {
-  // Allocates every buffer for chunks of kMaxChunk tokens; the X24 / X32 buffers only where
-  // `forms` runs such products. bytes() is the device memory taken (EngineStats::working_bytes).
-  Workspace(const Config& c, const NumericForms& forms);
+  // Allocates every buffer for passes of up to max_tokens tokens (--prefill-chunk); the X24 / X32
+  // buffers only where `forms` runs such products. bytes() is the device memory taken
+  // (EngineStats::working_bytes).
+  Workspace(const Config& c, const NumericForms& forms, int max_tokens);
+  int max_tokens = 0;  // the longest pass
   size_t bytes() const { return bytes_; }
   DeltaNetViews deltanet_views(const Config& c, int T) const;
   AttentionViews attention_views() const;

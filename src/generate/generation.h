@@ -36,7 +36,7 @@ class Generation {
 
   // Whether prompt tokens are not yet in the session (false once the prompt is in, or it ended).
   bool prefilling() const { return !ended_ && next_prompt_ < prompt_.size(); }
-  // Prefills the next chunk of at most kPrefillChunk prompt tokens (a cancel request ends the
+  // Prefills the next chunk of at most session().prefill_chunk() prompt tokens (a cancel request ends the
   // generation instead).
   void prefill_chunk();
 
@@ -52,10 +52,6 @@ class Generation {
 
   bool cancelled() const { return cancel_ && cancel_->load(std::memory_order_relaxed); }
 
-  // Prompt tokens per Session::prefill call: bounds the activations a backend allocates, lets a
-  // cancel request land between chunks, and bounds how long one sequence's prefill holds up the
-  // others' decode steps in the server (the CUDA backend's own chunk is 512 too, DESIGN.md §5).
-  static constexpr size_t kPrefillChunk = 512;
 
  private:
   void end_prefill();

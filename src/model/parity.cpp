@@ -118,15 +118,31 @@ std::vector<float> read_f32_file(const std::string& path, size_t n) {
   return v;
 }
 
-int count_selection_mismatches(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b) {
+void SelectionRecorder::ids(std::string_view name, int n, int w, const int32_t* d) {
+  if (name.rfind("ffn_moe_topk", 0) != 0) return;
+  std::vector<int32_t>& layer = by_layer[std::string(name)];
+  layer.insert(layer.end(), d, d + (size_t)n * w);
+}
+
+int count_selection_mismatches(const SelectionRecorder& a, const SelectionRecorder& b) {
+  static const std::vector<int32_t> none;
+  auto layer_of = [](const SelectionRecorder& r, const std::string& name) -> const std::vector<int32_t>& {
+    const auto it = r.by_layer.find(name);
+    return it == r.by_layer.end() ? none : it->second;
+  };
+  std::vector<std::string> names;
+  for (const auto* r : {&a, &b})
+    for (const auto& [name, ids] : r->by_layer) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
   int n = 0;
-  const size_t m = std::min(a.size(), b.size());
-  for (size_t i = 0; i < m; i++) {
-    const size_t len = std::min(a[i].size(), b[i].size());
-    for (size_t j = 0; j < len; j++) n += a[i][j] != b[i][j];
-    n += (int)(std::max(a[i].size(), b[i].size()) - len);
+  for (const std::string& name : names) {
+    const std::vector<int32_t>&x = layer_of(a, name), &y = layer_of(b, name);
+    const size_t len = std::min(x.size(), y.size());
+    for (size_t j = 0; j < len; j++) n += x[j] != y[j];
+    n += (int)(std::max(x.size(), y.size()) - len);
   }
-  return n + (int)(std::max(a.size(), b.size()) - m);
+  return n;
 }
 
 double relative_rms(std::span<const float> a, std::span<const float> b) {

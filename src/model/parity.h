@@ -7,6 +7,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/session.h"
@@ -58,10 +59,18 @@ int32_t argmax_token(std::span<const float> logits);
 // Length of the common prefix of two token sequences.
 int common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
 
-// Router selections that differ between two recordings of the same passes (one entry per pass
-// and layer, [n_tokens * k] ids), entry by entry; a pass or an id one recording lacks counts as
-// differing.
-int count_selection_mismatches(const std::vector<std::vector<int32_t>>& a, const std::vector<std::vector<int32_t>>& b);
+// The router selections of every MoE layer from a trace ("ffn_moe_topk-L", [n_tokens][k] per
+// pass), each layer's passes appended in order: [tokens so far][k] per layer, so two recordings of
+// the same tokens line up however their backends split them into passes (the oracle's 512, the
+// CUDA backend's --prefill-chunk).
+struct SelectionRecorder : TraceSink {
+  std::map<std::string, std::vector<int32_t>> by_layer;
+  void tensor(std::string_view, int, int, const float*) override {}
+  void ids(std::string_view name, int n, int w, const int32_t* d) override;
+};
+// Selections that differ between two recordings, id by id within each layer; an id or a layer
+// one recording lacks counts as differing.
+int count_selection_mismatches(const SelectionRecorder& a, const SelectionRecorder& b);
 
 // Prefills `tokens` from the session's current state in chunks of `chunk` tokens and returns the
 // argmax at every position; `last_logits` receives the logits of the last position. Chunking keeps

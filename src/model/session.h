@@ -49,6 +49,10 @@ class Session {
 
   virtual int position() const = 0;
   virtual int n_ctx() const = 0;
+  // The most tokens one prefill pass of the backend takes (a longer prefill() runs in passes of
+  // this many): the piece a caller that prefills piecewise (Generation, the server's scheduler)
+  // hands over at once, so that it neither splits a pass nor waits on more than one.
+  virtual int prefill_chunk() const { return 512; }
   virtual int n_vocab() const = 0;
 
   // Copies the recurrent states; the KV rows stay shared with this session.

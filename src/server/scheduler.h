@@ -1,7 +1,7 @@
 // The server's model worker: up to --parallel sequences generate together (continuous batching).
 //
 // One thread owns the backend's sessions. Each iteration it admits waiting requests into free
-// slots, runs one prefill chunk (at most Generation::kPrefillChunk tokens) of one sequence still
+// slots, runs one prefill chunk (at most Session::prefill_chunk() tokens) of one sequence still
 // reading its prompt (round robin), then advances every sequence that is generating by one token
 // in one batched pass (Backend::decode_batch). So a new request starts while others generate, and
 // a long prompt delays the others by at most one chunk per step. Sampling, stop conditions,

@@ -22,7 +22,7 @@ TEST(CudaFlags, HelpListsThem) {
   const auto r = run_redlite("bench --help");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib", "--cache-policy",
-                           "--prefetch", "--prefetch-experts"})
+                           "--prefetch", "--prefetch-experts", "--prefill-chunk"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
 }
 
@@ -40,6 +40,11 @@ TEST(CudaFlags, DocumentedValuesAreAccepted) {
                                "' --cache-policy " + policy);
     EXPECT_EQ(r.exit_code, 0) << policy << ": " << r.out;
   }
+  for (const char* chunk : {"1", "512", "8192"}) {
+    const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
+                               "' --prefill-chunk " + chunk);
+    EXPECT_EQ(r.exit_code, 0) << chunk << ": " << r.out;
+  }
   for (const char* prefetch : {"off", "on", "early", "late"}) {
     const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
                                "' --prefetch-experts 3 --prefetch " + prefetch);
@@ -53,6 +58,14 @@ TEST(CudaFlags, UnknownSpeculationIsRefusedNamingTheFlag) {
     const auto r = run_redlite(std::string("bench -m none.gguf --speculation ") + bad);
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.out.find("--speculation"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+TEST(CudaFlags, PrefillChunkOutOfRangeIsRefusedNamingTheFlag) {
+  for (const char* bad : {"0", "-5", "8193", "many"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --prefill-chunk ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--prefill-chunk"), std::string::npos) << bad << ": " << r.out;
   }
 }
 
@@ -86,7 +99,7 @@ TEST(InspectPlan, PrintsThePlanOrSaysWhyNot) {
   r = run_redlite("inspect '" + model + "' --plan --backend cuda --cache-mib 0");
   if (r.exit_code == 0) {  // a GPU machine: both plans, a line per layer (the fixture has 4 + 1 MTP blocks)
     for (const char* part :
-         {"prefill chunk (512 tokens)", "decode (1 token)", "layer  0 deltanet", "layer  3 attention", "lm_head="})
+         {"prefill chunk (2048 tokens)", "decode (1 token)", "layer  0 deltanet", "layer  3 attention", "lm_head="})
       EXPECT_NE(r.out.find(part), std::string::npos) << part << " not in:\n" << r.out;
   } else {
     EXPECT_EQ(r.exit_code, 1) << r.out;

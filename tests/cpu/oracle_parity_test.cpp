@@ -78,14 +78,30 @@ TEST_P(OracleParity, MatchesF32ReferenceOnEveryPrompt) {
   }
 }
 
-// Hand-computed: one differing id, one id and one pass that only one side recorded.
-TEST(ParityMetrics, CountsSelectionMismatchesEntryByEntry) {
-  const std::vector<std::vector<int32_t>> a = {{1, 2, 3, 4}, {5, 6}}, same = a;
-  EXPECT_EQ(count_selection_mismatches(a, same), 0);
-  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 9, 4}, {5, 6}}), 1);
-  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 3, 4}, {5}}), 1);
-  EXPECT_EQ(count_selection_mismatches(a, {{1, 2, 3, 4}}), 1);
-  EXPECT_EQ(count_selection_mismatches(a, {{2, 1, 3, 4}, {5, 6}, {7}}), 3);
+// Hand-computed, k = 2: two passes of one and two tokens equal one pass of three; then one
+// differing id, an id only one side recorded, a layer only one side recorded, and a swap.
+TEST(ParityMetrics, CountsSelectionMismatchesLayerByLayer) {
+  auto record = [](std::initializer_list<std::pair<const char*, std::vector<int32_t>>> passes) {
+    SelectionRecorder r;
+    r.tensor("ffn_moe_logits-0", 1, 1, nullptr);  // not a selection: ignored
+    for (const auto& [name, ids] : passes) r.ids(name, (int)ids.size() / 2, 2, ids.data());
+    return r;
+  };
+  const SelectionRecorder a = record({{"ffn_moe_topk-0", {1, 2}}, {"ffn_moe_topk-1", {3, 4}},
+                                      {"ffn_moe_topk-0", {5, 6, 7, 8}}, {"ffn_moe_topk-1", {9, 10, 11, 12}}});
+  const SelectionRecorder one_pass =
+      record({{"ffn_moe_topk-0", {1, 2, 5, 6, 7, 8}}, {"ffn_moe_topk-1", {3, 4, 9, 10, 11, 12}}});
+  EXPECT_EQ(count_selection_mismatches(a, one_pass), 0);
+  EXPECT_EQ(count_selection_mismatches(
+                a, record({{"ffn_moe_topk-0", {1, 2, 5, 6, 7, 9}}, {"ffn_moe_topk-1", {3, 4, 9, 10, 11, 12}}})),
+            1);
+  EXPECT_EQ(count_selection_mismatches(
+                a, record({{"ffn_moe_topk-0", {1, 2, 5, 6}}, {"ffn_moe_topk-1", {3, 4, 9, 10, 11, 12}}})),
+            2);
+  EXPECT_EQ(count_selection_mismatches(a, record({{"ffn_moe_topk-0", {1, 2, 5, 6, 7, 8}}})), 6);
+  EXPECT_EQ(count_selection_mismatches(
+                a, record({{"ffn_moe_topk-0", {2, 1, 5, 6, 7, 8}}, {"ffn_moe_topk-1", {3, 4, 9, 10, 11, 12}}})),
+            2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, OracleParity, ::testing::ValuesIn(kModels),

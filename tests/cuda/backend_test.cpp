@@ -350,6 +350,7 @@ TEST(CudaBackend, GpuGroupedPrefillEqualsHostGrouping) {
     SCOPED_TRACE(name);
     auto model = Model::open(path);
     cuda::CudaOptions on, off;
+    on.prefill_chunk = off.prefill_chunk = 512;
     off.gpu_grouping = false;
     auto grouped = cuda::make_cuda_backend(model, on), host = cuda::make_cuda_backend(model, off);
     ASSERT_TRUE(grouped->stats().fully_resident);
@@ -378,13 +379,53 @@ TEST(CudaBackend, GpuGroupedPrefillEqualsHostGrouping) {
   RL_SKIP_IF_FIXTURE_MODEL_MISSING();
 }
 
+// --prefill-chunk: a prompt in passes of 97 tokens (7 passes for 600, boundaries inside every
+// 512-token stretch) against one pass of 600 (the default 2048 holds it): the same router
+// selections at every position, the last logits within the exact tier's products' rounding (the
+// plan of a 97-token pass may take other kernels than a 600-token one's); a session reports its
+// backend's chunk, and a chunk outside 1 .. kMaxPrefillChunk is refused at construction.
+TEST(CudaBackend, PrefillChunkSplitsThePasses) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  cuda::CudaOptions small;
+  small.prefill_chunk = 97;
+  auto a = cuda::make_cuda_backend(model, small), b = cuda::make_cuda_backend(model, {});
+  auto sa = a->new_session(700), sb = b->new_session(700);
+  EXPECT_EQ(sa->prefill_chunk(), 97);
+  EXPECT_EQ(sb->prefill_chunk(), 2048);
+  RouterRecorder ra, rb;
+  sa->set_trace(&ra);
+  sb->set_trace(&rb);
+  const auto toks = prompt(600, model->config().n_vocab, 6);
+  const auto la = sa->prefill(toks), lb = sb->prefill(toks);
+  EXPECT_EQ(ra.topk.size(), 7 * rb.topk.size());  // 7 passes a layer against 1
+  EXPECT_FALSE(rb.layers.by_layer.empty());
+  EXPECT_EQ(ra.layers.by_layer, rb.layers.by_layer);
+  EXPECT_LE(relative_rms(la, lb), 1e-6);
+  for (int bad : {0, -1, cuda::kMaxPrefillChunk + 1}) {
+    cuda::CudaOptions o;
+    o.prefill_chunk = bad;
+    try {
+      cuda::make_cuda_backend(model, o);
+      ADD_FAILURE() << "a prefill chunk of " << bad << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--prefill-chunk"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CudaBackend, SnapshotRestoreAndChunkedPrefill) {
   RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
   RL_REQUIRE_FIXTURE(path);
   auto model = Model::open(path);
-  auto gpu = cuda::make_cuda_backend(model, {});
+  cuda::CudaOptions o;
+  o.prefill_chunk = 512;
+  auto gpu = cuda::make_cuda_backend(model, o);
   auto s = gpu->new_session(1200);
+  ASSERT_EQ(s->prefill_chunk(), 512);
   const auto toks = prompt(600, model->config().n_vocab, 2);  // two chunks: 512 + 88
   auto whole = s->prefill(toks);
   s->reset();

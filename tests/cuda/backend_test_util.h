@@ -53,21 +53,24 @@ inline int64_t budget_mib(const Model& m, double fraction) {
 }
 
 // The router of every MoE layer of every pass, in order, from the trace: its selections
-// ("ffn_moe_topk-L", [n_tokens][k]) and its logits ("ffn_moe_logits-L", [n_tokens][n_expert]).
+// ("ffn_moe_topk-L", [n_tokens][k]) and its logits ("ffn_moe_logits-L", [n_tokens][n_expert]);
+// `layers` holds the selections by layer, however the passes were split.
 struct RouterRecorder final : TraceSink {
   std::vector<std::vector<int32_t>> topk;
   std::vector<std::vector<float>> logits;
+  SelectionRecorder layers;
   void tensor(std::string_view name, int n, int w, const float* d) override {
     if (name.rfind("ffn_moe_logits", 0) == 0) logits.emplace_back(d, d + (size_t)n * w);
   }
   void ids(std::string_view name, int n, int w, const int32_t* d) override {
     if (name.rfind("ffn_moe_topk", 0) == 0) topk.emplace_back(d, d + (size_t)n * w);
+    layers.ids(name, n, w, d);
   }
 };
 
-// Selections that differ between two recordings, entry by entry (as `redlite parity` counts them).
+// Selections that differ between two recordings, layer by layer (as `redlite parity` counts them).
 inline int count_router_mismatches(const RouterRecorder& a, const RouterRecorder& b) {
-  return count_selection_mismatches(a.topk, b.topk);
+  return count_selection_mismatches(a.layers, b.layers);
 }
 
 // Prefills both sessions with `toks` (with every position's logits when all_logits) and decodes
