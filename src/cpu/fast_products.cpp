@@ -199,6 +199,7 @@ void run_batch(ThreadPool& pool, std::span<const ProductJob> jobs) {
 class FastProducts final : public Products {
  public:
   using Products::Products;
+  Numerics numerics() const override { return Numerics::kFast; }
   void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const override {
     fast_matmul(pool(), W, x, n_tokens, out);
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "cpu/attention_fast.h"
 #include "cpu/ops.h"
 #include "cpu/products.h"
 
@@ -131,7 +132,9 @@ void rope_neox(float* head, const RopeAngles& angles) {
 //   [q | gate] = attn_q h  (per head: head_dim query, head_dim gate); k = attn_k h; v = attn_v h
 //   q, k: per-head RMSNorm, then RoPE; softmax(q k^T / sqrt(head_dim)) v over positions <= own
 //   out = attn_output (attention * sigmoid(gate))
-// Each row attends to its own sequence's cache (layer L of its state).
+// Each row attends to its own sequence's cache (layer L of its state). The exact tier's core is
+// below (double sums, a task per token and query head); the fast tier's is gated_attention_fast
+// (cpu/attention_fast.h: fp32, each key row read once per KV head).
 void attention_layer(const Products& mm, const Config& c, const AttentionWeights& w,
                      const LayerVectors& vec, const PassRows& rows, int L, const float* h, int T,
                      float* out) {
@@ -172,6 +175,16 @@ void attention_layer(const Products& mm, const Config& c, const AttentionWeights
   }
 
   Buf attn((size_t)T * q_dim);  // [T][n_head][hd]
+  if (mm.numerics() == Numerics::kFast) {
+    std::vector<AttentionRow> att((size_t)T);
+    for (int t = 0; t < T; t++) {
+      const LayerState& st = rows.layer(rows.sequence_of(t), L);
+      att[t] = {&st.k_cache, &st.v_cache, rows.position(t) + 1};
+    }
+    gated_attention_fast(mm.pool(), att, q.data(), gate.data(), n_head, c.n_head_kv, hd, attn.data());
+    mm.matmul(w.output, attn.data(), T, out);
+    return;
+  }
   const double scale = 1.0 / std::sqrt((double)hd);
   // One task per token and head, so a decode step's heads spread over the threads too.
   mm.pool().run((int64_t)T * n_head, [&](int64_t task) {

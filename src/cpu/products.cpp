@@ -9,6 +9,7 @@ namespace {
 class ExactProducts final : public Products {
  public:
   using Products::Products;
+  Numerics numerics() const override { return Numerics::kExact; }
   void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const override {
     cpu::matmul(pool(), W, x, n_tokens, out);
   }

@@ -1,5 +1,6 @@
 // How a CPU forward pass forms its matrix products (out[t][r] = W[r] . x[t]); the stages of
-// cpu/forward.cpp are the same for both tiers and call only this.
+// cpu/forward.cpp are the same for both tiers and call only this (and, by its numerics(), the
+// tier's attention core).
 //   exact: the oracle's matmul (cpu/ops.h): fp32 values, every sum in double.
 //   fast:  activations quantised to 8 bits per block, integer dot products, fp32 accumulation
 //          (cpu/fast_dot.h), threads over rows and, for a batch, over products x rows.
@@ -29,6 +30,9 @@ class Products {
   explicit Products(ThreadPool& pool) : pool_(pool) {}
   virtual ~Products() = default;
   ThreadPool& pool() const { return pool_; }
+  // The tier these products are: forward.cpp takes the tier's attention core with them (the
+  // oracle's in double, or the fast tier's, cpu/attention_fast.h).
+  virtual Numerics numerics() const = 0;
   virtual void matmul(const TensorView& W, const float* x, int n_tokens, float* out) const = 0;
   // Independent products (the routed and shared experts of a layer, a layer's input projections),
   // free to run in any order or together: the fast tier runs them as one set of row tiles over the
