@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "cpu/attention_fast.h"
+#include "cpu/deltanet_fast.h"
 #include "cpu/ops.h"
 #include "cpu/products.h"
 
@@ -314,8 +315,10 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
 
   // The recurrence, one task per sequence and value head j (key head j / r), tokens in order:
   //   S = S * exp(g_t);  S += outer((v_t - S k_t) * beta_t, k_t);  o_t = S q_t     S: [dv][dk]
-  // then o_t = RMSNorm(o_t) * ssm_norm * SiLU(z_t).
+  // then o_t = RMSNorm(o_t) * ssm_norm * SiLU(z_t). The fast tier's step is delta_rule_step_fast
+  // (cpu/deltanet_fast.h: fp32, one pass over S); the oracle's is below.
   Buf o((size_t)T * value_dim);  // [T][nv][dv]
+  const bool fast = mm.numerics() == Numerics::kFast;
   mm.pool().run((int64_t)rows.n_seqs() * nv, [&](int64_t task) {
     const int s = (int)(task / nv), j = (int)(task % nv);
     float* S = rows.layer(s, L).ssm.data() + (size_t)j * dv * dk;
@@ -327,12 +330,16 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
       const float* v = qkv.data() + (size_t)t * conv_dim + 2 * key_dim + j * dv;
       const double decay = std::exp((double)decay_log[(size_t)t * nv + j]);
       const double b = beta[(size_t)t * nv + j];
-      for (int i = 0; i < dv * dk; i++) S[i] = (float)(S[i] * decay);
-      for (int i = 0; i < dv; i++) d[i] = ((double)v[i] - dot(S + (size_t)i * dk, k, dk)) * b;
-      for (int i = 0; i < dv; i++)
-        for (int cc = 0; cc < dk; cc++) S[(size_t)i * dk + cc] = (float)(S[(size_t)i * dk + cc] + d[i] * k[cc]);
       float* oj = o.data() + (size_t)t * value_dim + j * dv;
-      for (int i = 0; i < dv; i++) oj[i] = (float)dot(S + (size_t)i * dk, q, dk);
+      if (fast) {
+        delta_rule_step_fast(S, q, k, v, (float)decay, (float)b, dk, dv, oj);
+      } else {
+        for (int i = 0; i < dv * dk; i++) S[i] = (float)(S[i] * decay);
+        for (int i = 0; i < dv; i++) d[i] = ((double)v[i] - dot(S + (size_t)i * dk, k, dk)) * b;
+        for (int i = 0; i < dv; i++)
+          for (int cc = 0; cc < dk; cc++) S[(size_t)i * dk + cc] = (float)(S[(size_t)i * dk + cc] + d[i] * k[cc]);
+        for (int i = 0; i < dv; i++) oj[i] = (float)dot(S + (size_t)i * dk, q, dk);
+      }
       rmsnorm(oj, vec.ssm_norm.data(), c.rms_eps, dv, oj);
       const float* zj = z.data() + (size_t)t * value_dim + j * dv;
       for (int i = 0; i < dv; i++) oj[i] *= silu(zj[i]);

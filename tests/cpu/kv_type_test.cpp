@@ -136,9 +136,12 @@ Agreement compare(const std::vector<float>& a, const std::vector<float>& ref, si
 }
 
 // Each type's logits against the f32 cache's, in the fast tier. Bounds: twice what model B
-// measured (dev, 2026-12-01: mean / max relative RMS and top-1 over the 174 positions, f16
-// 4.48e-3 / 2.18e-2 / 0.9943, bf16 6.26e-3 / 8.81e-3 / 0.9828, q8_0 6.84e-3 / 9.47e-3 / 0.9885;
-// top-1 bounds: the measured figure less 2 of 174 positions). The figures are not the types'
+// measured (dev, 2026-12-01, with the fast tier's fp32 attention and delta rule: mean / max
+// relative RMS and top-1 over the 174 positions, f16 4.34e-3 / 8.10e-3 / 0.9943, bf16 6.29e-3 /
+// 2.20e-2 / 0.9828, q8_0 6.86e-3 / 9.35e-3 / 0.9943; top-1 bounds: the measured figure less 2 of
+// 174 positions). With the oracle's double attention and recurrence the same types measured
+// 4.48e-3 / 2.18e-2 / 0.9943, 6.26e-3 / 8.81e-3 / 0.9828 and 6.84e-3 / 9.47e-3 / 0.9885: the
+// means hold still, the maxima (one position each) move with any change of the tier's rounding. The figures are not the types'
 // rounding steps scaled (bf16's step is 8 times f16's): the fast tier quantises the attention
 // output to 8 bits for the output projection, and a perturbed value that crosses a rounding
 // boundary moves by a whole step, so a few millesimal changes of the cache give logits changes
@@ -153,8 +156,8 @@ TEST_F(KvTypeModelB, EachTypeWithinItsBoundOfTheF32Cache) {
     KvType type;
     double mean_rel_rms, max_rel_rms, top1;
   };
-  for (const Bound& b : {Bound{KvType::kF16, 9.0e-3, 4.4e-2, 0.983}, Bound{KvType::kBF16, 1.25e-2, 1.8e-2, 0.971},
-                         Bound{KvType::kQ8_0, 1.4e-2, 1.9e-2, 0.977}}) {
+  for (const Bound& b : {Bound{KvType::kF16, 8.7e-3, 1.62e-2, 0.982}, Bound{KvType::kBF16, 1.26e-2, 4.4e-2, 0.971},
+                         Bound{KvType::kQ8_0, 1.37e-2, 1.87e-2, 0.982}}) {
     const Agreement g = compare(logits(b.type), ref, V);
     std::printf("%s: mean rel rms %.3e, max %.3e, top-1 %.4f\n", kv_type_name(b.type), g.mean_rel_rms,
                 g.max_rel_rms, g.top1);
