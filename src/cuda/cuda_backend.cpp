@@ -124,9 +124,11 @@ class CudaBackendImpl final : public CudaBackend {
 
 std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const Model> model, const CudaOptions& options) {
   if (!model) fail("make_cuda_backend: no model");
-  if (options.prefill_chunk < 1 || options.prefill_chunk > kMaxPrefillChunk)  // before any upload
-    fail("CUDA backend: a prefill chunk of {} tokens (--prefill-chunk: 1 to {})", options.prefill_chunk,
-         kMaxPrefillChunk);
+  const int max_chunk = max_prefill_chunk(model->config().n_expert_used);
+  if (options.prefill_chunk < 1 || options.prefill_chunk > max_chunk)  // before any upload
+    fail("CUDA backend: a prefill chunk of {} tokens (--prefill-chunk: 1 to {}{})", options.prefill_chunk, max_chunk,
+         max_chunk < kMaxPrefillChunk ? fmt::format(" for a model of {} experts a token", model->config().n_expert_used)
+                                      : std::string());
   return std::make_unique<CudaBackendImpl>(std::move(model), options);
 }
 

@@ -13,6 +13,17 @@ namespace rl::cuda {
 
 // The largest --prefill-chunk (the workspace grows linearly with the chunk: docs/PERF.md).
 constexpr int kMaxPrefillChunk = 8192;
+// The largest --prefill-chunk for a model of k experts a token: a pass's T·k (token, expert) rows
+// are one grid dimension of the expert-input gather (moe.cu), which CUDA bounds at 65,535 — 6,553
+// tokens for the 80B's 10.
+constexpr int max_prefill_chunk(int n_expert_used) {
+  const int by_grid = 65535 / (n_expert_used > 0 ? n_expert_used : 1);
+  return by_grid < kMaxPrefillChunk ? by_grid : kMaxPrefillChunk;
+}
+// A pass that returns every position's logits takes at most this many tokens, whatever the
+// --prefill-chunk: its device logits buffer is tokens × n_vocab floats (311 MB at 512 and the 80B's
+// 151,936, 1.2 GB at 2048), outside the working set the expert cache is sized around.
+constexpr int kAllLogitsPassTokens = 512;
 
 struct CudaOptions {
   // The numeric tier (--numerics, docs/cuda.md "Numeric forms"): exact reproduces the oracle;

@@ -110,7 +110,9 @@ class CudaSessionImpl final : public Session {
     const size_t n_vocab = (size_t)e_.config().n_vocab;
     if (all_logits) all_logits->assign(tokens.size() * n_vocab, 0.0f);
     std::vector<float> last(n_vocab);
-    const size_t chunk = (size_t)e_.ws.max_tokens;
+    // Every position's logits: passes of at most kAllLogitsPassTokens, which bounds the device
+    // logits buffer (cuda_options.h).
+    const size_t chunk = (size_t)(all_logits ? std::min(e_.ws.max_tokens, kAllLogitsPassTokens) : e_.ws.max_tokens);
     for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
       const size_t n = std::min(tokens.size() - begin, chunk);
       float* dst = all_logits ? all_logits->data() + begin * n_vocab : last.data();

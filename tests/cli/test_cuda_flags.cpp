@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "cuda/cuda_options.h"
 #include "test_util.h"
 
 namespace {
@@ -67,6 +68,15 @@ TEST(CudaFlags, PrefillChunkOutOfRangeIsRefusedNamingTheFlag) {
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.out.find("--prefill-chunk"), std::string::npos) << bad << ": " << r.out;
   }
+}
+
+// The model's bound on the chunk (hand-computed: 65,535 gather rows over k experts a token).
+TEST(CudaFlags, PrefillChunkIsBoundByTheExpertsATokenPass) {
+  EXPECT_EQ(rl::cuda::max_prefill_chunk(10), 6553);  // the 80B: 6,553 × 10 = 65,530 rows
+  EXPECT_EQ(rl::cuda::max_prefill_chunk(8), 8191);
+  EXPECT_EQ(rl::cuda::max_prefill_chunk(4), rl::cuda::kMaxPrefillChunk);
+  EXPECT_EQ(rl::cuda::max_prefill_chunk(512), 127);
+  EXPECT_EQ(rl::cuda::max_prefill_chunk(0), rl::cuda::kMaxPrefillChunk);
 }
 
 TEST(CudaFlags, UnknownCachePolicyIsRefusedNamingTheFlag) {

@@ -45,7 +45,10 @@ struct Heads {
 };
 
 // The fixtures' and the 80B's head shapes.
-const Heads kShapes[] = {{4, 2, 64}, {8, 2, 128}, {16, 2, 256}};
+// Then two head dims that are multiples of 16 but not of 32 or 64 (the kernels' padded tiers), for
+// OddShapes only.
+const Heads kShapes[] = {{4, 2, 64}, {8, 2, 128}, {16, 2, 256}, {4, 2, 48}, {4, 2, 80}};
+constexpr int kShapeCount = sizeof kShapes / sizeof kShapes[0];
 
 // Random KV caches [n_ctx][n_kv][hd] on the device in a --kv-type, and on the host the values they
 // hold, for shape kShapes[shape] (or any head count over its n_kv and hd). A cache of another type
@@ -62,8 +65,9 @@ struct Caches {
 
 // The caches are the tests' largest inputs: made once per shape and type for the whole binary.
 const Caches& caches(int shape, KvType type = KvType::kF32) {
-  static const int kCtx[] = {262144, 70100, 70100};  // 4/2 reaches the 80B's full context
-  static Caches made[4][3];
+  static const int kCtx[] = {262144, 70100, 70100, 5000, 5000};  // 4/2 reaches the 80B's full context
+  static_assert(sizeof kCtx / sizeof kCtx[0] == kShapeCount);
+  static Caches made[4][kShapeCount];
   Caches& c = made[(int)type][shape];
   if (c.n_ctx == 0) {
     c.n_kv = kShapes[shape].n_kv;
@@ -319,6 +323,20 @@ TEST_F(CudaFastAttention, ChunksSplitTheirKeys) {
 TEST_F(CudaFastAttention, OddGroup) {
   check_prefill(0, {6, 2, 64}, 300, 45, 77);
   check_decode(0, {6, 2, 64}, 4000, 78);
+}
+
+// Decode blocks of other head counts than 8 (groups of 16: two blocks a KV head; 5: five heads a
+// block, three padding rows) and head dims inside a padded tier (48 in 64, 80 in 128), and
+// prefill chunks at those dims.
+TEST_F(CudaFastAttention, OddShapes) {
+  for (int length : {33, 4000}) {
+    check_decode(0, {32, 2, 64}, length, 81 + length);
+    check_decode(0, {10, 2, 64}, length, 82 + length);
+    check_decode(3, kShapes[3], length, 83 + length);
+    check_decode(4, kShapes[4], length, 84 + length);
+  }
+  check_prefill(3, kShapes[3], 4000 - 77, 77, 85);
+  check_prefill(4, kShapes[4], 4000 - 77, 77, 86);
 }
 
 // The decode kernels captured in a CUDA graph once, replayed at several positions written to
