@@ -1,6 +1,7 @@
 // The scheduler's order of work, seen through a backend that records every call (over the CPU
 // backend of fixture model B): a long prompt arriving while another sequence generates is
-// prefilled in chunks of at most 512 tokens with a decode step of the running sequence between
+// prefilled in chunks of the session's pass size (Session::prefill_chunk: 512 on the CPU, or what
+// the recording session reports in its place) with a decode step of the running sequence between
 // every two chunks, and decode passes never hold more sequences than --parallel.
 #include <gtest/gtest.h>
 
@@ -23,8 +24,9 @@ struct Call {
 
 class RecordingSession final : public Session {
  public:
-  RecordingSession(std::unique_ptr<Session> inner, std::vector<Call>& log, std::mutex& m)
-      : inner_(std::move(inner)), log_(log), m_(m) {}
+  RecordingSession(std::unique_ptr<Session> inner, std::vector<Call>& log, std::mutex& m, int chunk)
+      : inner_(std::move(inner)), log_(log), m_(m), chunk_(chunk) {}
+  int prefill_chunk() const override { return chunk_ > 0 ? chunk_ : inner_->prefill_chunk(); }
   std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all) override {
     {
       std::lock_guard<std::mutex> l(m_);
@@ -47,14 +49,16 @@ class RecordingSession final : public Session {
   std::unique_ptr<Session> inner_;
   std::vector<Call>& log_;
   std::mutex& m_;
+  int chunk_;
 };
 
 class RecordingBackend final : public Backend {
  public:
-  explicit RecordingBackend(Backend& inner) : inner_(inner) {}
+  // chunk > 0: the pass size its sessions report instead of the inner backend's.
+  RecordingBackend(Backend& inner, int chunk) : inner_(inner), chunk_(chunk) {}
   std::string name() const override { return "recording"; }
   std::unique_ptr<Session> new_session(int n_ctx) override {
-    return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), log, m);
+    return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), log, m, chunk_);
   }
   size_t session_bytes(int n_ctx) const override { return inner_.session_bytes(n_ctx); }
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
@@ -77,6 +81,7 @@ class RecordingBackend final : public Backend {
 
  private:
   Backend& inner_;
+  int chunk_;
 };
 
 std::shared_ptr<Job> greedy_job(std::vector<int32_t> prompt, int max_tokens) {
@@ -95,9 +100,10 @@ bool wait_done(Job& job) {
 
 class SchedulerTest : public ServerModelTest {};
 
-TEST_F(SchedulerTest, ALongPromptIsPrefilledAChunkPerStepBetweenTheOthersDecodeSteps) {
-  ServedModel model = fixture_loader(server_model())([](float) {});
-  RecordingBackend backend(*model.backend);
+// A 1,500-token prompt arriving while another sequence generates 200 tokens, through sessions
+// that report `chunk` (0: the CPU backend's 512): its prefill calls must be `expected`.
+void check_chunked_prefill(const ServedModel& model, int chunk, const std::vector<int>& expected) {
+  RecordingBackend backend(*model.backend, chunk);
   SchedulerConfig cfg;
   cfg.parallel = 2;
   Scheduler scheduler(backend, *model.tokenizer, cfg);
@@ -125,10 +131,8 @@ TEST_F(SchedulerTest, ALongPromptIsPrefilledAChunkPerStepBetweenTheOthersDecodeS
   std::vector<size_t> long_chunks;  // indices of the long prompt's chunks (every prefill after the first)
   for (size_t i = 1; i < calls.size(); i++)
     if (calls[i].prefill) long_chunks.push_back(i);
-  ASSERT_EQ(long_chunks.size(), 3u) << "1500 tokens in chunks of at most 512";
-  EXPECT_EQ(calls[long_chunks[0]].tokens, 512);
-  EXPECT_EQ(calls[long_chunks[1]].tokens, 512);
-  EXPECT_EQ(calls[long_chunks[2]].tokens, 476);
+  ASSERT_EQ(long_chunks.size(), expected.size()) << "1500 tokens in chunks of at most " << expected[0];
+  for (size_t k = 0; k < expected.size(); k++) EXPECT_EQ(calls[long_chunks[k]].tokens, expected[k]) << "chunk " << k;
   // Between two chunks the running sequence made its decode step, alone in the pass.
   for (size_t k = 0; k + 1 < long_chunks.size(); k++) {
     ASSERT_EQ(long_chunks[k + 1], long_chunks[k] + 2) << "chunk " << k;
@@ -136,9 +140,21 @@ TEST_F(SchedulerTest, ALongPromptIsPrefilledAChunkPerStepBetweenTheOthersDecodeS
     EXPECT_EQ(calls[long_chunks[k] + 1].tokens, 1);
   }
   // After its prompt the arriving sequence decodes in the same passes as the running one.
-  ASSERT_LT(long_chunks[2] + 1, calls.size());
-  EXPECT_EQ(calls[long_chunks[2] + 1].tokens, 2);
-  for (const Call& c : calls) EXPECT_LE(c.tokens, c.prefill ? 512 : cfg.parallel);
+  ASSERT_LT(long_chunks.back() + 1, calls.size());
+  EXPECT_EQ(calls[long_chunks.back() + 1].tokens, 2);
+  for (const Call& c : calls) EXPECT_LE(c.tokens, c.prefill ? std::max(expected[0], 8) : cfg.parallel);
+}
+
+TEST_F(SchedulerTest, ALongPromptIsPrefilledAChunkPerStepBetweenTheOthersDecodeSteps) {
+  const ServedModel model = fixture_loader(server_model())([](float) {});
+  check_chunked_prefill(model, 0, {512, 512, 476});
+}
+
+// The chunk is the session's pass size, whatever it is (the CUDA backend's --prefill-chunk).
+TEST_F(SchedulerTest, ThePrefillChunkIsTheSessionsPassSize) {
+  const ServedModel model = fixture_loader(server_model())([](float) {});
+  check_chunked_prefill(model, 300, {300, 300, 300, 300, 300});
+  check_chunked_prefill(model, 1024, {1024, 476});
 }
 
 }  // namespace
