@@ -31,21 +31,13 @@ struct FrozenKv {
   }
 };
 using KvLedgerCpu = KvLedger<FrozenKv, State>;
-using KvShareCpu = KvShare<FrozenKv, State>;
 
 // The recurrent states copied; the KV rows shared with the session (kv_share.h).
-class CpuSnapshot final : public SessionSnapshot {
+class CpuSnapshot final : public KvSharingSnapshot<FrozenKv, State> {
  public:
   explicit CpuSnapshot(const Shared* owner) : owner(owner) {}
-  size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
-  int position() const override { return (int)kv.position(); }
-  bool lost() const override { return kv.lost(); }
   const Shared* owner;  // snapshots restore only into sessions of the same loaded model
   std::vector<std::vector<float>> conv, ssm;  // [n_layer]: LayerState's, empty for attention layers
-  size_t recurrent_bytes = 0;
-  // Mutable: a restore makes it reference the rows of the session restored into; what the
-  // snapshot holds does not change.
-  mutable KvShareCpu kv;
 };
 
 class CpuSession final : public Session {

@@ -27,21 +27,13 @@ struct FrozenKvDevice {
   }
 };
 using KvLedgerCuda = KvLedger<FrozenKvDevice, SessionState>;
-using KvShareCuda = KvShare<FrozenKvDevice, SessionState>;
 
 // The recurrent states copied; the KV rows shared with the session (kv_share.h).
-class CudaSnapshot final : public SessionSnapshot {
+class CudaSnapshot final : public KvSharingSnapshot<FrozenKvDevice, SessionState> {
  public:
   const Engine* owner = nullptr;  // the loaded model whose sessions may restore it
   KvType kv_type = KvType::kF32;
   std::vector<DeviceBuffer> conv, ssm;  // [n_layer]: SessionState's, empty for attention layers
-  size_t recurrent_bytes = 0;
-  // Mutable: a restore makes it reference the rows of the session restored into; what the
-  // snapshot holds does not change.
-  mutable KvShareCuda kv;
-  size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
-  int position() const override { return (int)kv.position(); }
-  bool lost() const override { return kv.lost(); }
 };
 
 // Rows [src_row, src_row + n) of a K or V cache laid out for src_capacity rows into rows

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "model/session.h"
 
 namespace rl {
 
@@ -203,6 +204,20 @@ class KvLedger {
   Freeze freeze_;
   Surrender surrender_;
   std::vector<KvShare<Rows, Store>*> shares_;
+};
+
+// The part of a backend's snapshot that this file defines: the recurrent states' bytes (the
+// backend copies the states themselves) and the KV rows shared with a session.
+template <class Rows, class Store>
+class KvSharingSnapshot : public SessionSnapshot {
+ public:
+  size_t bytes() const override { return recurrent_bytes + kv.bytes(); }
+  int position() const override { return (int)kv.position(); }
+  bool lost() const override { return kv.lost(); }
+  size_t recurrent_bytes = 0;
+  // Mutable: a restore makes it reference the rows of the session restored into; what the
+  // snapshot holds does not change.
+  mutable KvShare<Rows, Store> kv;
 };
 
 }  // namespace rl
