@@ -54,8 +54,14 @@ void gated_attention_fast(ThreadPool& pool, std::span<const AttentionRow> rows, 
 
   // Partials of (row, query head, split): the maximum score and the sum of exp(score - maximum),
   // and the weighted values.
+  // Kept by the calling thread from call to call (a decode step's partials are 512 KiB at the 80B's
+  // shape: allocated every layer, they would be mapped and unmapped every time).
   const size_t n_part = (size_t)T * n_head * n_splits;
-  std::vector<float> part_m(n_part), part_l(n_part), part_acc(n_part * hd);
+  thread_local std::vector<float> part_m_store, part_l_store, part_acc_store;
+  part_m_store.resize(n_part), part_l_store.resize(n_part), part_acc_store.resize(n_part * hd);
+  float* const part_m = part_m_store.data();
+  float* const part_l = part_l_store.data();
+  float* const part_acc = part_acc_store.data();
   pool.run(base * n_splits, [&](int64_t task) {
     const int split = (int)(task % n_splits), t = (int)(task / n_splits / n_kv), kh = (int)(task / n_splits % n_kv);
     const AttentionRow& r = rows[t];
@@ -76,7 +82,7 @@ void gated_attention_fast(ThreadPool& pool, std::span<const AttentionRow> rows, 
       for (int g = 0; g < group; g++) p[(size_t)g * n + j] = dot_f32(qh + (size_t)g * hd, key, hd) * scale;
     }
     // The split's weighted values of head g at acc + g·n_splits·hd (its partials are n_splits apart).
-    float* const acc = part_acc.data() + (((size_t)t * n_head + h0) * n_splits + split) * hd;
+    float* const acc = part_acc + (((size_t)t * n_head + h0) * n_splits + split) * hd;
     const size_t head_stride = (size_t)n_splits * hd;
     for (int g = 0; g < group; g++) {
       const size_t at = ((size_t)t * n_head + h0 + g) * n_splits + split;
@@ -106,7 +112,7 @@ void gated_attention_fast(ThreadPool& pool, std::span<const AttentionRow> rows, 
     for (int s = 0; s < n_splits; s++) {
       const float w = part_l[first + s] > 0.0f ? std::exp(part_m[first + s] - mx) : 0.0f;
       l += w * part_l[first + s];
-      if (w != 0.0f) axpy_f32(w, part_acc.data() + (first + s) * hd, o, hd);
+      if (w != 0.0f) axpy_f32(w, part_acc + (first + s) * hd, o, hd);
     }
     const float inv = 1.0f / l, *g = gate + (size_t)rh * hd;
     for (int i = 0; i < hd; i++) o[i] = o[i] * inv * sigmoid(g[i]);
