@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "cpu/fast_dot.h"
 #include "cpu/fast_simd.h"
 #include "cpu/ops.h"
 
@@ -13,19 +14,6 @@ namespace {
 
 constexpr int kMinSplitKeys = 256;  // shortest split: below it a task's fixed costs dominate
 constexpr int kTasksPerThread = 4;  // splits are made until the pool has this many tasks a thread
-
-float dot_f32(const float* a, const float* b, int n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = simd::hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-}
 
 // y += w·x over n values.
 void axpy_f32(float w, const float* x, float* y, int n) {
@@ -79,7 +67,7 @@ void gated_attention_fast(ThreadPool& pool, std::span<const AttentionRow> rows, 
     const float* qh = q + ((size_t)t * n_head + h0) * hd;
     for (int j = 0; j < n; j++) {
       const float* key = r.k->read((size_t)(j0 + j), kh * hd, hd, decoded);
-      for (int g = 0; g < group; g++) p[(size_t)g * n + j] = dot_f32(qh + (size_t)g * hd, key, hd) * scale;
+      for (int g = 0; g < group; g++) p[(size_t)g * n + j] = fast_dot_f32(qh + (size_t)g * hd, key, hd) * scale;
     }
     // The split's weighted values of head g at acc + g·n_splits·hd (its partials are n_splits apart).
     float* const acc = part_acc + (((size_t)t * n_head + h0) * n_splits + split) * hd;
