@@ -74,6 +74,7 @@ class CpuSession final : public Session {
 
   int position() const override { return state_.position; }
   int n_ctx() const override { return n_ctx_; }
+  int prefill_chunk() const override { return kMaxBatch; }  // prefill()'s passes
   int n_vocab() const override { return config().n_vocab; }
 
   std::unique_ptr<SessionSnapshot> snapshot() const override {

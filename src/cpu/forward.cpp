@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "cpu/attention_fast.h"
-#include "cpu/deltanet_fast.h"
+#include "cpu/delta_rule.h"
 #include "cpu/ops.h"
 #include "cpu/products.h"
 
@@ -315,15 +315,13 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
 
   // The recurrence, one task per sequence and value head j (key head j / r), tokens in order:
   //   S = S * exp(g_t);  S += outer((v_t - S k_t) * beta_t, k_t);  o_t = S q_t     S: [dv][dk]
-  // then o_t = RMSNorm(o_t) * ssm_norm * SiLU(z_t). The fast tier's step is delta_rule_step_fast
-  // (cpu/deltanet_fast.h: fp32, one pass over S); the oracle's is below.
+  // then o_t = RMSNorm(o_t) * ssm_norm * SiLU(z_t): cpu/delta_rule.h's step of the tier.
   Buf o((size_t)T * value_dim);  // [T][nv][dv]
   const bool fast = mm.numerics() == Numerics::kFast;
   mm.pool().run((int64_t)rows.n_seqs() * nv, [&](int64_t task) {
     const int s = (int)(task / nv), j = (int)(task % nv);
     float* S = rows.layer(s, L).ssm.data() + (size_t)j * dv * dk;
     const int g = j / r;
-    std::vector<double> d(dv);
     for (int t = rows.first[s]; t < rows.first[s + 1]; t++) {
       const float* q = qkv.data() + (size_t)t * conv_dim + g * dk;
       const float* k = qkv.data() + (size_t)t * conv_dim + key_dim + g * dk;
@@ -331,15 +329,10 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
       const double decay = std::exp((double)decay_log[(size_t)t * nv + j]);
       const double b = beta[(size_t)t * nv + j];
       float* oj = o.data() + (size_t)t * value_dim + j * dv;
-      if (fast) {
+      if (fast)
         delta_rule_step_fast(S, q, k, v, (float)decay, (float)b, dk, dv, oj);
-      } else {
-        for (int i = 0; i < dv * dk; i++) S[i] = (float)(S[i] * decay);
-        for (int i = 0; i < dv; i++) d[i] = ((double)v[i] - dot(S + (size_t)i * dk, k, dk)) * b;
-        for (int i = 0; i < dv; i++)
-          for (int cc = 0; cc < dk; cc++) S[(size_t)i * dk + cc] = (float)(S[(size_t)i * dk + cc] + d[i] * k[cc]);
-        for (int i = 0; i < dv; i++) oj[i] = (float)dot(S + (size_t)i * dk, q, dk);
-      }
+      else
+        delta_rule_step_exact(S, q, k, v, decay, b, dk, dv, oj);
       rmsnorm(oj, vec.ssm_norm.data(), c.rms_eps, dv, oj);
       const float* zj = z.data() + (size_t)t * value_dim + j * dv;
       for (int i = 0; i < dv; i++) oj[i] *= silu(zj[i]);

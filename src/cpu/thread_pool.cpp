@@ -95,7 +95,7 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
   open_.store(false);
   for (int active = active_.load(); active != 0; active = active_.load()) {
     spin_while_equal(active_, active);
-    if (active_.load() == active) active_.wait(active);
+    active_.wait(active);  // returns at once when the count has moved on
   }
   fn_ = nullptr;
   if (error_) std::rethrow_exception(error_);

@@ -60,7 +60,7 @@ void Generation::prefill_chunk() {
   }
   // A backend pass at a time: a cancel request lands between them, and in the server one sequence's
   // prefill holds up the others' decode steps by at most one pass.
-  const size_t piece = (size_t)std::max(g_.session().prefill_chunk(), 1);
+  const size_t piece = (size_t)g_.session().prefill_chunk();
   auto chunk = std::span(prompt_).subspan(next_prompt_, std::min(piece, prompt_.size() - next_prompt_));
   g_.last_logits_ = g_.session().prefill(chunk);
   g_.history_.insert(g_.history_.end(), chunk.begin(), chunk.end());

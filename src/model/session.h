@@ -51,7 +51,8 @@ class Session {
   virtual int n_ctx() const = 0;
   // The most tokens one prefill pass of the backend takes (a longer prefill() runs in passes of
   // this many): the piece a caller that prefills piecewise (Generation, the server's scheduler)
-  // hands over at once, so that it neither splits a pass nor waits on more than one.
+  // hands over at once, so that it neither splits a pass nor waits on more than one. At least 1
+  // (the backends check theirs); 512 for a session that does not say.
   virtual int prefill_chunk() const { return 512; }
   virtual int n_vocab() const = 0;
 

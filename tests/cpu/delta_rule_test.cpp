@@ -1,5 +1,5 @@
-// The fast tier's delta-rule step (cpu/deltanet_fast.h) against the oracle's form of it (the
-// arithmetic of forward.cpp's exact recurrence: fp32 state, double sums), over 200 tokens from a
+// The fast tier's delta-rule step against the oracle's (cpu/delta_rule.h, the step forward.cpp's
+// exact recurrence takes: fp32 state, double sums), over 200 tokens from a
 // nonzero state, at the 80B's head (dk = dv = 128), the fixtures' (64) and a width with a tail
 // (dk 20, dv 24: not a multiple of 8).
 //
@@ -14,7 +14,8 @@
 #include <random>
 #include <vector>
 
-#include "cpu/deltanet_fast.h"
+#include "cpu/delta_rule.h"
+#include "model/parity.h"
 
 namespace rl::cpu {
 namespace {
@@ -41,28 +42,6 @@ std::vector<Step> steps(int n, int dk, int dv, uint32_t seed) {
   return out;
 }
 
-// The oracle's step: forward.cpp's exact recurrence for one head and token.
-void oracle_step(std::vector<float>& S, const Step& s, int dk, int dv, float* o) {
-  const double decay = s.decay, b = s.beta;
-  std::vector<double> d(dv);
-  auto dot = [&](const float* a, const float* x) {
-    double acc = 0;
-    for (int c = 0; c < dk; c++) acc += (double)a[c] * x[c];
-    return acc;
-  };
-  for (float& x : S) x = (float)(x * decay);
-  for (int i = 0; i < dv; i++) d[i] = ((double)s.v[i] - dot(&S[(size_t)i * dk], s.k.data())) * b;
-  for (int i = 0; i < dv; i++)
-    for (int c = 0; c < dk; c++) S[(size_t)i * dk + c] = (float)(S[(size_t)i * dk + c] + d[i] * s.k[c]);
-  for (int i = 0; i < dv; i++) o[i] = (float)dot(&S[(size_t)i * dk], s.q.data());
-}
-
-double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
-  double e = 0, r = 0;
-  for (size_t i = 0; i < a.size(); i++) e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), r += (double)b[i] * b[i];
-  return std::sqrt(e / r);
-}
-
 TEST(CpuFastDeltaRule, MatchesTheOraclesStepOver200Tokens) {
   struct Shape {
     int dk, dv;
@@ -75,15 +54,21 @@ TEST(CpuFastDeltaRule, MatchesTheOraclesStepOver200Tokens) {
     for (float& x : S) x = nd(rng);
     std::vector<float> S_fast = S, o_ref(sh.dv), o_fast(sh.dv), all_ref, all_fast;
     for (const Step& s : steps(200, sh.dk, sh.dv, 11)) {
-      oracle_step(S, s, sh.dk, sh.dv, o_ref.data());
+      delta_rule_step_exact(S.data(), s.q.data(), s.k.data(), s.v.data(), s.decay, s.beta, sh.dk, sh.dv,
+                            o_ref.data());
       delta_rule_step_fast(S_fast.data(), s.q.data(), s.k.data(), s.v.data(), s.decay, s.beta, sh.dk, sh.dv,
                            o_fast.data());
       all_ref.insert(all_ref.end(), o_ref.begin(), o_ref.end());
       all_fast.insert(all_fast.end(), o_fast.begin(), o_fast.end());
     }
-    EXPECT_LE(rel_rms(all_fast, all_ref), 1e-5) << "outputs";
-    EXPECT_LE(rel_rms(S_fast, S), 1e-5) << "state";
-    EXPECT_GT(rel_rms(all_ref, std::vector<float>(all_ref.size(), 0.0f)), 0.5) << "the outputs are not all zero";
+    EXPECT_LE(relative_rms(all_fast, all_ref), 1e-5) << "outputs";
+    EXPECT_LE(relative_rms(S_fast, S), 1e-5) << "state";
+    double sum2 = 0;
+    for (float x : all_ref) sum2 += (double)x * x;
+    // o_i = Σ_c S_ic q_c with state entries ~1/√dk and q entries ~1/dk: an RMS of ~1/dk (measured
+    // 0.0080, 0.0162, 0.0475 at dk 128, 64, 20), so a quarter of that shows the outputs are not
+    // (nearly) zero, which would make the relative bounds above meaningless.
+    EXPECT_GT(std::sqrt(sum2 / all_ref.size()), 0.25 / sh.dk) << "the outputs are (nearly) all zero";
   }
 }
 

@@ -1,8 +1,23 @@
-#include "cpu/deltanet_fast.h"
+#include "cpu/delta_rule.h"
+
+#include <vector>
 
 #include "cpu/fast_simd.h"
+#include "cpu/ops.h"
 
 namespace rl::cpu {
+
+void delta_rule_step_exact(float* S, const float* q, const float* k, const float* v, double decay, double beta,
+                           int dk, int dv, float* o) {
+  thread_local std::vector<double> d_store;
+  d_store.resize(dv);
+  double* const d = d_store.data();
+  for (int i = 0; i < dv * dk; i++) S[i] = (float)(S[i] * decay);
+  for (int i = 0; i < dv; i++) d[i] = ((double)v[i] - dot(S + (size_t)i * dk, k, dk)) * beta;
+  for (int i = 0; i < dv; i++)
+    for (int c = 0; c < dk; c++) S[(size_t)i * dk + c] = (float)(S[(size_t)i * dk + c] + d[i] * k[c]);
+  for (int i = 0; i < dv; i++) o[i] = (float)dot(S + (size_t)i * dk, q, dk);
+}
 
 void delta_rule_step_fast(float* S, const float* q, const float* k, const float* v, float decay, float beta, int dk,
                           int dv, float* o) {
