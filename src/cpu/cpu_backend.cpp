@@ -139,8 +139,8 @@ class CpuSession final : public Session {
         },
         [&](const KvPiece<FrozenKv>& p) {
           each_kv([&](size_t L, LayerState& l) {
-            l.k_cache.copy_rows(p.rows->k[L], p.begin - p.first, p.begin, p.end - p.begin);
-            l.v_cache.copy_rows(p.rows->v[L], p.begin - p.first, p.begin, p.end - p.begin);
+            l.k_cache.copy_rows(p.rows->k[L], 0, p.begin, p.end - p.begin);  // a piece's rows start at its begin
+            l.v_cache.copy_rows(p.rows->v[L], 0, p.begin, p.end - p.begin);
           });
         });
   }

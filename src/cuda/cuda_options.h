@@ -73,7 +73,8 @@ struct CudaOptions {
   // lower ranks are wrong more often: on a 16-layer synthetic model of the 80B's widths
   // (bench/prefetch_accuracy, docs/cuda.md) rank 1 of the early prediction was selected 92 % of the
   // time, rank 8 54 %, rank 10 37 % (deeper layers are predicted better); 8 keeps the ranks that are
-  // right at least half the time. Not yet timed on the GPU (scripts/device/ab.sh prefetch).
+  // right at least half the time. Prefetch was timed on the H200 with 8 (above); other counts not
+  // yet (scripts/device/ab.sh prefetch with PREFETCH_MODES "on:N").
   int prefetch_experts = 8;
   // Tokens a prefill pass takes at most (--prefill-chunk, 1 to kMaxPrefillChunk); the workspace holds
   // a pass of this many. 2048: with ~10 of 512 experts a token, a 512-token pass gave each expert

@@ -168,11 +168,11 @@ class CudaSessionImpl final : public Session {
           });
         },
         [&](const KvPiece<FrozenKvDevice>& p) {
-          const size_t n = p.end - p.begin, from = p.begin - p.first;
+          const size_t n = p.end - p.begin;  // a piece's rows start at its begin: row 0 of p.rows
           each_kv([&](size_t L) {
-            copy_kv_rows(st_.kv_type, width, p.rows->k[L], p.rows->capacity, from, st_.k_cache[L], cap, p.begin, n,
+            copy_kv_rows(st_.kv_type, width, p.rows->k[L], p.rows->capacity, 0, st_.k_cache[L], cap, p.begin, n,
                          stream);
-            copy_kv_rows(st_.kv_type, width, p.rows->v[L], p.rows->capacity, from, st_.v_cache[L], cap, p.begin, n,
+            copy_kv_rows(st_.kv_type, width, p.rows->v[L], p.rows->capacity, 0, st_.v_cache[L], cap, p.begin, n,
                          stream);
           });
         });

@@ -165,8 +165,7 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   st.position += 1;
   for (int L = 0; L < n_layer; L++) {
     const int32_t* ids = io_host + (size_t)L * K;
-    const std::vector<int> used(ids, ids + K);
-    e.residency.cache().touch(L, used);
+    e.residency.cache().touch(L, std::span<const int>(ids, (size_t)K));
     if (trace) {
       trace->tensor(fmt::format("ffn_moe_logits-{}", L), 1, E, router_host + (size_t)L * E);
       trace->ids(fmt::format("ffn_moe_topk-{}", L), 1, K, ids);

@@ -41,8 +41,7 @@ namespace rl {
 template <class Rows>
 struct KvPiece {
   std::shared_ptr<const Rows> rows;
-  size_t first = 0;           // the position of rows' row 0
-  size_t begin = 0, end = 0;  // the positions this piece gives its snapshot
+  size_t begin = 0, end = 0;  // the positions this piece gives its snapshot; rows' row 0 is begin
 };
 
 template <class Rows, class Store>
@@ -189,7 +188,7 @@ class KvLedger {
     std::vector<KvShare<Rows, Store>*> kept;
     for (KvShare<Rows, Store>* s : shares_) {
       if (s->live_ > from) {
-        s->pieces_.insert(s->pieces_.begin(), KvPiece<Rows>{rows, from, from, s->live_});
+        s->pieces_.insert(s->pieces_.begin(), KvPiece<Rows>{rows, from, s->live_});
         s->live_ = from;
       }
       if (s->live_ > 0)

@@ -40,7 +40,7 @@ class KvShareTest : public ::testing::Test {
     std::vector<int> out;
     for (size_t p = 0; p < s.live_rows(); p++) out.push_back(s.ledger()->store()[p]);
     for (const KvPiece<FakeRows>& piece : s.pieces())
-      for (size_t p = piece.begin; p < piece.end; p++) out.push_back(piece.rows->values[p - piece.first]);
+      for (size_t p = piece.begin; p < piece.end; p++) out.push_back(piece.rows->values[p - piece.begin]);
     return out;
   }
   static std::vector<int> count(int n) {
@@ -142,7 +142,7 @@ TEST_F(KvShareTest, AdoptCopiesWhatTheSessionDoesNotHold) {
   size_t live_copied = 0, piece_rows = 0;
   auto copy_live = [&](const Store&, size_t n) { live_copied += n; };
   auto copy_piece = [&](const KvPiece<FakeRows>& p) {
-    for (size_t pos = p.begin; pos < p.end; pos++) store_[pos] = p.rows->values[pos - p.first];
+    for (size_t pos = p.begin; pos < p.end; pos++) store_[pos] = p.rows->values[pos - p.begin];
     piece_rows += p.end - p.begin;
   };
   ledger_.adopt(a, copy_live, copy_piece);
