@@ -17,14 +17,21 @@ namespace {
 
 class PromptCacheSharedRows : public test::ModelBTest {
  protected:
+  void SetUp() override {
+    ModelBTest::SetUp();
+    if (IsSkipped()) return;
+    backend = cpu::make_cpu_backend(model_, 2);
+    recurrent = model_->config().recurrent_state_bytes();
+    row = model_->config().kv_bytes_per_token();
+  }
+  std::unique_ptr<Backend> backend;
+  size_t recurrent = 0, row = 0;  // a snapshot's recurrent state bytes; KV bytes a position
   std::vector<int32_t> tokens(size_t from, size_t n) const {
     return std::vector<int32_t>(tokens_.begin() + from, tokens_.begin() + from + n);
   }
 };
 
 TEST_F(PromptCacheSharedRows, BudgetCountsRowsFrozenAfterTheyWereStored) {
-  auto backend = cpu::make_cpu_backend(model_, 2);
-  const size_t recurrent = model_->config().recurrent_state_bytes(), row = model_->config().kv_bytes_per_token();
   PromptCache cache(3 * recurrent + 60 * row);
   auto s = backend->new_session(256);
   s->prefill(tokens(0, 40));
@@ -61,8 +68,6 @@ TEST_F(PromptCacheSharedRows, BudgetCountsRowsFrozenAfterTheyWereStored) {
 // A session that goes away freezes the rows its snapshots shared: trim() brings the cache back
 // within its budget at once (the server calls it before making a session), not at the next put.
 TEST_F(PromptCacheSharedRows, TrimEvictsRowsFrozenByASessionThatWent) {
-  auto backend = cpu::make_cpu_backend(model_, 2);
-  const size_t recurrent = model_->config().recurrent_state_bytes(), row = model_->config().kv_bytes_per_token();
   PromptCache cache(2 * recurrent + 10 * row);
   auto s = backend->new_session(256);
   s->prefill(tokens(0, 30));
