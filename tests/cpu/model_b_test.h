@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_backend.h"
 #include "model/model.h"
 #include "model/parity.h"
 #include "test_util.h"
@@ -29,6 +31,23 @@ class ModelBTest : public ::testing::Test {
 
   std::shared_ptr<const Model> model_;
   std::vector<int32_t> tokens_;
+};
+
+// Model B on the CPU backend's oracle tier with `threads` threads (0: every core), made once the
+// fixture is there; span(from, n): tokens_[from, from + n).
+class ModelBBackendTest : public ModelBTest {
+ protected:
+  explicit ModelBBackendTest(int threads = 2) : threads_(threads) {}
+  void SetUp() override {
+    ModelBTest::SetUp();
+    if (IsSkipped()) return;
+    backend_ = cpu::make_cpu_backend(model_, threads_);
+  }
+  std::span<const int32_t> span(size_t from, size_t n) const { return std::span(tokens_).subspan(from, n); }
+  std::unique_ptr<Backend> backend_;
+
+ private:
+  int threads_;
 };
 
 // Tests of the redlite binary on model B: skip without the binary or the fixture.

@@ -19,16 +19,10 @@
 namespace rl {
 namespace {
 
-class SessionTest : public test::ModelBTest {
+class SessionTest : public test::ModelBBackendTest {
  protected:
-  void SetUp() override {
-    ModelBTest::SetUp();
-    if (IsSkipped()) return;
-    backend_ = cpu::make_cpu_backend(model_, 0);
-  }
-  std::span<const int32_t> first(size_t n) const { return std::span(tokens_).first(n); }
-
-  std::unique_ptr<Backend> backend_;
+  SessionTest() : ModelBBackendTest(0) {}
+  std::span<const int32_t> first(size_t n) const { return span(0, n); }
 };
 
 bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {

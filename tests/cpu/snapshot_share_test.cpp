@@ -17,16 +17,14 @@ namespace {
 
 constexpr size_t kKvBytesPerToken = 1024;  // model B, f32: 1 attention layer x K and V x 2 heads x 128 x 4 bytes
 
-class SnapshotShareTest : public test::ModelBTest {
+class SnapshotShareTest : public test::ModelBBackendTest {
  protected:
   void SetUp() override {
-    ModelBTest::SetUp();
+    ModelBBackendTest::SetUp();
     if (IsSkipped()) return;
-    backend_ = cpu::make_cpu_backend(model_, 2);
     recurrent_ = model_->config().recurrent_state_bytes();
     ASSERT_EQ(model_->config().kv_bytes_per_token(), kKvBytesPerToken);
   }
-  std::span<const int32_t> span(size_t from, size_t n) const { return std::span(tokens_).subspan(from, n); }
   // `s`, at position n, gives for `next` the logits of a fresh session fed tokens_[0, n) (bit for bit).
   void expect_continues_fresh(Session& s, size_t n, int32_t next, const char* what) const {
     ASSERT_EQ(s.position(), (int)n) << what;
@@ -39,7 +37,6 @@ class SnapshotShareTest : public test::ModelBTest {
         << what << ": rel rms " << relative_rms(got, want);
   }
 
-  std::unique_ptr<Backend> backend_;
   size_t recurrent_ = 0;
 };
 

@@ -15,16 +15,14 @@
 namespace rl {
 namespace {
 
-class PromptCacheSharedRows : public test::ModelBTest {
+class PromptCacheSharedRows : public test::ModelBBackendTest {
  protected:
   void SetUp() override {
-    ModelBTest::SetUp();
+    ModelBBackendTest::SetUp();
     if (IsSkipped()) return;
-    backend = cpu::make_cpu_backend(model_, 2);
     recurrent = model_->config().recurrent_state_bytes();
     row = model_->config().kv_bytes_per_token();
   }
-  std::unique_ptr<Backend> backend;
   size_t recurrent = 0, row = 0;  // a snapshot's recurrent state bytes; KV bytes a position
   std::vector<int32_t> tokens(size_t from, size_t n) const {
     return std::vector<int32_t>(tokens_.begin() + from, tokens_.begin() + from + n);
@@ -33,7 +31,7 @@ class PromptCacheSharedRows : public test::ModelBTest {
 
 TEST_F(PromptCacheSharedRows, BudgetCountsRowsFrozenAfterTheyWereStored) {
   PromptCache cache(3 * recurrent + 60 * row);
-  auto s = backend->new_session(256);
+  auto s = backend_->new_session(256);
   s->prefill(tokens(0, 40));
   cache.put(tokens(0, 40), s->snapshot());
   s->prefill(tokens(40, 20));
@@ -58,9 +56,9 @@ TEST_F(PromptCacheSharedRows, BudgetCountsRowsFrozenAfterTheyWereStored) {
   // The 10-token entry restores its frozen rows: the continuation is a fresh run's.
   std::vector<int32_t> prompt = tokens(100, 10);
   prompt.push_back(7);
-  auto other = backend->new_session(256);
+  auto other = backend_->new_session(256);
   ASSERT_EQ(cache.restore_longest_prefix(prompt, prompt.size() - 1, *other), 10);
-  auto fresh = backend->new_session(256);
+  auto fresh = backend_->new_session(256);
   fresh->prefill(tokens(100, 10));
   EXPECT_EQ(other->decode(7), fresh->decode(7));
 }
@@ -69,7 +67,7 @@ TEST_F(PromptCacheSharedRows, BudgetCountsRowsFrozenAfterTheyWereStored) {
 // within its budget at once (the server calls it before making a session), not at the next put.
 TEST_F(PromptCacheSharedRows, TrimEvictsRowsFrozenByASessionThatWent) {
   PromptCache cache(2 * recurrent + 10 * row);
-  auto s = backend->new_session(256);
+  auto s = backend_->new_session(256);
   s->prefill(tokens(0, 30));
   cache.put(tokens(0, 30), s->snapshot());
   s->prefill(tokens(30, 20));
