@@ -38,13 +38,18 @@
 #                  CPU_THREADS (default 16) may list several counts, e.g. "16 8 4"; $OUT/cpu-fast-N.log
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
 #                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier);
-#                  AB_VARIANT=1 adds the variant's binary (step variant) to each round
+#                  AB_VARIANT=1 adds the variant's binary (step variant) to each round; the
+#                  binaries of step patches ($PATCHES) join each round too
 #     depths       `bench --depths $DEPTHS` on the tree's binary (default 0,4096,16384,32768,65536)
 #     base-depths  the same on the base binary with $BASE_DEPTHS (default: $DEPTHS); the base must
 #                  know --depths
 #     variant      a copy of the tree with $VARIANT_SED (a sed script) applied to $VARIANT_FILE, built
 #                  as the variant's redlite (an experiment that leaves no switch in the code)
 #     variant-depths  `bench --depths $DEPTHS` on the variant's binary
+#     patches      each patch of $PATCHES (unified diffs of the tree, -p1, paths relative to the
+#                  tree, e.g. carried in .deps) applied to the tree in turn and built incrementally
+#                  in the tree's build as /tmp/rl-bin-NAME (NAME: the file name less .patch), then
+#                  reverted; the tree's redlite is rebuilt last. Several experiments, one call
 #     ncu-detail   Nsight Compute's detailed sections for the first $NCU_COUNT (default 2) kernels
 #                  matching $NCU_RE after the prefill of depth $NCU_DETAIL_DEPTH (default 32768)
 #     ncu          GPU time of each kernel matching $NCU_RE (default: attention) over 2 decode tokens
@@ -230,8 +235,12 @@ for s in "$@"; do
       for r in $(seq "${AB_ROUNDS:-2}"); do
         order="tree base"; [ $((r % 2)) = 0 ] && order="base tree"
         [ "${AB_VARIANT:-0}" = 1 ] && order="$order variant"
+        for p in ${PATCHES:-}; do [ -x "/tmp/rl-bin-$(basename "$p" .patch)" ] && order="$order $(basename "$p" .patch)"; done
         for b in $order; do
-          bin=$BUILD/redlite; [ $b = base ] && bin=$BASE_BUILD/redlite; [ $b = variant ] && bin=/tmp/rl-build-variant/redlite
+          case $b in
+            tree) bin=$BUILD/redlite ;; base) bin=$BASE_BUILD/redlite ;; variant) bin=/tmp/rl-build-variant/redlite ;;
+            *) bin=/tmp/rl-bin-$b ;;
+          esac
           step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json --numerics ${AB_NUMERICS:-exact}
           log "ab $b $r: $(speeds "$OUT/ab-$b-$r.log")"
         done
@@ -244,6 +253,16 @@ for s in "$@"; do
       (cd "$ROOT" && tar --exclude=./.deps --exclude=./.git --exclude='./build*' --exclude=./out -cf - .) | tar -xf - -C /tmp/rl-variant-src
       sed -i "$VARIANT_SED" "/tmp/rl-variant-src/$VARIANT_FILE" && diff <(cd "$ROOT" && cat "$VARIANT_FILE") "/tmp/rl-variant-src/$VARIANT_FILE" > "$OUT/variant.diff"
       configure /tmp/rl-variant-src /tmp/rl-build-variant && STEP_TIMEOUT=400 step build-variant ninja -C /tmp/rl-build-variant -j16 redlite
+      ;;
+    patches)
+      for p in ${PATCHES:-}; do
+        n=$(basename "$p" .patch)
+        rm -f "/tmp/rl-bin-$n"
+        (cd "$ROOT" && patch -p1 --forward < "$ROOT/$p") > "$OUT/patch-$n.log" 2>&1 || { log "patch $n: does not apply"; status=1; continue; }
+        STEP_TIMEOUT=400 step "build-$n" ninja -C $BUILD -j16 redlite && cp $BUILD/redlite "/tmp/rl-bin-$n"
+        (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
+      done
+      STEP_TIMEOUT=400 step build-tree-again ninja -C $BUILD -j16 redlite || exit 1
       ;;
     variant-depths) model; step depths-variant /tmp/rl-build-variant/redlite bench -m $M80 --backend cuda --reps 1 --depths "$DEPTHS" ;;
     ncu-detail)
