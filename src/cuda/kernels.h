@@ -215,9 +215,12 @@ void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32
 
 // ---- norm.cu -------------------------------------------------------------------------------------
 // Residual add then RMSNorm, one kernel: x += y (fp32 adds, in place), out = RMSNorm(x) * w.
-// The same arithmetic as add_inplace followed by rms_norm.
+// The same arithmetic as add_inplace followed by rms_norm. With q8 given (width a multiple of 32),
+// also out's Q8 form, the bits quantize_q8(out, ...) gives, in the same kernel where the row's
+// width allows (a multiple of 2,048 for rows of 1,024 values or more, else of 128), else by
+// quantize_q8 after it.
 void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_rows, int width,
-                  float eps, cudaStream_t stream);
+                  float eps, cudaStream_t stream, int8_t* q8 = nullptr, float2* q8_ds = nullptr);
 // Per row of `width` values (n_rows = T * heads): out = x / sqrt(mean(x²) + eps) * w (w [width];
 // nullptr: no weight). In place allowed.
 void rms_norm(const float* x, const float* w, float* out, int n_rows, int width, float eps,

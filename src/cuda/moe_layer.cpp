@@ -286,7 +286,7 @@ HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<co
 }  // namespace
 
 void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, const float* next_norm,
-               float* h_out, TraceSink* trace, bool gpu_routed) {
+               float* h_out, TraceSink* trace, bool gpu_routed, bool h2_q8_ready) {
   const Config& c = e.config();
   const MoeDev& moe = e.weights.layers[L].moe;
   const cudaStream_t stream = e.streams.compute;
@@ -303,8 +303,9 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   // routing and the routed experts (the same kernels, so the same results), unless --profile
   // times the stages one after another.
   const bool shared_on_side = routing == Routing::kGpuRouted && !e.profiler.on;
-  // Decode: h2 in the Q8 form once, before the side branch forks, for every matvec-q8 product of it.
-  if (plan.moe_input_q8) e.products.convert_moe_input_q8(h2);
+  // Decode: h2 in the Q8 form once, before the side branch forks, for every matvec-q8 product of it
+  // (by the norm that wrote h2, when it could).
+  if (plan.moe_input_q8 && !h2_q8_ready) e.products.convert_moe_input_q8(h2);
   const float* h2_q8 = plan.moe_input_q8 ? h2 : nullptr;
   if (shared_on_side) {
     e.streams.fork_side();

@@ -385,6 +385,41 @@ TEST_F(CudaQ8, SeveralColumnsOfASwigluPair) {
   }
 }
 
+// add_rms_norm's Q8 form (written by the norm kernel where the width allows, by quantize_q8 after
+// it elsewhere) against quantize_q8 of the same output, bit for bit: rows of 2,048 (a block a row,
+// in the kernel), 128 (a warp a row, in the kernel) and 96 (not a multiple of 128: after it), 1 to
+// 4 rows (the decode token and the Q8 column passes), one row with a NaN and one all zeros.
+TEST_F(CudaQ8, AddRmsNormWritesTheQ8FormOfItsOutput) {
+  for (int width : {2048, 128, 96})
+    for (int rows : {1, 4}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows of " << width);
+      auto xs = test::random_floats((size_t)rows * width, 3 + width, 2.0f), ys = test::random_floats(xs.size(), 4);
+      const auto w = test::random_floats(width, 5, 1.0f);
+      if (rows > 1) {
+        xs[width + 7] = NAN;  // row 1: its block of 32 gets d = NaN
+        std::fill(xs.begin() + 2 * width, xs.begin() + 3 * width, 0.0f);  // row 2: x + y = y
+        std::fill(ys.begin() + 2 * width, ys.begin() + 3 * width, 0.0f);  // ... = 0 (d = 0, q = 0)
+      }
+      auto x1 = test::to_device(xs), x2 = test::to_device(xs), y = test::to_device(ys), dw = test::to_device(w);
+      cuda::DeviceBuffer out1(xs.size() * 4), out2(xs.size() * 4), q(xs.size()), ds(xs.size() / 32 * sizeof(float2));
+      cuda::add_rms_norm(x1.f(), y.f(), dw.f(), out1.f(), rows, width, 1e-6f, nullptr, q.get<int8_t>(),
+                         ds.get<float2>());
+      cuda::add_rms_norm(x2.f(), y.f(), dw.f(), out2.f(), rows, width, 1e-6f, nullptr);
+      RL_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto o1 = test::to_host<float>(out1, xs.size()), o2 = test::to_host<float>(out2, xs.size());
+      for (size_t i = 0; i < o1.size(); i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
+      const Q8Device want(out2, rows, width);
+      const auto got_q = test::to_host<int8_t>(q, xs.size()), want_q = test::to_host<int8_t>(want.q, xs.size());
+      const auto got_ds = test::to_host<float2>(ds, xs.size() / 32), want_ds = test::to_host<float2>(want.ds, xs.size() / 32);
+      for (size_t i = 0; i < got_q.size(); i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
+      for (size_t b = 0; b < got_ds.size(); b++) {
+        ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
+        ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
+      }
+      if (rows > 1) EXPECT_TRUE(std::isnan(got_ds[width / 32].x)) << "the NaN's block";
+    }
+}
+
 TEST_F(CudaQ8, RejectsWhatItCannotRun) {
   cuda::DeviceBuffer d(1 << 16);
   cuda::MatvecJob j;
