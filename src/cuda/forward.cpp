@@ -147,7 +147,13 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
     }
     // x += MoE(h); h = RMSNorm(x) * (next layer's attn_norm, or output_norm after the last).
     const float* next_norm = L + 1 < c.n_layer ? w.layers[L + 1].attn_norm : w.output_norm;
-    moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed, moe_input_q8_ready);
+    // Decode: the combine also writes h's Q8 form when the next layer's mixer reads it by matvec-q8.
+    bool next_in_q8 = false;
+    if (T == 1 && L + 1 < c.n_layer && !tensors)
+      for (Kernel k : plan.layers[L + 1].mixer_in) next_in_q8 = next_in_q8 || k == Kernel::kMatvecQ8;
+    moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed, moe_input_q8_ready,
+              next_in_q8 ? e.products.q8_target() : Q8Target{});
+    if (next_in_q8) e.products.hold_q8(h);
     if (tensors) trace_rows(e, tensors, fmt::format("l_out-{}", L), x, T, n_embd);
   }
 

@@ -217,8 +217,7 @@ void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32
 // Residual add then RMSNorm, one kernel: x += y (fp32 adds, in place), out = RMSNorm(x) * w.
 // The same arithmetic as add_inplace followed by rms_norm. With q8 given (width a multiple of 32),
 // also out's Q8 form, the bits quantize_q8(out, ...) gives, in the same kernel where the row's
-// width allows (a multiple of 2,048 for rows of 1,024 values or more, else of 128), else by
-// quantize_q8 after it.
+// width is a multiple of 128, else by quantize_q8 after it.
 void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_rows, int width,
                   float eps, cudaStream_t stream, int8_t* q8 = nullptr, float2* q8_ds = nullptr);
 // Per row of `width` values (n_rows = T * heads): out = x / sqrt(mean(x²) + eps) * w (w [width];
@@ -437,11 +436,17 @@ inline int expert_group_bound(int n, int n_expert) {
 void group_by_expert(const int32_t* ids, int n, int k, int n_expert, const uint64_t* residency_row, int32_t* gather,
                      int32_t* assign, const uint8_t** slot_ptrs, int32_t* group_off, int32_t* group_cnt,
                      int n_groups, int32_t* n_distinct, cudaStream_t stream);
+// Where a kernel also writes its output's Q8 form (quantize_q8's layout); q null: nowhere.
+struct Q8Target {
+  int8_t* q = nullptr;
+  float2* ds = nullptr;
+};
 // moe_combine, then out = RMSNorm(x) * norm_w per token (the next layer's input norm): the same
-// values as moe_combine followed by rms_norm.
+// values as moe_combine followed by rms_norm. With q8 given (width a multiple of 32), also out's
+// Q8 form, as add_rms_norm's.
 void moe_combine_norm(float* x, const float* y, const int32_t* assign, const float* weights, int k,
                       const float* shared, const float* shared_gate, int T, int width, const float* norm_w, float eps,
-                      float* out, cudaStream_t stream);
+                      float* out, cudaStream_t stream, int8_t* q8 = nullptr, float2* q8_ds = nullptr);
 // dst[i][:] = src[idx[i]][:] for i < n (rows of width floats; gather_words: of width 32-bit words,
 // copied as bits, e.g. rows of the X24 form).
 void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width,

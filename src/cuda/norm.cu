@@ -44,31 +44,9 @@ __device__ __forceinline__ float4 scale4(float4 a, double scale, const float* __
   return make_float4((float)(a.x * scale), (float)(a.y * scale), (float)(a.z * scale), (float)(a.w * scale));
 }
 
-// The Q8 form of four consecutive values a thread holds (value index `at`, a multiple of 4), eight
-// consecutive lanes holding one block of 32: quantize_q8's arithmetic (matvec_q8.cu) on the same
-// values, so the same bits — int8 per value, (d, d·Σq) per block, d NaN for a block with a value
-// that is not finite. Every lane of the warp calls it.
-__device__ __forceinline__ void store_q8_quad(float4 v, int8_t* __restrict__ q, float2* __restrict__ ds, size_t at) {
-  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-  int finite = isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w);
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    finite &= __shfl_xor_sync(0xffffffffu, finite, o);
-  }
-  const float d = finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
-  const auto quantise = [&](float x) { return finite && d > 0.0f ? __float2int_rn(__fdiv_rn(x, d)) : 0; };
-  const int a = quantise(v.x), b = quantise(v.y), c = quantise(v.z), e = quantise(v.w);
-  int sum = a + b + c + e;
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  *reinterpret_cast<char4*>(q + at) = make_char4((signed char)a, (signed char)b, (signed char)c, (signed char)e);
-  if (at % 32 == 0) ds[at / 32] = make_float2(d, __fmul_rn(d, (float)sum));
-}
-
 // out = RMSNorm(x (+ y when ADD, stored back to x)) * w. width % 4 == 0. With q given, out's Q8
-// form too (q [n_rows][width], ds [n_rows][width / 32]); the launcher gives it only where every
-// thread of a warp takes the same number of values (width a multiple of 4 × the row's threads).
+// form too (q [n_rows][width], ds [n_rows][width / 32]); the launcher gives it only where a warp's
+// lanes are all in or all out of each round (q8_fusable).
 template <bool BLOCK, bool ADD>
 __global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w,
                                 float* out, int n_rows, int width, float eps, int8_t* __restrict__ q,
@@ -179,8 +157,7 @@ void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_ro
   if (q8 && width % 32 != 0)
     throw_error("add_rms_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
-    // In the kernel when every lane takes the same values' count (the shuffles need the whole warp).
-    const bool fused = q8 && width % (4 * (int)threads.x / (decltype(block)::value ? 1 : kWarpRowsPerBlock)) == 0;
+    const bool fused = q8 && q8_fusable(width);
     launch_dependent(rms_norm_kernel<decltype(block)::value, true>, grid, threads, stream, x, y, w, out, n_rows, width,
                      eps, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
     if (q8 && !fused) quantize_q8(out, n_rows, width, q8, q8_ds, stream);

@@ -420,6 +420,42 @@ TEST_F(CudaQ8, AddRmsNormWritesTheQ8FormOfItsOutput) {
     }
 }
 
+// moe_combine_norm's Q8 form of its output (the next layer's mixer input) against quantize_q8 of the
+// same output, bit for bit: rows of 2,048 (in the kernel) and 96 (after it), 1 and 3 tokens of 10
+// selections each.
+TEST_F(CudaQ8, MoeCombineNormWritesTheQ8FormOfItsOutput) {
+  const int k = 10;
+  for (int width : {2048, 96})
+    for (int T : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << T << " tokens of " << width);
+      const size_t n = (size_t)T * width;
+      const auto xs = test::random_floats(n, 21 + width, 2.0f), ys = test::random_floats(n * k, 22);
+      const auto sh = test::random_floats(n, 23), sg = test::random_floats(T, 24), nw = test::random_floats(width, 25);
+      const auto wts = test::random_floats((size_t)T * k, 26, 0.5f);
+      std::vector<int32_t> assign((size_t)T * k);
+      for (size_t i = 0; i < assign.size(); i++) assign[i] = (int32_t)((i * 7) % assign.size());
+      auto x1 = test::to_device(xs), x2 = test::to_device(xs), y = test::to_device(ys), dsh = test::to_device(sh);
+      auto dsg = test::to_device(sg), dnw = test::to_device(nw), dw = test::to_device(wts);
+      cuda::DeviceBuffer da(assign.size() * 4), out1(n * 4), out2(n * 4), q(n), ds(n / 32 * sizeof(float2));
+      RL_CUDA_CHECK(cudaMemcpy(da.get(), assign.data(), assign.size() * 4, cudaMemcpyHostToDevice));
+      cuda::moe_combine_norm(x1.f(), y.f(), da.get<int32_t>(), dw.f(), k, dsh.f(), dsg.f(), T, width, dnw.f(), 1e-6f,
+                             out1.f(), nullptr, q.get<int8_t>(), ds.get<float2>());
+      cuda::moe_combine_norm(x2.f(), y.f(), da.get<int32_t>(), dw.f(), k, dsh.f(), dsg.f(), T, width, dnw.f(), 1e-6f,
+                             out2.f(), nullptr);
+      RL_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto o1 = test::to_host<float>(out1, n), o2 = test::to_host<float>(out2, n);
+      for (size_t i = 0; i < n; i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
+      const Q8Device want(out2, T, width);
+      const auto got_q = test::to_host<int8_t>(q, n), want_q = test::to_host<int8_t>(want.q, n);
+      const auto got_ds = test::to_host<float2>(ds, n / 32), want_ds = test::to_host<float2>(want.ds, n / 32);
+      for (size_t i = 0; i < n; i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
+      for (size_t b = 0; b < n / 32; b++) {
+        ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
+        ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
+      }
+    }
+}
+
 TEST_F(CudaQ8, RejectsWhatItCannotRun) {
   cuda::DeviceBuffer d(1 << 16);
   cuda::MatvecJob j;
