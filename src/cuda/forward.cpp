@@ -57,7 +57,10 @@ void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, c
   else
     deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
                         nk, nv, dk, dv, stream, norm);
-  gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
+  // Decode: the norm also writes the output projection's Q8 input.
+  const Q8Target q8 = plan.mixer_out == Kernel::kMatvecQ8 && T == 1 ? e.products.q8_target() : Q8Target{};
+  gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream, q8.q, q8.ds);
+  if (q8.q) e.products.hold_q8(v.o);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
 }

@@ -225,8 +225,10 @@ void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_ro
 void rms_norm(const float* x, const float* w, float* out, int n_rows, int width, float eps,
               cudaStream_t stream);
 // DeltaNet output norm: out = RMSNorm(o) * w * SiLU(z) per row of `width`.
+// With q8 given (width a multiple of 32), also out's Q8 form, as add_rms_norm's (rows of `width`
+// concatenated: the layout quantize_q8 gives the [T][n_rows / T · width] output).
 void gated_rms_norm(const float* o, const float* z, const float* w, float* out, int n_rows,
-                    int width, float eps, cudaStream_t stream);
+                    int width, float eps, cudaStream_t stream, int8_t* q8 = nullptr, float2* q8_ds = nullptr);
 // In place, per head of `width` values: x / sqrt(sum(x²) + eps) * scale (only the first
 // scaled_heads heads of a token when scaled_heads >= 0; the others get 1). x [T][heads][width] with
 // tokens `token_stride` floats apart.

@@ -79,10 +79,12 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const flo
   }
 }
 
-// RMSNorm(o) * w first (rounded), then times SiLU(z): the oracle's two steps.
+// RMSNorm(o) * w first (rounded), then times SiLU(z): the oracle's two steps. With q given, the
+// output's Q8 form too, as rms_norm_kernel's.
 template <bool BLOCK>
 __global__ void gated_rms_norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w,
-                                      float* out, int n_rows, int width, float eps) {
+                                      float* out, int n_rows, int width, float eps, int8_t* __restrict__ q,
+                                      float2* __restrict__ ds) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   using G = RowGroup<BLOCK>;
@@ -98,8 +100,10 @@ __global__ void gated_rms_norm_kernel(const float* x, const float* __restrict__ 
   for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) {
     const float4 n = scale4(*reinterpret_cast<const float4*>(xr + i), scale, w, i);
     const float4 zz = *reinterpret_cast<const float4*>(zr + i);
-    *reinterpret_cast<float4*>(o + i) = make_float4(__fmul_rn(n.x, silu_f(zz.x)), __fmul_rn(n.y, silu_f(zz.y)),
-                                                    __fmul_rn(n.z, silu_f(zz.z)), __fmul_rn(n.w, silu_f(zz.w)));
+    const float4 v = make_float4(__fmul_rn(n.x, silu_f(zz.x)), __fmul_rn(n.y, silu_f(zz.y)),
+                                 __fmul_rn(n.z, silu_f(zz.z)), __fmul_rn(n.w, silu_f(zz.w)));
+    *reinterpret_cast<float4*>(o + i) = v;
+    if (q) store_q8_quad(v, q + (size_t)row * width, ds + (size_t)row * (width / 32), i);
   }
 }
 
@@ -165,12 +169,16 @@ void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_ro
 }
 
 void gated_rms_norm(const float* o, const float* z, const float* w, float* out, int n_rows,
-                    int width, float eps, cudaStream_t stream) {
+                    int width, float eps, cudaStream_t stream, int8_t* q8, float2* q8_ds) {
   if (n_rows == 0) return;
   check_width(width, "gated_rms_norm");
+  if (q8 && width % 32 != 0)
+    throw_error("gated_rms_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+    const bool fused = q8 && q8_fusable(width);
     launch_dependent(gated_rms_norm_kernel<decltype(block)::value>, grid, threads, stream, o, z, w, out, n_rows, width,
-                     eps);
+                     eps, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
+    if (q8 && !fused) quantize_q8(out, n_rows, width, q8, q8_ds, stream);
   });
 }
 

@@ -30,7 +30,8 @@ void read_q8(Job& j, const Q8Rows& rows) {
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
   if (k == Kernel::kMatvecQ8) {  // y [T][rows]
-    convert_q8(x, T, w.cols);
+    if (T != 1 || x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
+    q8_held_ = nullptr;
     MatvecJob j;
     j.w = w.data;
     j.row_bytes = w.row_bytes;

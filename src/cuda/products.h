@@ -55,8 +55,9 @@ class Products {
   // Converts one decode token's MoE input h2 to the Q8 form (Workspace::q8_moe_input).
   void convert_moe_input_q8(const float* h2);
   // The Q8 scratch (Workspace::q8_input) where a kernel may write its output's Q8 form, and the
-  // declaration that it did for x: the next one-token project_group on x reads it instead of
-  // converting x. Any conversion into the scratch, and that group, end the declaration.
+  // declaration that it did for x: the next one-token project_group or project on x reads it
+  // instead of converting x. Any conversion into the scratch, and that product, end the
+  // declaration.
   Q8Target q8_target() { return {q8_scratch_.values(), q8_scratch_.scales()}; }
   void hold_q8(const float* x) { q8_held_ = x; }
   // The prefill products of a layer's routed experts on the gathered rows (expert_in and its X24

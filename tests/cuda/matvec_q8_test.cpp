@@ -420,6 +420,34 @@ TEST_F(CudaQ8, AddRmsNormWritesTheQ8FormOfItsOutput) {
     }
 }
 
+// gated_rms_norm's Q8 form of its output (the DeltaNet output projection's input: 32 heads of 128
+// in the 80B) against quantize_q8 of the same output, bit for bit: rows of 128 (in the kernel), 96
+// (after it) and 1,024 (a block a row).
+TEST_F(CudaQ8, GatedRmsNormWritesTheQ8FormOfItsOutput) {
+  for (int width : {128, 96, 1024}) {
+    SCOPED_TRACE(::testing::Message() << "rows of " << width);
+    const int rows = 32;
+    const size_t n = (size_t)rows * width;
+    const auto os = test::random_floats(n, 31 + width, 2.0f), zs = test::random_floats(n, 32);
+    const auto w = test::random_floats(width, 33);
+    auto o = test::to_device(os), z = test::to_device(zs), dw = test::to_device(w);
+    cuda::DeviceBuffer out1(n * 4), out2(n * 4), q(n), ds(n / 32 * sizeof(float2));
+    cuda::gated_rms_norm(o.f(), z.f(), dw.f(), out1.f(), rows, width, 1e-6f, nullptr, q.get<int8_t>(), ds.get<float2>());
+    cuda::gated_rms_norm(o.f(), z.f(), dw.f(), out2.f(), rows, width, 1e-6f, nullptr);
+    RL_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto o1 = test::to_host<float>(out1, n), o2 = test::to_host<float>(out2, n);
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
+    const Q8Device want(out2, 1, (int)n);
+    const auto got_q = test::to_host<int8_t>(q, n), want_q = test::to_host<int8_t>(want.q, n);
+    const auto got_ds = test::to_host<float2>(ds, n / 32), want_ds = test::to_host<float2>(want.ds, n / 32);
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
+    for (size_t b = 0; b < n / 32; b++) {
+      ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
+      ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
+    }
+  }
+}
+
 // moe_combine_norm's Q8 form of its output (the next layer's mixer input) against quantize_q8 of the
 // same output, bit for bit: rows of 2,048 (in the kernel) and 96 (after it), 1 and 3 tokens of 10
 // selections each.
