@@ -156,7 +156,6 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
       for (Kernel k : plan.layers[L + 1].mixer_in) next_in_q8 = next_in_q8 || k == Kernel::kMatvecQ8;
     moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed, moe_input_q8_ready,
               next_in_q8 ? e.products.q8_target() : Q8Target{});
-    if (next_in_q8) e.products.hold_q8(h);
     if (tensors) trace_rows(e, tensors, fmt::format("l_out-{}", L), x, T, n_embd);
   }
 

@@ -62,6 +62,9 @@ void combine(Engine& e, int T, const Assignment& a, float* x, const float* next_
   const Workspace& ws = e.ws;
   moe_combine_norm(x, ws.expert_out.f(), a.assign, a.weights, c.n_expert_used, ws.shared_out.f(),
                    ws.shared_scalar.f(), T, c.n_embd, next_norm, c.rms_eps, h_out, e.streams.compute, q8.q, q8.ds);
+  // Declared where it is written: a later conversion into the scratch (a --prefetch late
+  // prediction's product, say) then ends the declaration instead of being read as h_out's.
+  if (q8.q) e.products.hold_q8(h_out);
 }
 
 // ---- GPU-routed: the decode graph's token ---------------------------------------------------
