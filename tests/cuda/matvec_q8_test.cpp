@@ -385,6 +385,23 @@ TEST_F(CudaQ8, SeveralColumnsOfASwigluPair) {
   }
 }
 
+// A kernel's output (fp32, n values) and the Q8 form it wrote beside it, against a second run
+// without the Q8 form (its output bit for bit) and quantize_q8 of that output taken as one row of
+// n values (the layout the products read).
+void expect_q8_of_output(const cuda::DeviceBuffer& out, const cuda::DeviceBuffer& out_plain, const cuda::DeviceBuffer& q,
+                         const cuda::DeviceBuffer& ds, size_t n) {
+  const auto o1 = test::to_host<float>(out, n), o2 = test::to_host<float>(out_plain, n);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
+  const Q8Device want(out_plain, 1, (int)n);
+  const auto got_q = test::to_host<int8_t>(q, n), want_q = test::to_host<int8_t>(want.q, n);
+  const auto got_ds = test::to_host<float2>(ds, n / 32), want_ds = test::to_host<float2>(want.ds, n / 32);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
+  for (size_t b = 0; b < n / 32; b++) {
+    ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
+    ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
+  }
+}
+
 // add_rms_norm's Q8 form (written by the norm kernel where the width allows, by quantize_q8 after
 // it elsewhere) against quantize_q8 of the same output, bit for bit: rows of 2,048 (a block a row,
 // in the kernel), 128 (a warp a row, in the kernel) and 96 (not a multiple of 128: after it), 1 to
@@ -406,17 +423,8 @@ TEST_F(CudaQ8, AddRmsNormWritesTheQ8FormOfItsOutput) {
                          ds.get<float2>());
       cuda::add_rms_norm(x2.f(), y.f(), dw.f(), out2.f(), rows, width, 1e-6f, nullptr);
       RL_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto o1 = test::to_host<float>(out1, xs.size()), o2 = test::to_host<float>(out2, xs.size());
-      for (size_t i = 0; i < o1.size(); i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
-      const Q8Device want(out2, rows, width);
-      const auto got_q = test::to_host<int8_t>(q, xs.size()), want_q = test::to_host<int8_t>(want.q, xs.size());
-      const auto got_ds = test::to_host<float2>(ds, xs.size() / 32), want_ds = test::to_host<float2>(want.ds, xs.size() / 32);
-      for (size_t i = 0; i < got_q.size(); i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
-      for (size_t b = 0; b < got_ds.size(); b++) {
-        ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
-        ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
-      }
-      if (rows > 1) EXPECT_TRUE(std::isnan(got_ds[width / 32].x)) << "the NaN's block";
+      ASSERT_NO_FATAL_FAILURE(expect_q8_of_output(out1, out2, q, ds, xs.size()));
+      if (rows > 1) EXPECT_TRUE(std::isnan(test::to_host<float2>(ds, xs.size() / 32)[width / 32].x)) << "the NaN's block";
     }
 }
 
@@ -435,16 +443,7 @@ TEST_F(CudaQ8, GatedRmsNormWritesTheQ8FormOfItsOutput) {
     cuda::gated_rms_norm(o.f(), z.f(), dw.f(), out1.f(), rows, width, 1e-6f, nullptr, q.get<int8_t>(), ds.get<float2>());
     cuda::gated_rms_norm(o.f(), z.f(), dw.f(), out2.f(), rows, width, 1e-6f, nullptr);
     RL_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto o1 = test::to_host<float>(out1, n), o2 = test::to_host<float>(out2, n);
-    for (size_t i = 0; i < n; i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
-    const Q8Device want(out2, 1, (int)n);
-    const auto got_q = test::to_host<int8_t>(q, n), want_q = test::to_host<int8_t>(want.q, n);
-    const auto got_ds = test::to_host<float2>(ds, n / 32), want_ds = test::to_host<float2>(want.ds, n / 32);
-    for (size_t i = 0; i < n; i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
-    for (size_t b = 0; b < n / 32; b++) {
-      ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
-      ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_q8_of_output(out1, out2, q, ds, n));
   }
 }
 
@@ -471,16 +470,7 @@ TEST_F(CudaQ8, MoeCombineNormWritesTheQ8FormOfItsOutput) {
       cuda::moe_combine_norm(x2.f(), y.f(), da.get<int32_t>(), dw.f(), k, dsh.f(), dsg.f(), T, width, dnw.f(), 1e-6f,
                              out2.f(), nullptr);
       RL_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto o1 = test::to_host<float>(out1, n), o2 = test::to_host<float>(out2, n);
-      for (size_t i = 0; i < n; i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
-      const Q8Device want(out2, T, width);
-      const auto got_q = test::to_host<int8_t>(q, n), want_q = test::to_host<int8_t>(want.q, n);
-      const auto got_ds = test::to_host<float2>(ds, n / 32), want_ds = test::to_host<float2>(want.ds, n / 32);
-      for (size_t i = 0; i < n; i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
-      for (size_t b = 0; b < n / 32; b++) {
-        ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
-        ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_q8_of_output(out1, out2, q, ds, n));
     }
 }
 
