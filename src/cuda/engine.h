@@ -105,8 +105,11 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
 // The MoE block of layer L on h2 [T][n_embd]: x += routed experts + shared expert; then
 // h_out = RMSNorm(x) * next_norm (the next layer's input norm or the output norm, fused into the
 // combine). gpu_routed: for the captured decode token (T == 1), never waiting for the host.
+// h2_q8_ready: ws.q8_moe_input already holds h2's Q8 form (add_rms_norm wrote it); next_q8: where
+// the combine also writes h_out's Q8 form (the next layer's mixer input; none by default).
 void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, const float* next_norm,
-               float* h_out, TraceSink* trace, bool gpu_routed);
+               float* h_out, TraceSink* trace, bool gpu_routed, bool h2_q8_ready = false,
+               const Q8Target& next_q8 = {});
 
 // ---- expert_prefetch.cpp ----------------------------------------------------------------------
 // Whether layer L of a pass of T tokens routed as `routing` predicts layer L+1's experts at point

@@ -57,7 +57,10 @@ void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, c
   else
     deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
                         nk, nv, dk, dv, stream, norm);
-  gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream);
+  // Decode: the norm also writes the output projection's Q8 input.
+  const Q8Target q8 = plan.mixer_out == Kernel::kMatvecQ8 && T == 1 ? e.products.q8_target() : Q8Target{};
+  gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream, q8.q, q8.ds);
+  if (q8.q) e.products.hold_q8(v.o);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
 }
@@ -132,16 +135,27 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
       attention_block(e, st, L, lp, h, T, pos_d, mixer_out);
     // x += mixer_out; h = RMSNorm(x) * post_attention_norm: one kernel unless the trace needs x.
     e.profiler.mark(kNorms, stream);
+    bool moe_input_q8_ready = false;  // h's Q8 form in ws.q8_moe_input
     if (tensors) {
       add_inplace(x, mixer_out, (size_t)T * n_embd, stream);
       trace_rows(e, tensors, fmt::format("attn_residual-{}", L), x, T, n_embd);
       rms_norm(x, d.post_norm, h, T, n_embd, c.rms_eps, stream);
     } else {
-      add_rms_norm(x, mixer_out, d.post_norm, h, T, n_embd, c.rms_eps, stream);
+      // Decode: h's Q8 form for the MoE's matvec-q8 products from the same kernel.
+      Q8Rows& q8 = e.ws.q8_moe_input;
+      const bool q8_here = lp.moe_input_q8 && T <= q8.rows;
+      add_rms_norm(x, mixer_out, d.post_norm, h, T, n_embd, c.rms_eps, stream, q8_here ? q8.values() : nullptr,
+                   q8_here ? q8.scales() : nullptr);
+      moe_input_q8_ready = q8_here;
     }
     // x += MoE(h); h = RMSNorm(x) * (next layer's attn_norm, or output_norm after the last).
     const float* next_norm = L + 1 < c.n_layer ? w.layers[L + 1].attn_norm : w.output_norm;
-    moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed);
+    // Decode: the combine also writes h's Q8 form when the next layer's mixer reads it by matvec-q8.
+    bool next_in_q8 = false;
+    if (T == 1 && L + 1 < c.n_layer && !tensors)
+      for (Kernel k : plan.layers[L + 1].mixer_in) next_in_q8 = next_in_q8 || k == Kernel::kMatvecQ8;
+    moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed, moe_input_q8_ready,
+              next_in_q8 ? e.products.q8_target() : Q8Target{});
     if (tensors) trace_rows(e, tensors, fmt::format("l_out-{}", L), x, T, n_embd);
   }
 

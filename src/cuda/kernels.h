@@ -215,16 +215,20 @@ void get_rows(GgmlType t, const void* w, size_t row_bytes, int cols, const int32
 
 // ---- norm.cu -------------------------------------------------------------------------------------
 // Residual add then RMSNorm, one kernel: x += y (fp32 adds, in place), out = RMSNorm(x) * w.
-// The same arithmetic as add_inplace followed by rms_norm.
+// The same arithmetic as add_inplace followed by rms_norm. With q8 given (width a multiple of 32),
+// also out's Q8 form, the bits quantize_q8(out, ...) gives, in the same kernel where the row's
+// width is a multiple of 128, else by quantize_q8 after it.
 void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_rows, int width,
-                  float eps, cudaStream_t stream);
+                  float eps, cudaStream_t stream, int8_t* q8 = nullptr, float2* q8_ds = nullptr);
 // Per row of `width` values (n_rows = T * heads): out = x / sqrt(mean(x²) + eps) * w (w [width];
 // nullptr: no weight). In place allowed.
 void rms_norm(const float* x, const float* w, float* out, int n_rows, int width, float eps,
               cudaStream_t stream);
 // DeltaNet output norm: out = RMSNorm(o) * w * SiLU(z) per row of `width`.
+// With q8 given (width a multiple of 32), also out's Q8 form, as add_rms_norm's (rows of `width`
+// concatenated: the layout quantize_q8 gives the [T][n_rows / T · width] output).
 void gated_rms_norm(const float* o, const float* z, const float* w, float* out, int n_rows,
-                    int width, float eps, cudaStream_t stream);
+                    int width, float eps, cudaStream_t stream, int8_t* q8 = nullptr, float2* q8_ds = nullptr);
 // In place, per head of `width` values: x / sqrt(sum(x²) + eps) * scale (only the first
 // scaled_heads heads of a token when scaled_heads >= 0; the others get 1). x [T][heads][width] with
 // tokens `token_stride` floats apart.
@@ -434,11 +438,17 @@ inline int expert_group_bound(int n, int n_expert) {
 void group_by_expert(const int32_t* ids, int n, int k, int n_expert, const uint64_t* residency_row, int32_t* gather,
                      int32_t* assign, const uint8_t** slot_ptrs, int32_t* group_off, int32_t* group_cnt,
                      int n_groups, int32_t* n_distinct, cudaStream_t stream);
+// Where a kernel also writes its output's Q8 form (quantize_q8's layout); q null: nowhere.
+struct Q8Target {
+  int8_t* q = nullptr;
+  float2* ds = nullptr;
+};
 // moe_combine, then out = RMSNorm(x) * norm_w per token (the next layer's input norm): the same
-// values as moe_combine followed by rms_norm.
+// values as moe_combine followed by rms_norm. With q8 given (width a multiple of 32), also out's
+// Q8 form, as add_rms_norm's.
 void moe_combine_norm(float* x, const float* y, const int32_t* assign, const float* weights, int k,
                       const float* shared, const float* shared_gate, int T, int width, const float* norm_w, float eps,
-                      float* out, cudaStream_t stream);
+                      float* out, cudaStream_t stream, int8_t* q8 = nullptr, float2* q8_ds = nullptr);
 // dst[i][:] = src[idx[i]][:] for i < n (rows of width floats; gather_words: of width 32-bit words,
 // copied as bits, e.g. rows of the X24 form).
 void gather_rows(const float* src, const int32_t* idx, float* dst, int n, int width,

@@ -166,4 +166,29 @@ __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], do
 // Brings the 32-byte sector holding p into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// The Q8 form of four consecutive values a thread holds (value index `at`, a multiple of 4), eight
+// consecutive lanes holding one block of 32: quantize_q8's arithmetic (matvec_q8.cu) on the same
+// values, so the same bits — int8 per value, (d, d·Σq) per block, d NaN for a block with a value
+// that is not finite. Every lane of the warp calls it: a kernel whose rounds give each thread four
+// consecutive values (a warp 128) may call it for rows of a multiple of 128 values (q8_fusable).
+__device__ __forceinline__ void store_q8_quad(float4 v, int8_t* __restrict__ q, float2* __restrict__ ds, size_t at) {
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+  int finite = isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w);
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    finite &= __shfl_xor_sync(0xffffffffu, finite, o);
+  }
+  const float d = finite ? __fdiv_rn(amax, 127.0f) : __int_as_float(0x7fc00000);
+  const auto quantise = [&](float x) { return finite && d > 0.0f ? __float2int_rn(__fdiv_rn(x, d)) : 0; };
+  const int a = quantise(v.x), b = quantise(v.y), c = quantise(v.z), e = quantise(v.w);
+  int sum = a + b + c + e;
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  *reinterpret_cast<char4*>(q + at) = make_char4((signed char)a, (signed char)b, (signed char)c, (signed char)e);
+  if (at % 32 == 0) ds[at / 32] = make_float2(d, __fmul_rn(d, (float)sum));
+}
+
+inline bool q8_fusable(int width) { return width % 128 == 0; }
+
 }  // namespace rl::cuda

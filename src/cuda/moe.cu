@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kCombineNormThreads)
     combine_norm_kernel(float* x, const float* __restrict__ y, const int32_t* __restrict__ assign,
                         const float* __restrict__ weights, int k, const float* __restrict__ shared,
                         const float* __restrict__ shared_gate, int width, const float* __restrict__ norm_w, float eps,
-                        float* __restrict__ out) {
+                        float* __restrict__ out, int8_t* __restrict__ q8, float2* __restrict__ q8_ds) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   const int t = blockIdx.x;
@@ -124,9 +124,11 @@ __global__ void __launch_bounds__(kCombineNormThreads)
     const bool first = c0 == c_first;
     const float4 xv = first ? x_first : *reinterpret_cast<const float4*>(xr + c0);
     const float4 nw = first ? nw_first : *reinterpret_cast<const float4*>(norm_w + c0);
-    *reinterpret_cast<float4*>(out + (size_t)t * width + c0) =
-        make_float4((float)(xv.x * scale * nw.x), (float)(xv.y * scale * nw.y), (float)(xv.z * scale * nw.z),
-                    (float)(xv.w * scale * nw.w));
+    const float4 o = make_float4((float)(xv.x * scale * nw.x), (float)(xv.y * scale * nw.y),
+                                 (float)(xv.z * scale * nw.z), (float)(xv.w * scale * nw.w));
+    *reinterpret_cast<float4*>(out + (size_t)t * width + c0) = o;
+    // The output's Q8 form (the next layer's matvec-q8 input), where the launcher asks for it.
+    if (q8) store_q8_quad(o, q8 + (size_t)t * width, q8_ds + (size_t)t * (width / 32), c0);
   }
 }
 
@@ -454,13 +456,17 @@ void moe_combine(float* x, const float* y, const int32_t* assign, const float* w
 
 void moe_combine_norm(float* x, const float* y, const int32_t* assign, const float* weights, int k,
                       const float* shared, const float* shared_gate, int T, int width, const float* norm_w, float eps,
-                      float* out, cudaStream_t stream) {
+                      float* out, cudaStream_t stream, int8_t* q8, float2* q8_ds) {
   if (T == 0) return;
   if (width % 4 != 0) throw_error("moe_combine_norm: width " + std::to_string(width) + " is not a multiple of 4");
   if (k > kMaxRouteK) throw_error("moe_combine_norm: " + std::to_string(k) + " experts per token (at most " + std::to_string(kMaxRouteK) + ")");
+  if (q8 && width % 32 != 0)
+    throw_error("moe_combine_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
+  const bool fused = q8 && q8_fusable(width);
   launch_dependent(combine_norm_kernel, dim3(T), dim3(kCombineNormThreads), stream, x, y, assign, weights, k, shared,
-                   shared_gate, width, norm_w, eps, out);
+                   shared_gate, width, norm_w, eps, out, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
   RL_CUDA_LAUNCH_CHECK();
+  if (q8 && !fused) quantize_q8(out, T, width, q8, q8_ds, stream);
 }
 
 void gather_words(const void* src, const int32_t* idx, void* dst, int n, int width, cudaStream_t stream) {

@@ -57,11 +57,14 @@ void expert_products(Engine& e, int L, const LayerPlan& plan, const float* h2, i
 }
 
 // x += sum_k w_k expert_out[assign] + sigmoid(shared_scalar) * shared_out; h_out = RMSNorm(x) * next_norm.
-void combine(Engine& e, int T, const Assignment& a, float* x, const float* next_norm, float* h_out) {
+void combine(Engine& e, int T, const Assignment& a, float* x, const float* next_norm, float* h_out, const Q8Target& q8) {
   const Config& c = e.config();
   const Workspace& ws = e.ws;
   moe_combine_norm(x, ws.expert_out.f(), a.assign, a.weights, c.n_expert_used, ws.shared_out.f(),
-                   ws.shared_scalar.f(), T, c.n_embd, next_norm, c.rms_eps, h_out, e.streams.compute);
+                   ws.shared_scalar.f(), T, c.n_embd, next_norm, c.rms_eps, h_out, e.streams.compute, q8.q, q8.ds);
+  // Declared where it is written: a later conversion into the scratch (a --prefetch late
+  // prediction's product, say) then ends the declaration instead of being read as h_out's.
+  if (q8.q) e.products.hold_q8(h_out);
 }
 
 // ---- GPU-routed: the decode graph's token ---------------------------------------------------
@@ -70,7 +73,7 @@ void combine(Engine& e, int T, const Assignment& a, float* x, const float* next_
 // miss is counted for the host, which then discards the token); pair k is expert row k.
 // shared_on_side: the shared expert ran on the side branch; the combine waits for it.
 void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, float* x, const float* next_norm,
-                    float* h_out, bool shared_on_side) {
+                    float* h_out, bool shared_on_side, const Q8Target& q8) {
   const Config& c = e.config();
   const Workspace& ws = e.ws;
   const int K = c.n_expert_used;
@@ -79,7 +82,7 @@ void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, fl
   const Assignment a{nullptr, ws.assign_identity.get<int32_t>(), ws.routed_weights.f() + (size_t)L * K};
   expert_products(e, L, plan, h2, 1, groups);
   if (shared_on_side) e.streams.join_side();
-  combine(e, 1, a, x, next_norm, h_out);
+  combine(e, 1, a, x, next_norm, h_out, q8);
 }
 
 // ---- GPU-grouped: a prefill chunk with every expert resident ------------------------------------
@@ -89,7 +92,7 @@ void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, fl
 // grouping (groups of at most kExpertGroupRows rows instead of one group per expert; each row's
 // products do not depend on the others), so the same results bit for bit (test).
 void run_gpu_grouped(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x,
-                     const float* next_norm, float* h_out) {
+                     const float* next_norm, float* h_out, const Q8Target& q8) {
   const Config& c = e.config();
   Workspace& ws = e.ws;
   const int E = c.n_expert, K = c.n_expert_used, n = T * K, n_groups = expert_group_bound(n, E);
@@ -103,7 +106,7 @@ void run_gpu_grouped(Engine& e, int L, const LayerPlan& plan, const float* h2, i
   const Assignment a{gather, assign, ws.route_weights.f()};
   gather_inputs(e, plan, h2, T, a);
   expert_products(e, L, plan, h2, T, {ptrs, offsets, n_groups, kExpertGroupRows, 0, (size_t)n});
-  combine(e, T, a, x, next_norm, h_out);
+  combine(e, T, a, x, next_norm, h_out, q8);
   e.grouped_layers.push_back(L);
   e.stats.gpu_grouped_layers++;
 }
@@ -130,7 +133,7 @@ enum Wave : char { kResident, kLanding, kCopied };
 // batches the cache can hold; with copy overlap the resident experts' products run while the
 // misses are copied.
 void run_host_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x,
-                     const float* next_norm, float* h_out) {
+                     const float* next_norm, float* h_out, const Q8Target& q8) {
   const Config& c = e.config();
   const cudaStream_t stream = e.streams.compute;
   Workspace& ws = e.ws;
@@ -236,7 +239,7 @@ void run_host_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, i
       run(b0, n);
     }
   }
-  combine(e, T, a, x, next_norm, h_out);
+  combine(e, T, a, x, next_norm, h_out, q8);
 }
 
 HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<const char> wave, int32_t* assign_h,
@@ -286,7 +289,7 @@ HostGroups group_on_host(const int32_t* ids_h, int T, int K, int E, std::span<co
 }  // namespace
 
 void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, float* x, const float* next_norm,
-               float* h_out, TraceSink* trace, bool gpu_routed) {
+               float* h_out, TraceSink* trace, bool gpu_routed, bool h2_q8_ready, const Q8Target& next_q8) {
   const Config& c = e.config();
   const MoeDev& moe = e.weights.layers[L].moe;
   const cudaStream_t stream = e.streams.compute;
@@ -303,8 +306,9 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   // routing and the routed experts (the same kernels, so the same results), unless --profile
   // times the stages one after another.
   const bool shared_on_side = routing == Routing::kGpuRouted && !e.profiler.on;
-  // Decode: h2 in the Q8 form once, before the side branch forks, for every matvec-q8 product of it.
-  if (plan.moe_input_q8) e.products.convert_moe_input_q8(h2);
+  // Decode: h2 in the Q8 form once, before the side branch forks, for every matvec-q8 product of it
+  // (by the norm that wrote h2, when it could).
+  if (plan.moe_input_q8 && !h2_q8_ready) e.products.convert_moe_input_q8(h2);
   const float* h2_q8 = plan.moe_input_q8 ? h2 : nullptr;
   if (shared_on_side) {
     e.streams.fork_side();
@@ -359,13 +363,13 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   }
 
   switch (routing) {
-    case Routing::kGpuRouted: run_gpu_routed(e, L, plan, h2, x, next_norm, h_out, shared_on_side); break;
-    case Routing::kGpuGrouped: run_gpu_grouped(e, L, plan, h2, T, x, next_norm, h_out); break;
+    case Routing::kGpuRouted: run_gpu_routed(e, L, plan, h2, x, next_norm, h_out, shared_on_side, next_q8); break;
+    case Routing::kGpuGrouped: run_gpu_grouped(e, L, plan, h2, T, x, next_norm, h_out, next_q8); break;
     case Routing::kHostRouted:
       // (--prefetch late: the previous layer's prediction of this one, before this layer's selections)
       prefetch_predicted(e, L);
       if (!trace) RL_CUDA_CHECK(cudaEventSynchronize(e.streams.router_ready));
-      run_host_routed(e, L, plan, h2, T, x, next_norm, h_out);
+      run_host_routed(e, L, plan, h2, T, x, next_norm, h_out, next_q8);
       if (predicts_next_layer(e, L, T, routing, CudaOptions::Prefetch::kLate)) predict_next_layer(e, L);
       break;
   }

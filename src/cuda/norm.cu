@@ -44,10 +44,13 @@ __device__ __forceinline__ float4 scale4(float4 a, double scale, const float* __
   return make_float4((float)(a.x * scale), (float)(a.y * scale), (float)(a.z * scale), (float)(a.w * scale));
 }
 
-// out = RMSNorm(x (+ y when ADD, stored back to x)) * w. width % 4 == 0.
+// out = RMSNorm(x (+ y when ADD, stored back to x)) * w. width % 4 == 0. With q given, out's Q8
+// form too (q [n_rows][width], ds [n_rows][width / 32]); the launcher gives it only where a warp's
+// lanes are all in or all out of each round (q8_fusable).
 template <bool BLOCK, bool ADD>
 __global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const float* __restrict__ w,
-                                float* out, int n_rows, int width, float eps) {
+                                float* out, int n_rows, int width, float eps, int8_t* __restrict__ q,
+                                float2* __restrict__ ds) {
   pdl_trigger();  // a decode product follows (it waits for this grid before reading)
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   using G = RowGroup<BLOCK>;
@@ -69,14 +72,19 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ y, const flo
   const double scale = 1.0 / sqrt(ss / (double)width + (double)eps);
   float* o = out + (size_t)row * width;
   // Each thread reads back only the values it wrote itself above.
-  for (int i = 4 * G::rank(); i < width; i += 4 * G::size())
-    *reinterpret_cast<float4*>(o + i) = scale4(*reinterpret_cast<const float4*>(xr + i), scale, w, i);
+  for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) {
+    const float4 v = scale4(*reinterpret_cast<const float4*>(xr + i), scale, w, i);
+    *reinterpret_cast<float4*>(o + i) = v;
+    if (q) store_q8_quad(v, q + (size_t)row * width, ds + (size_t)row * (width / 32), i);
+  }
 }
 
-// RMSNorm(o) * w first (rounded), then times SiLU(z): the oracle's two steps.
+// RMSNorm(o) * w first (rounded), then times SiLU(z): the oracle's two steps. With q given, the
+// output's Q8 form too, as rms_norm_kernel's.
 template <bool BLOCK>
 __global__ void gated_rms_norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w,
-                                      float* out, int n_rows, int width, float eps) {
+                                      float* out, int n_rows, int width, float eps, int8_t* __restrict__ q,
+                                      float2* __restrict__ ds) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   using G = RowGroup<BLOCK>;
@@ -92,8 +100,10 @@ __global__ void gated_rms_norm_kernel(const float* x, const float* __restrict__ 
   for (int i = 4 * G::rank(); i < width; i += 4 * G::size()) {
     const float4 n = scale4(*reinterpret_cast<const float4*>(xr + i), scale, w, i);
     const float4 zz = *reinterpret_cast<const float4*>(zr + i);
-    *reinterpret_cast<float4*>(o + i) = make_float4(__fmul_rn(n.x, silu_f(zz.x)), __fmul_rn(n.y, silu_f(zz.y)),
-                                                    __fmul_rn(n.z, silu_f(zz.z)), __fmul_rn(n.w, silu_f(zz.w)));
+    const float4 v = make_float4(__fmul_rn(n.x, silu_f(zz.x)), __fmul_rn(n.y, silu_f(zz.y)),
+                                 __fmul_rn(n.z, silu_f(zz.z)), __fmul_rn(n.w, silu_f(zz.w)));
+    *reinterpret_cast<float4*>(o + i) = v;
+    if (q) store_q8_quad(v, q + (size_t)row * width, ds + (size_t)row * (width / 32), i);
   }
 }
 
@@ -139,27 +149,36 @@ void rms_norm(const float* x, const float* w, float* out, int n_rows, int width,
   check_width(width, "rms_norm");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
     launch_dependent(rms_norm_kernel<decltype(block)::value, false>, grid, threads, stream, const_cast<float*>(x),
-                     static_cast<const float*>(nullptr), w, out, n_rows, width, eps);
+                     static_cast<const float*>(nullptr), w, out, n_rows, width, eps, static_cast<int8_t*>(nullptr),
+                     static_cast<float2*>(nullptr));
   });
 }
 
 void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_rows, int width,
-                  float eps, cudaStream_t stream) {
+                  float eps, cudaStream_t stream, int8_t* q8, float2* q8_ds) {
   if (n_rows == 0) return;
   check_width(width, "add_rms_norm");
+  if (q8 && width % 32 != 0)
+    throw_error("add_rms_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+    const bool fused = q8 && q8_fusable(width);
     launch_dependent(rms_norm_kernel<decltype(block)::value, true>, grid, threads, stream, x, y, w, out, n_rows, width,
-                     eps);
+                     eps, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
+    if (q8 && !fused) quantize_q8(out, n_rows, width, q8, q8_ds, stream);
   });
 }
 
 void gated_rms_norm(const float* o, const float* z, const float* w, float* out, int n_rows,
-                    int width, float eps, cudaStream_t stream) {
+                    int width, float eps, cudaStream_t stream, int8_t* q8, float2* q8_ds) {
   if (n_rows == 0) return;
   check_width(width, "gated_rms_norm");
+  if (q8 && width % 32 != 0)
+    throw_error("gated_rms_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
   launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+    const bool fused = q8 && q8_fusable(width);
     launch_dependent(gated_rms_norm_kernel<decltype(block)::value>, grid, threads, stream, o, z, w, out, n_rows, width,
-                     eps);
+                     eps, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
+    if (q8 && !fused) quantize_q8(out, n_rows, width, q8, q8_ds, stream);
   });
 }
 

@@ -13,6 +13,7 @@ void Products::convert_q8(const float* x, int T, int cols) {
   if (T < 1 || T > q8_scratch_.rows)
     fail("Products: matvec-q8 of {} token columns, its input buffer holds {}", T, q8_scratch_.rows);
   quantize_q8(x, T, cols, q8_scratch_.values(), q8_scratch_.scales(), stream_);
+  q8_held_ = nullptr;
 }
 
 void Products::convert_moe_input_q8(const float* h2) {
@@ -29,7 +30,8 @@ void read_q8(Job& j, const Q8Rows& rows) {
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
   if (k == Kernel::kMatvecQ8) {  // y [T][rows]
-    convert_q8(x, T, w.cols);
+    if (T != 1 || x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
+    q8_held_ = nullptr;
     MatvecJob j;
     j.w = w.data;
     j.row_bytes = w.row_bytes;
@@ -91,6 +93,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
         read_q8(j, ws_.q8_moe_input);
       } else {
         if (converted && converted != p.x) fail("project_group: matvec-q8 products of two inputs in one group");
+        if (!converted && p.x == q8_held_) converted = p.x;  // a kernel wrote its Q8 form (hold_q8)
         if (!converted) convert_q8(p.x, 1, p.w->cols), converted = p.x;
         read_q8(j, q8_scratch_);
       }
@@ -98,6 +101,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
     Launch& l = launches[n_launches - 1];
     l.jobs[l.n++] = j;
   }
+  q8_held_ = nullptr;  // read by this group, or stale after it
   const bool branch = n_launches > 1 && side_;
   if (branch) side_->fork_side();  // where the inputs are ready
   for (size_t i = 0; i < n_launches; i++) {

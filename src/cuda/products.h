@@ -54,6 +54,12 @@ class Products {
                        float* up_out, bool x_in_moe_input = false);
   // Converts one decode token's MoE input h2 to the Q8 form (Workspace::q8_moe_input).
   void convert_moe_input_q8(const float* h2);
+  // The Q8 scratch (Workspace::q8_input) where a kernel may write its output's Q8 form, and the
+  // declaration that it did for x: the next one-token project_group or project on x reads it
+  // instead of converting x. Any conversion into the scratch, and that product, end the
+  // declaration.
+  Q8Target q8_target() { return {q8_scratch_.values(), q8_scratch_.scales()}; }
+  void hold_q8(const float* x) { q8_held_ = x; }
   // The prefill products of a layer's routed experts on the gathered rows (expert_in and its X24
   // form), gate/up as `pair` says and down with `down`: group g (slot ptr_d[g]) over rows
   // [off_d[g], + off_d[n + g]) (at most max_cnt), the groups' rows being [row0, row0 + rows);
@@ -79,6 +85,7 @@ class Products {
   cudaStream_t stream_;
   Streams* side_ = nullptr;
   uint64_t* x32_count_;  // EngineStats::x32_products
+  const float* q8_held_ = nullptr;  // the input whose Q8 form a kernel wrote into q8_scratch_ (hold_q8)
 };
 
 }  // namespace rl::cuda

@@ -385,6 +385,95 @@ TEST_F(CudaQ8, SeveralColumnsOfASwigluPair) {
   }
 }
 
+// A kernel's output (fp32, n values) and the Q8 form it wrote beside it, against a second run
+// without the Q8 form (its output bit for bit) and quantize_q8 of that output taken as one row of
+// n values (the layout the products read).
+void expect_q8_of_output(const cuda::DeviceBuffer& out, const cuda::DeviceBuffer& out_plain, const cuda::DeviceBuffer& q,
+                         const cuda::DeviceBuffer& ds, size_t n) {
+  const auto o1 = test::to_host<float>(out, n), o2 = test::to_host<float>(out_plain, n);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(bits(o1[i]), bits(o2[i])) << "output " << i;
+  const Q8Device want(out_plain, 1, (int)n);
+  const auto got_q = test::to_host<int8_t>(q, n), want_q = test::to_host<int8_t>(want.q, n);
+  const auto got_ds = test::to_host<float2>(ds, n / 32), want_ds = test::to_host<float2>(want.ds, n / 32);
+  for (size_t i = 0; i < n; i++) ASSERT_EQ(got_q[i], want_q[i]) << "value " << i;
+  for (size_t b = 0; b < n / 32; b++) {
+    ASSERT_EQ(bits(got_ds[b].x), bits(want_ds[b].x)) << "block " << b << " scale";
+    ASSERT_EQ(bits(got_ds[b].y), bits(want_ds[b].y)) << "block " << b << " scale times sum";
+  }
+}
+
+// add_rms_norm's Q8 form (written by the norm kernel where the width allows, by quantize_q8 after
+// it elsewhere) against quantize_q8 of the same output, bit for bit: rows of 2,048 (a block a row,
+// in the kernel), 128 (a warp a row, in the kernel) and 96 (not a multiple of 128: after it), 1 to
+// 4 rows (the decode token and the Q8 column passes), one row with a NaN and one all zeros.
+TEST_F(CudaQ8, AddRmsNormWritesTheQ8FormOfItsOutput) {
+  for (int width : {2048, 128, 96})
+    for (int rows : {1, 4}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows of " << width);
+      auto xs = test::random_floats((size_t)rows * width, 3 + width, 2.0f), ys = test::random_floats(xs.size(), 4);
+      const auto w = test::random_floats(width, 5, 1.0f);
+      if (rows > 1) {
+        xs[width + 7] = NAN;  // row 1: its block of 32 gets d = NaN
+        std::fill(xs.begin() + 2 * width, xs.begin() + 3 * width, 0.0f);  // row 2: x + y = y
+        std::fill(ys.begin() + 2 * width, ys.begin() + 3 * width, 0.0f);  // ... = 0 (d = 0, q = 0)
+      }
+      auto x1 = test::to_device(xs), x2 = test::to_device(xs), y = test::to_device(ys), dw = test::to_device(w);
+      cuda::DeviceBuffer out1(xs.size() * 4), out2(xs.size() * 4), q(xs.size()), ds(xs.size() / 32 * sizeof(float2));
+      cuda::add_rms_norm(x1.f(), y.f(), dw.f(), out1.f(), rows, width, 1e-6f, nullptr, q.get<int8_t>(),
+                         ds.get<float2>());
+      cuda::add_rms_norm(x2.f(), y.f(), dw.f(), out2.f(), rows, width, 1e-6f, nullptr);
+      RL_CUDA_CHECK(cudaDeviceSynchronize());
+      ASSERT_NO_FATAL_FAILURE(expect_q8_of_output(out1, out2, q, ds, xs.size()));
+      if (rows > 1) EXPECT_TRUE(std::isnan(test::to_host<float2>(ds, xs.size() / 32)[width / 32].x)) << "the NaN's block";
+    }
+}
+
+// gated_rms_norm's Q8 form of its output (the DeltaNet output projection's input: 32 heads of 128
+// in the 80B) against quantize_q8 of the same output, bit for bit: rows of 128 (in the kernel), 96
+// (after it) and 1,024 (a block a row).
+TEST_F(CudaQ8, GatedRmsNormWritesTheQ8FormOfItsOutput) {
+  for (int width : {128, 96, 1024}) {
+    SCOPED_TRACE(::testing::Message() << "rows of " << width);
+    const int rows = 32;
+    const size_t n = (size_t)rows * width;
+    const auto os = test::random_floats(n, 31 + width, 2.0f), zs = test::random_floats(n, 32);
+    const auto w = test::random_floats(width, 33);
+    auto o = test::to_device(os), z = test::to_device(zs), dw = test::to_device(w);
+    cuda::DeviceBuffer out1(n * 4), out2(n * 4), q(n), ds(n / 32 * sizeof(float2));
+    cuda::gated_rms_norm(o.f(), z.f(), dw.f(), out1.f(), rows, width, 1e-6f, nullptr, q.get<int8_t>(), ds.get<float2>());
+    cuda::gated_rms_norm(o.f(), z.f(), dw.f(), out2.f(), rows, width, 1e-6f, nullptr);
+    RL_CUDA_CHECK(cudaDeviceSynchronize());
+    ASSERT_NO_FATAL_FAILURE(expect_q8_of_output(out1, out2, q, ds, n));
+  }
+}
+
+// moe_combine_norm's Q8 form of its output (the next layer's mixer input) against quantize_q8 of the
+// same output, bit for bit: rows of 2,048 (in the kernel) and 96 (after it), 1 and 3 tokens of 10
+// selections each.
+TEST_F(CudaQ8, MoeCombineNormWritesTheQ8FormOfItsOutput) {
+  const int k = 10;
+  for (int width : {2048, 96})
+    for (int T : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << T << " tokens of " << width);
+      const size_t n = (size_t)T * width;
+      const auto xs = test::random_floats(n, 21 + width, 2.0f), ys = test::random_floats(n * k, 22);
+      const auto sh = test::random_floats(n, 23), sg = test::random_floats(T, 24), nw = test::random_floats(width, 25);
+      const auto wts = test::random_floats((size_t)T * k, 26, 0.5f);
+      std::vector<int32_t> assign((size_t)T * k);
+      for (size_t i = 0; i < assign.size(); i++) assign[i] = (int32_t)((i * 7) % assign.size());
+      auto x1 = test::to_device(xs), x2 = test::to_device(xs), y = test::to_device(ys), dsh = test::to_device(sh);
+      auto dsg = test::to_device(sg), dnw = test::to_device(nw), dw = test::to_device(wts);
+      cuda::DeviceBuffer da(assign.size() * 4), out1(n * 4), out2(n * 4), q(n), ds(n / 32 * sizeof(float2));
+      RL_CUDA_CHECK(cudaMemcpy(da.get(), assign.data(), assign.size() * 4, cudaMemcpyHostToDevice));
+      cuda::moe_combine_norm(x1.f(), y.f(), da.get<int32_t>(), dw.f(), k, dsh.f(), dsg.f(), T, width, dnw.f(), 1e-6f,
+                             out1.f(), nullptr, q.get<int8_t>(), ds.get<float2>());
+      cuda::moe_combine_norm(x2.f(), y.f(), da.get<int32_t>(), dw.f(), k, dsh.f(), dsg.f(), T, width, dnw.f(), 1e-6f,
+                             out2.f(), nullptr);
+      RL_CUDA_CHECK(cudaDeviceSynchronize());
+      ASSERT_NO_FATAL_FAILURE(expect_q8_of_output(out1, out2, q, ds, n));
+    }
+}
+
 TEST_F(CudaQ8, RejectsWhatItCannotRun) {
   cuda::DeviceBuffer d(1 << 16);
   cuda::MatvecJob j;
