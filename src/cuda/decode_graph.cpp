@@ -204,15 +204,27 @@ std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionStat
     if (l.routing != Routing::kGpuGrouped) throw_error("a layer of the batch's plan does not group on the GPU");
   auto g = std::make_unique<BatchGraph>();
   g->rows.assign(sts.begin(), sts.end());
+  const int n_layer = e.config().n_layer;
+  std::vector<float*> table((size_t)n_layer * 2 * B, nullptr);
+  for (int L = 0; L < n_layer; L++)
+    for (int t = 0; t < B; t++) {
+      table[((size_t)L * 2 + 0) * B + t] = sts[t]->conv[L].f();
+      table[((size_t)L * 2 + 1) * B + t] = sts[t]->ssm[L].f();
+    }
+  g->state_table.allocate(table.size() * sizeof(float*));
+  RL_CUDA_CHECK(cudaMemcpy(g->state_table.get(), table.data(), table.size() * sizeof(float*), cudaMemcpyHostToDevice));
   const int32_t* io = e.ws.batch_io.get<int32_t>();
   RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  e.batch_states = g->state_table.get<float*>();
   try {
     e.grouped_layers.clear();
     encode_pass(e, sts, io, io + kMaxBatchRows, B, true, e.ws.batch_logits.f(), nullptr, false);
+    e.batch_states = nullptr;
     if ((int)e.grouped_layers.size() != e.config().n_layer)
       throw_error("the batch's pass grouped " + std::to_string(e.grouped_layers.size()) + " of " +
                   std::to_string(e.config().n_layer) + " layers on the GPU");
   } catch (...) {
+    e.batch_states = nullptr;
     cudaGraph_t partial = nullptr;
     cudaStreamEndCapture(stream, &partial);
     if (partial) cudaGraphDestroy(partial);

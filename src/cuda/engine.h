@@ -67,6 +67,9 @@ struct SessionState {
 // takes every graph it is a row of with it (forget_batch_graphs).
 struct BatchGraph {
   std::vector<const SessionState*> rows;
+  // The rows' recurrent states as the batched DeltaNet kernels take them: per layer, the B conv
+  // states then the B recurrent states (float*; nullptr for attention layers).
+  DeviceBuffer state_table;
   cudaGraphExec_t exec = nullptr;
   uint64_t last_use = 0;  // the engine's batch step count at its last replay (the oldest is dropped first)
   BatchGraph() = default;
@@ -104,6 +107,7 @@ struct Engine {
   bool batch_graph_broken = false;  // a batch's capture failed once: batches decode one after another
   std::vector<std::unique_ptr<BatchGraph>> batch_graphs;  // at most kMaxBatchGraphs, by last use
   uint64_t batch_steps = 0;
+  float* const* batch_states = nullptr;  // while a batch graph is captured: its state_table
   int predicted_layer = -1;         // the layer whose predicted selections are on their way to the host
 };
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "cuda/engine.h"
 #include "cuda/kernels.h"
 
@@ -25,10 +26,12 @@ void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
   get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
 }
 
-// The recurrent part of Gated DeltaNet for rows [row, row + T) of the views, T tokens of one
-// session in order: the causal conv and gates, the L2 norm of q and k, the recurrence over the
-// session's state.
-void deltanet_core(Engine& e, SessionState& st, int L, const DeltaNetViews& views, int row, int T) {
+// The recurrent part of Gated DeltaNet for rows [row, row + T) of the views: the causal conv and
+// gates, the L2 norm of q and k, the recurrence. Either T tokens of session st in order, or
+// (st null; the fast tier) one token of each of T sessions in one launch per kernel, their states
+// from `batch` ([2][T] device pointers: the conv states, then the recurrent states of layer L).
+void deltanet_core(Engine& e, int L, const DeltaNetViews& views, int row, int T, SessionState* st,
+                   float* const* batch) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
@@ -40,9 +43,14 @@ void deltanet_core(Engine& e, SessionState& st, int L, const DeltaNetViews& view
                         views.g + r * nv};
   // The fast tier's kernels are fp32 (deltanet_fast.cu), the exact tier's the oracle's arithmetic.
   const bool fast = e.forms.fast_deltanet;
-  (fast ? deltanet_conv_gates_fast : deltanet_conv_gates)(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T,
-                                                          conv_dim, c.ssm_conv_kernel, v.ba, w.dt_bias, w.a, v.beta,
-                                                          v.g, nk, nv, stream);
+  if (batch && !fast) throw_error("deltanet: a batched step's recurrent part runs in the fast tier only");
+  if (batch)
+    deltanet_conv_gates_fast_rows(v.qkv, conv_dim, v.conv, batch, w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
+                                  w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
+  else
+    (fast ? deltanet_conv_gates_fast : deltanet_conv_gates)(v.qkv, conv_dim, v.conv, st->conv[L].f(), w.conv, T,
+                                                            conv_dim, c.ssm_conv_kernel, v.ba, w.dt_bias, w.a, v.beta,
+                                                            v.g, nk, nv, stream);
   // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch;
   // the recurrence normalises them itself instead (the same values) where it can: heads of 128,
   // at any T in the fast tier, a decode step in the exact.
@@ -50,16 +58,20 @@ void deltanet_core(Engine& e, SessionState& st, int L, const DeltaNetViews& view
   const bool fuse_norm = dk == 128 && (fast || T == 1);
   if (!fuse_norm) l2_norm(v.conv, T, 2 * nk, dk, conv_dim, qk_norm.eps, qk_norm.q_scale, stream, nk);
   const L2Norm* norm = fuse_norm ? &qk_norm : nullptr;
-  if (fast)
-    deltanet_recurrence_fast(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(),
+  if (batch)
+    deltanet_recurrence_fast_rows(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, batch + T,
+                                  v.o, T, nk, nv, dk, dv, stream, norm);
+  else if (fast)
+    deltanet_recurrence_fast(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st->ssm[L].f(),
                              v.o, T, nk, nv, dk, dv, stream, norm);
   else
-    deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
+    deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st->ssm[L].f(), v.o, T,
                         nk, nv, dk, dv, stream, norm);
 }
 
 // Gated DeltaNet of T tokens: of one session (sts[0]), or one token each of T sessions (a batched
-// decode step: sts[t] for row t; products and norms over all rows, the recurrent part per row).
+// decode step: sts[t] for row t; products and norms over all rows, the recurrent part in one launch
+// per kernel from the batch graph's state table, Engine::batch_states, else row by row).
 //                                                                  h, out: [T][n_embd]
 void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
                     float* out) {
@@ -75,9 +87,11 @@ void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const 
                            T);
   e.profiler.mark(kDeltaNet, stream);
   if (sts.size() == 1)
-    deltanet_core(e, *sts[0], L, v, 0, T);
+    deltanet_core(e, L, v, 0, T, sts[0], nullptr);
+  else if (e.batch_states && e.forms.fast_deltanet)
+    deltanet_core(e, L, v, 0, T, nullptr, e.batch_states + (size_t)L * 2 * T);
   else
-    for (int t = 0; t < T; t++) deltanet_core(e, *sts[t], L, v, t, 1);
+    for (int t = 0; t < T; t++) deltanet_core(e, L, v, t, 1, sts[t], nullptr);
   // Decode: the norm also writes the output projection's Q8 input.
   const Q8Target q8 = plan.mixer_out == Kernel::kMatvecQ8 && T == 1 ? e.products.q8_target() : Q8Target{};
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream, q8.q, q8.ds);

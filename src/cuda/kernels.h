@@ -394,6 +394,17 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
                               cudaStream_t stream, const L2Norm* norm = nullptr, int lanes_per_row = 0,
                               int rows_per_lane = 0);
 int deltanet_fast_rows_per_block(int lanes_per_row, int rows_per_lane);
+// A batched decode step's conv + gates and recurrence in one launch each: B rows, row r one token
+// of the session whose conv state (or recurrent state) is states[r] (a device array of B device
+// pointers, each state 16-byte aligned); every other argument as above with T = B (row r of x,
+// out, ba, beta, g, of q, k, v and of the output). Each row's results are those of the one-token
+// call on its state, bit for bit.
+void deltanet_conv_gates_fast_rows(const float* x, size_t x_stride, float* out, float* const* states, const float* w,
+                                   int B, int C, int K, const float* ba, const float* dt_bias, const float* ssm_a,
+                                   float* beta, float* g, int nk, int nv, cudaStream_t stream);
+void deltanet_recurrence_fast_rows(const float* q, const float* k, const float* v, size_t qkv_stride,
+                                   const float* beta, const float* g, float* const* states, float* out, int B, int nk,
+                                   int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm = nullptr);
 
 // ---- moe.cu ------------------------------------------------------------------------------------------
 // probs[t][:] = softmax(logits[t][:]) over n_expert (in place allowed).
