@@ -349,7 +349,9 @@ TEST_F(CudaQ8, SeveralColumnsAsOneColumnEach) {
           Nmse m;
           for (int r = 0; r < rows; r++) {
             const float got = y[(size_t)c * stride + r];
-            if (cols == 2048) ASSERT_EQ(bits(got), bits(y1[r])) << "column " << c << " row " << r;
+            if (cols == 2048) {
+              ASSERT_EQ(bits(got), bits(y1[r])) << "column " << c << " row " << r;
+            }
             m.add(got, reference_dot(t, w.data() + r * rb, x.data() + (size_t)c * cols, cols));
           }
           EXPECT_LE(m.value(), kMaxNmse) << "column " << c;
@@ -424,7 +426,9 @@ TEST_F(CudaQ8, AddRmsNormWritesTheQ8FormOfItsOutput) {
       cuda::add_rms_norm(x2.f(), y.f(), dw.f(), out2.f(), rows, width, 1e-6f, nullptr);
       RL_CUDA_CHECK(cudaDeviceSynchronize());
       ASSERT_NO_FATAL_FAILURE(expect_q8_of_output(out1, out2, q, ds, xs.size()));
-      if (rows > 1) EXPECT_TRUE(std::isnan(test::to_host<float2>(ds, xs.size() / 32)[width / 32].x)) << "the NaN's block";
+      if (rows > 1) {
+        EXPECT_TRUE(std::isnan(test::to_host<float2>(ds, xs.size() / 32)[width / 32].x)) << "the NaN's block";
+      }
     }
 }
 
