@@ -213,18 +213,33 @@ std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionStat
     }
   g->state_table.allocate(table.size() * sizeof(float*));
   RL_CUDA_CHECK(cudaMemcpy(g->state_table.get(), table.data(), table.size() * sizeof(float*), cudaMemcpyHostToDevice));
+  std::vector<AttentionRow> attention((size_t)n_layer * B);
+  int max_splits = 0;
+  for (int L = 0; L < n_layer; L++)
+    for (int t = 0; t < B; t++)
+      if (sts[t]->k_cache[L].bytes()) {
+        attention[(size_t)L * B + t] = {sts[t]->kv(L), sts[t]->attn_splits_f};
+        max_splits = std::max(max_splits, sts[t]->attn_splits_f.max_splits);
+      }
+  g->attention_table.allocate(attention.size() * sizeof(AttentionRow));
+  RL_CUDA_CHECK(cudaMemcpy(g->attention_table.get(), attention.data(), attention.size() * sizeof(AttentionRow),
+                           cudaMemcpyHostToDevice));
   const int32_t* io = e.ws.batch_io.get<int32_t>();
   RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   e.batch_states = g->state_table.get<float*>();
+  e.batch_attention = g->attention_table.get<AttentionRow>();
+  e.batch_max_splits = max_splits;
   try {
     e.grouped_layers.clear();
     encode_pass(e, sts, io, io + kMaxBatchRows, B, true, e.ws.batch_logits.f(), nullptr, false);
     e.batch_states = nullptr;
+    e.batch_attention = nullptr;
     if ((int)e.grouped_layers.size() != e.config().n_layer)
       throw_error("the batch's pass grouped " + std::to_string(e.grouped_layers.size()) + " of " +
                   std::to_string(e.config().n_layer) + " layers on the GPU");
   } catch (...) {
     e.batch_states = nullptr;
+    e.batch_attention = nullptr;
     cudaGraph_t partial = nullptr;
     cudaStreamEndCapture(stream, &partial);
     if (partial) cudaGraphDestroy(partial);

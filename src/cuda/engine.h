@@ -67,9 +67,10 @@ struct SessionState {
 // takes every graph it is a row of with it (forget_batch_graphs).
 struct BatchGraph {
   std::vector<const SessionState*> rows;
-  // The rows' recurrent states as the batched DeltaNet kernels take them: per layer, the B conv
-  // states then the B recurrent states (float*; nullptr for attention layers).
-  DeviceBuffer state_table;
+  // The rows' states as the batched kernels take them: per layer, the B conv states then the B
+  // recurrent states (float*; nullptr for attention layers); per layer the B rows' caches and
+  // split buffers (AttentionRow; empty for DeltaNet layers).
+  DeviceBuffer state_table, attention_table;
   cudaGraphExec_t exec = nullptr;
   uint64_t last_use = 0;  // the engine's batch step count at its last replay (the oldest is dropped first)
   BatchGraph() = default;
@@ -107,7 +108,11 @@ struct Engine {
   bool batch_graph_broken = false;  // a batch's capture failed once: batches decode one after another
   std::vector<std::unique_ptr<BatchGraph>> batch_graphs;  // at most kMaxBatchGraphs, by last use
   uint64_t batch_steps = 0;
-  float* const* batch_states = nullptr;  // while a batch graph is captured: its state_table
+  // While a batch graph is captured: its tables, and the most decode splits any row's attention
+  // takes (the batched attention's grid).
+  float* const* batch_states = nullptr;
+  const AttentionRow* batch_attention = nullptr;
+  int batch_max_splits = 0;
   int predicted_layer = -1;         // the layer whose predicted selections are on their way to the host
 };
 

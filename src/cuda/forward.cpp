@@ -123,8 +123,26 @@ void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& vi
                     &st.attn_splits);
 }
 
+// A batched decode step's attention, one token of each of B sessions at pos_d[0..B), in one
+// launch per kernel: the rows' caches and split buffers from the batch graph's table
+// (Engine::batch_attention, layer L's B entries).
+void attention_rows(Engine& e, int L, const AttentionViews& v, int B, const int32_t* pos_d) {
+  const Config& c = e.config();
+  const AttnDev& w = e.weights.layers[L].attn;
+  const cudaStream_t stream = e.streams.compute;
+  const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
+  const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
+  const AttentionRow* rows = e.batch_attention + (size_t)L * B;
+  attention_prep_rows(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, rows, e.forms.kv_type, B, nh, nkv, hd,
+                      c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
+  const float scale = (float)(1.0 / std::sqrt((double)hd));
+  gated_attention_fast_rows(v.q, v.gate, rows, e.forms.kv_type, e.batch_max_splits, v.att, B, nh, nkv, hd, scale,
+                            pos_d, stream);
+}
+
 // Gated attention of T tokens: of one session (sts[0]), or one token each of T sessions (sts[t]
-// for row t, at pos_d[t]). Positions come from pos_d, so a captured graph replays at any position.
+// for row t, at pos_d[t]: in one launch per kernel from the batch graph's table, else row by
+// row). Positions come from pos_d, so a captured graph replays at any position.
 //                                                                  h, out: [T][n_embd]
 void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
                      const int32_t* pos_d, float* out) {
@@ -137,6 +155,8 @@ void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const
   e.profiler.mark(kAttention, stream);
   if (sts.size() == 1)
     attention_core(e, *sts[0], L, v, 0, T, pos_d);
+  else if (e.batch_attention && e.forms.fast_attention)
+    attention_rows(e, L, v, T, pos_d);
   else
     for (int t = 0; t < T; t++) attention_core(e, *sts[t], L, v, t, 1, pos_d + t);
   e.profiler.mark(kProjections, stream);
