@@ -65,18 +65,13 @@ void upload_token_position(Engine& e, int32_t token, int position) {
 // misses and the token is never undone.
 bool token_backs_up(const Engine& e) { return e.opts.speculation != CudaOptions::Speculation::kFullyResident; }
 
-// Captures the GPU-routed token once per session: the state backups (token_backs_up), then the
-// pass. Nothing in it depends on the host between replays except token_position and the residency
-// table, both read from device memory at replay time.
-void capture_token_graph(Engine& e, SessionState& st) {
-  const cudaStream_t stream = e.streams.compute;
-  if (token_backs_up(e)) allocate_state_backups(e, st);
+// What enqueue() puts on `stream`, captured and instantiated. A capture that throws is ended and
+// discarded (its error cleared) and the exception passed on.
+template <class F>
+cudaGraphExec_t capture_graph(cudaStream_t stream, F&& enqueue) {
   RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    if (token_backs_up(e)) copy_recurrent_states(e, st, true);
-    const int32_t* tp = e.ws.token_position.get<int32_t>();
-    SessionState* const one[] = {&st};
-    encode_pass(e, one, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
+    enqueue();
   } catch (...) {
     cudaGraph_t partial = nullptr;
     cudaStreamEndCapture(stream, &partial);
@@ -86,9 +81,24 @@ void capture_token_graph(Engine& e, SessionState& st) {
   }
   cudaGraph_t graph = nullptr;
   RL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  const cudaError_t err = cudaGraphInstantiate(&st.token_graph, graph, 0);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   RL_CUDA_CHECK(err);
+  return exec;
+}
+
+// Captures the GPU-routed token once per session: the state backups (token_backs_up), then the
+// pass. Nothing in it depends on the host between replays except token_position and the residency
+// table, both read from device memory at replay time.
+void capture_token_graph(Engine& e, SessionState& st) {
+  if (token_backs_up(e)) allocate_state_backups(e, st);
+  st.token_graph = capture_graph(e.streams.compute, [&] {
+    if (token_backs_up(e)) copy_recurrent_states(e, st, true);
+    const int32_t* tp = e.ws.token_position.get<int32_t>();
+    SessionState* const one[] = {&st};
+    encode_pass(e, one, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
+  });
 }
 
 }  // namespace
@@ -180,6 +190,17 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
 
 // ---- the batched decode step ------------------------------------------------------------------
 
+namespace {
+
+// v into a new device buffer of its size (a capture's tables: before the capture begins).
+template <class T>
+void upload(DeviceBuffer& dst, const std::vector<T>& v) {
+  dst.allocate(v.size() * sizeof(T));
+  RL_CUDA_CHECK(cudaMemcpy(dst.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
 int batch_rows(Engine& e) {
   if (!e.forms.fast || e.profiler.on || e.batch_graph_broken) return 0;
   if (e.opts.speculation == CudaOptions::Speculation::kOff || !e.residency.all_resident()) return 0;
@@ -198,7 +219,6 @@ namespace {
 // the GPU, the ids and positions read from batch_io, the logits into batch_logits. Nothing in it
 // waits for the host.
 std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionState* const> sts) {
-  const cudaStream_t stream = e.streams.compute;
   const int B = (int)sts.size();
   for (const LayerPlan& l : e.plan(B).layers)
     if (l.routing != Routing::kGpuGrouped) throw_error("a layer of the batch's plan does not group on the GPU");
@@ -211,8 +231,7 @@ std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionStat
       table[((size_t)L * 2 + 0) * B + t] = sts[t]->conv[L].f();
       table[((size_t)L * 2 + 1) * B + t] = sts[t]->ssm[L].f();
     }
-  g->state_table.allocate(table.size() * sizeof(float*));
-  RL_CUDA_CHECK(cudaMemcpy(g->state_table.get(), table.data(), table.size() * sizeof(float*), cudaMemcpyHostToDevice));
+  upload(g->state_table, table);
   std::vector<AttentionRow> attention((size_t)n_layer * B);
   int max_splits = 0;
   for (int L = 0; L < n_layer; L++)
@@ -221,36 +240,23 @@ std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionStat
         attention[(size_t)L * B + t] = {sts[t]->kv(L), sts[t]->attn_splits_f};
         max_splits = std::max(max_splits, sts[t]->attn_splits_f.max_splits);
       }
-  g->attention_table.allocate(attention.size() * sizeof(AttentionRow));
-  RL_CUDA_CHECK(cudaMemcpy(g->attention_table.get(), attention.data(), attention.size() * sizeof(AttentionRow),
-                           cudaMemcpyHostToDevice));
-  const int32_t* io = e.ws.batch_io.get<int32_t>();
-  RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  upload(g->attention_table, attention);
+  // The tables are the engine's only while this capture runs.
+  struct Tables {
+    Engine& e;
+    ~Tables() { e.batch_states = nullptr, e.batch_attention = nullptr; }
+  } tables{e};
   e.batch_states = g->state_table.get<float*>();
   e.batch_attention = g->attention_table.get<AttentionRow>();
   e.batch_max_splits = max_splits;
-  try {
+  const int32_t* io = e.ws.batch_io.get<int32_t>();
+  g->exec = capture_graph(e.streams.compute, [&] {
     e.grouped_layers.clear();
     encode_pass(e, sts, io, io + kMaxBatchRows, B, true, e.ws.batch_logits.f(), nullptr, false);
-    e.batch_states = nullptr;
-    e.batch_attention = nullptr;
     if ((int)e.grouped_layers.size() != e.config().n_layer)
       throw_error("the batch's pass grouped " + std::to_string(e.grouped_layers.size()) + " of " +
                   std::to_string(e.config().n_layer) + " layers on the GPU");
-  } catch (...) {
-    e.batch_states = nullptr;
-    e.batch_attention = nullptr;
-    cudaGraph_t partial = nullptr;
-    cudaStreamEndCapture(stream, &partial);
-    if (partial) cudaGraphDestroy(partial);
-    cudaGetLastError();
-    throw;
-  }
-  cudaGraph_t graph = nullptr;
-  RL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
-  cudaGraphDestroy(graph);
-  RL_CUDA_CHECK(err);
+  });
   return g;
 }
 
