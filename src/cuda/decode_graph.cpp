@@ -250,13 +250,25 @@ std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionStat
   e.batch_attention = g->attention_table.get<AttentionRow>();
   e.batch_max_splits = max_splits;
   const int32_t* io = e.ws.batch_io.get<int32_t>();
-  g->exec = capture_graph(e.streams.compute, [&] {
-    e.grouped_layers.clear();
-    encode_pass(e, sts, io, io + kMaxBatchRows, B, true, e.ws.batch_logits.f(), nullptr, false);
-    if ((int)e.grouped_layers.size() != e.config().n_layer)
-      throw_error("the batch's pass grouped " + std::to_string(e.grouped_layers.size()) + " of " +
-                  std::to_string(e.config().n_layer) + " layers on the GPU");
-  });
+  // The host's counters of the pass's products move at capture only, not at replay: kept as they
+  // were, so they count the passes that run without a graph.
+  const uint64_t grouped = e.stats.gpu_grouped_layers, x32 = e.stats.x32_products;
+  try {
+    g->exec = capture_graph(e.streams.compute, [&] {
+      e.grouped_layers.clear();
+      encode_pass(e, sts, io, io + kMaxBatchRows, B, true, e.ws.batch_logits.f(), nullptr, false);
+      if ((int)e.grouped_layers.size() != e.config().n_layer)
+        throw_error("the batch's pass grouped " + std::to_string(e.grouped_layers.size()) + " of " +
+                    std::to_string(e.config().n_layer) + " layers on the GPU");
+    });
+  } catch (...) {
+    // A pass that cannot be captured will not be at the next step either (an allocation above
+    // that failed might succeed later, so it does not count).
+    e.batch_graph_broken = true;
+    e.stats.gpu_grouped_layers = grouped, e.stats.x32_products = x32;
+    throw;
+  }
+  e.stats.gpu_grouped_layers = grouped, e.stats.x32_products = x32;
   return g;
 }
 
@@ -290,9 +302,9 @@ bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span
   try {
     g = &batch_graph_of(e, sts);
   } catch (const std::exception& ex) {
-    std::fprintf(stderr, "cuda: the batched decode graph could not be captured (%s); batches decode one after "
-                 "another\n", ex.what());
-    e.batch_graph_broken = true;
+    std::fprintf(stderr, "cuda: the batched decode graph could not be captured (%s); %s\n", ex.what(),
+                 e.batch_graph_broken ? "batches decode one after another from now on"
+                                      : "this step's sessions decode one after another");
     return false;
   }
   g->last_use = ++e.batch_steps;

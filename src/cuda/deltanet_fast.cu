@@ -345,6 +345,9 @@ void deltanet_conv_gates_fast_rows(const float* x, size_t x_stride, float* out, 
   check_conv_gates(K, nk, nv);
   if (B == 0) return;
   if (B > 65535) throw_error("deltanet: " + std::to_string(B) + " rows in one launch (at most 65,535)");
+  if (!states) throw_error("deltanet: a batched step's conv needs its table of states");
+  if (x_stride < (size_t)C)
+    throw_error("deltanet: input rows of " + std::to_string(x_stride) + " values for " + std::to_string(C) + " channels");
   const int conv_blocks = (C + kFastConvThreads - 1) / kFastConvThreads;
   const int gate_blocks = (nv + kFastConvThreads - 1) / kFastConvThreads;
   launch_dependent(conv_gates_short_kernel, dim3(conv_blocks + gate_blocks, B), dim3(kFastConvThreads), stream, x,
@@ -421,6 +424,7 @@ void deltanet_recurrence_fast_rows(const float* q, const float* k, const float* 
                                    int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm) {
   if (B == 0) return;
   if (B > 65535) throw_error("deltanet: " + std::to_string(B) + " rows in one launch (at most 65,535)");
+  if (!states) throw_error("deltanet: a batched step's recurrence needs its table of states");
   launch_recurrence(q, k, v, qkv_stride, beta, g, nullptr, states, out, 1, B, nk, nv, dk, dv, stream, norm, 0, 0);
 }
 
