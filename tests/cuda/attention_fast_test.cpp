@@ -389,8 +389,13 @@ TEST_F(CudaFastAttention, BatchedRowsEqualEachRowsOwnStep) {
       EXPECT_EQ(to_host<uint32_t>(g_b, B * qrow), to_host<uint32_t>(g_a, B * qrow)) << "gate";
       const auto oa = to_host<float>(out_a, B * qrow);
       EXPECT_EQ(to_host<uint32_t>(out_b, B * qrow), to_host<uint32_t>(out_a, B * qrow)) << "outputs";
-      EXPECT_TRUE(std::all_of(oa.begin(), oa.end(), [](float x) { return std::isfinite(x) && x != 0.0f; }))
-          << "outputs not all finite and nonzero";
+      // Finite, and no row all zero (a row that attended to nothing). Single outputs may be 0: the
+      // row at position 0 attends to one key, so its output is that value times the gate, and a
+      // q8_0 value rounds to 0 (the H200's run: 24 such in the 16/2×256 q8_0 case).
+      EXPECT_TRUE(std::all_of(oa.begin(), oa.end(), [](float x) { return std::isfinite(x); })) << "outputs not finite";
+      for (int r = 0; r < B; r++)
+        EXPECT_TRUE(std::any_of(oa.begin() + r * qrow, oa.begin() + (r + 1) * qrow, [](float x) { return x != 0.0f; }))
+            << "row " << r << "'s outputs are all zero";
       for (int r = 0; r < B; r++) {
         const size_t bytes = kv_bytes(type, (size_t)kCtx[r] * width);
         EXPECT_EQ(to_host<uint8_t>(rows_k[r], bytes), to_host<uint8_t>(own_k[r], bytes)) << "K cache of row " << r;
