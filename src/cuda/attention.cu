@@ -71,12 +71,21 @@ __global__ void __launch_bounds__(32) attention_prep_kernel(
     const float* __restrict__ qg, const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ q,
     float* __restrict__ gate, const float* __restrict__ q_norm, const float* __restrict__ k_norm, KvPlane<E> kc,
     KvPlane<E> vc, int n_head, int n_kv, int hd, float eps, int n_rot, float theta_scale,
-    const int32_t* __restrict__ pos_dev) {
+    const int32_t* __restrict__ pos_dev, const AttentionRow* __restrict__ rows) {
   constexpr bool kF32 = std::is_same_v<E, float>;
   __shared__ __align__(16) float key_f32[kF32 ? 1 : kMaxHeadDim];  // the key before it is stored
   const int hh = blockIdx.x, t = blockIdx.y, lane = threadIdx.x, half = n_rot / 2;
   const float pos = (float)pos_dev[t];
   const size_t width = (size_t)n_kv * hd;
+  // Where token t's key and value go: position pos_dev[0] + t of the one cache, or (rows: a
+  // batched decode step) position pos_dev[t] of row t's session's cache.
+  int store = pos_dev[0] + t;
+  if (rows) {
+    const KvCacheRef c = rows[t].cache;
+    kc = KvPlane<E>::of(c.k, c.n_ctx, width);
+    vc = KvPlane<E>::of(c.v, c.n_ctx, width);
+    store = pos_dev[t];
+  }
   float* dst;
   if (hh < n_head) {
     const float* src = qg + ((size_t)t * n_head + hh) * 2 * hd;
@@ -87,17 +96,17 @@ __global__ void __launch_bounds__(32) attention_prep_kernel(
   } else {
     const int j = hh - n_head;
     if constexpr (kF32)
-      dst = kc.row(pos_dev[0] + t, width, j * hd);
+      dst = kc.row(store, width, j * hd);
     else
       dst = key_f32;
-    store_row_warp(vc.row(pos_dev[0] + t, width, j * hd), v + ((size_t)t * n_kv + j) * hd, hd, lane);
+    store_row_warp(vc.row(store, width, j * hd), v + ((size_t)t * n_kv + j) * hd, hd, lane);
     warp_rms_norm_row(k + ((size_t)t * n_kv + j) * hd, k_norm, dst, hd, eps, lane);
   }
   __syncwarp();  // the rotation pairs values other lanes wrote
   for (int i = lane; i < half; i += 32) rope_pair(dst, i, half, pos, theta_scale);
   if constexpr (!kF32) {
     __syncwarp();
-    if (hh >= n_head) store_row_warp(kc.row(pos_dev[0] + t, width, (hh - n_head) * hd), dst, hd, lane);
+    if (hh >= n_head) store_row_warp(kc.row(store, width, (hh - n_head) * hd), dst, hd, lane);
   }
 }
 
@@ -428,7 +437,24 @@ void attention_prep(const float* qg, const float* k, const float* v, float* q, f
     const size_t width = (size_t)n_kv * hd;
     attention_prep_kernel<E><<<dim3(n_head + n_kv, T), 32, 0, stream>>>(
         qg, k, v, q, gate, q_norm, k_norm, KvPlane<E>::of(cache.k, cache.n_ctx, width),
-        KvPlane<E>::of(cache.v, cache.n_ctx, width), n_head, n_kv, hd, eps, n_rot, theta_scale, pos_dev);
+        KvPlane<E>::of(cache.v, cache.n_ctx, width), n_head, n_kv, hd, eps, n_rot, theta_scale, pos_dev,
+        static_cast<const AttentionRow*>(nullptr));
+  });
+  RL_CUDA_LAUNCH_CHECK();
+}
+void attention_prep_rows(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
+                         const float* k_norm, const AttentionRow* rows, KvType kv_type, int B, int n_head, int n_kv,
+                         int hd, float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream) {
+  if (hd % 4 != 0 || hd > kMaxHeadDim || n_rot > hd || n_rot % 2 != 0)
+    throw_error("attention_prep: head dim " + std::to_string(hd) + " / rotary dims " + std::to_string(n_rot));
+  check_kv_cache(KvCacheRef{nullptr, nullptr, kv_type, 0}, hd, "attention_prep");
+  if (B == 0) return;
+  if (!rows || !pos_dev) throw_error("attention_prep: a batched step needs its rows and positions on the device");
+  with_kv_element(kv_type, [&](auto element) {
+    using E = decltype(element);
+    attention_prep_kernel<E><<<dim3(n_head + n_kv, B), 32, 0, stream>>>(
+        qg, k, v, q, gate, q_norm, k_norm, KvPlane<E>{}, KvPlane<E>{}, n_head, n_kv, hd, eps, n_rot, theta_scale,
+        pos_dev, rows);
   });
   RL_CUDA_LAUNCH_CHECK();
 }

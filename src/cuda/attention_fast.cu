@@ -376,6 +376,29 @@ void gated_attention_fast(const float* q, const float* gate, const KvCacheRef& c
                                               pos0, scale, stream, pos_dev, splits);
   });
 }
+void gated_attention_fast_rows(const float* q, const float* gate, const AttentionRow* rows, KvType kv_type,
+                               int max_splits, float* out, int B, int n_head, int n_kv, int hd, float scale,
+                               const int32_t* pos_dev, cudaStream_t stream) {
+  if (hd < 16 || hd > fast_attention::kMaxHeadDimF || hd % 16 != 0)
+    throw_error("attention (fast): head dim " + std::to_string(hd) + " is not a multiple of 16 from 16 to 256");
+  if (n_kv <= 0 || n_head <= 0 || n_head % n_kv != 0)
+    throw_error("attention (fast): " + std::to_string(n_head) + " query heads do not group over " +
+                std::to_string(n_kv) + " KV heads");
+  if (kv_type == KvType::kQ8_0 && hd % kKvQ8Block != 0)
+    throw_error("attention (fast): a q8_0 cache needs a head dim that is a multiple of 32, not " +
+                std::to_string(hd));
+  if (B == 0) return;
+  if (!rows || !pos_dev) throw_error("attention (fast): a batched step needs its rows and positions on the device");
+  if (max_splits < 1 || max_splits > kFastDecodeMaxSplits || B > 65535)
+    throw_error("attention (fast): a batched step of " + std::to_string(B) + " rows with " +
+                std::to_string(max_splits) + " splits (1 to " + std::to_string(kFastDecodeMaxSplits) + ")");
+  with_kv_element(kv_type, [&](auto element) {
+    using E = decltype(element);
+    fast_attention::decode_rows<E>(q, gate, rows, max_splits, out, B, n_head, n_kv, hd, pos_dev, scale * fast_attention::kLog2e,
+                                   stream);
+  });
+}
+
 void gated_attention_fast(const float* q, const float* gate, const float* k_cache, const float* v_cache, float* out,
                           int T, int n_head, int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
                           const int32_t* pos_dev, const AttentionSplitsF* splits) {

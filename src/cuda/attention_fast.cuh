@@ -58,6 +58,11 @@ void decode_step(const float* q, const float* gate, KvPlane<E> kc, KvPlane<E> vc
                  cudaStream_t stream);
 // Folds a split chunk's partials: output row r (token, head) = t·n_head + h has n_splits partials
 // at sp.acc + (r·n_splits + s)·hd and sp.ml + (r·n_splits + s)·2.
+// A batched decode step's rows (gated_attention_fast_rows, kernels.h): the split and combine
+// kernels over rows[r]'s cache, splits and pos_dev[r] per row.
+template <class E>
+void decode_rows(const float* q, const float* gate, const AttentionRow* rows, int max_splits, float* out, int B,
+                 int n_head, int n_kv, int hd, const int32_t* pos_dev, float scale_log2, cudaStream_t stream);
 void fold_chunk_splits(const AttentionSplitsF& sp, const float* gate, float* out, int rows, int hd, int n_splits,
                        cudaStream_t stream);
 // The splits a decode step at most uses with buffers made for n_ctx tokens.

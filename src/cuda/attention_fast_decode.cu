@@ -62,14 +62,27 @@ struct SplitSmem {
 };
 
 // Block (head group, split): query heads h0 .. h0 + gb - 1 (one KV head, gb ≤ 8) over the split's
-// keys, head dims up to TIER (a multiple of 64; dims from hd to TIER load as zeros).
+// keys, head dims up to TIER (a multiple of 64; dims from hd to TIER load as zeros). With `rows`
+// (a batched decode step): blockIdx.z is the row, whose query is row z of q, its cache, split
+// buffers and position rows[z]'s and pos_dev[z].
 template <int TIER, class E>
 __global__ void __launch_bounds__(kSplitThreads) attention_decode_split_fast_kernel(
     const float* __restrict__ q, KvPlane<E> kc, KvPlane<E> vc, float* __restrict__ part_acc,
     float* __restrict__ part_ml, int n_head, int n_kv, int hd, int gb, int pos0, const int32_t* __restrict__ pos_dev,
-    float scale_log2, int max_splits) {
+    float scale_log2, int max_splits, const AttentionRow* __restrict__ rows) {
   constexpr int kChunks = TIER / 32, kGroups = TIER / 64;
-  if (pos_dev) pos0 = pos_dev[0];
+  if (rows) {
+    const AttentionRow& r = rows[blockIdx.z];
+    kc = KvPlane<E>::of(r.cache.k, r.cache.n_ctx, (size_t)n_kv * hd);
+    vc = KvPlane<E>::of(r.cache.v, r.cache.n_ctx, (size_t)n_kv * hd);
+    part_acc = r.splits.acc;
+    part_ml = r.splits.ml;
+    max_splits = r.splits.max_splits;
+    q += (size_t)blockIdx.z * n_head * hd;
+    pos0 = pos_dev[blockIdx.z];
+  } else if (pos_dev) {
+    pos0 = pos_dev[0];
+  }
   const int n_keys = pos0 + 1, ns = decode_splits(n_keys, max_splits), split = blockIdx.y;
   if (split >= ns) return;
   const int jb = split_begin(split, n_keys, ns), je = split_begin(split + 1, n_keys, ns);
@@ -187,11 +200,25 @@ __global__ void __launch_bounds__(kSplitThreads) attention_decode_split_fast_ker
 // maximum, out = Σ w_s·acc_s / Σ w_s·l_s · sigmoid(gate). Thread (group, quad) sums dims 4·quad
 // over the splits ≡ group (mod groups), then the groups are added. The partials of row h are
 // max_splits apart; a decode step uses decode_splits of them (n_splits = 0), a chunk n_splits.
+// With `rows` (a batched decode step): blockIdx.y is the row, its partials rows[y]'s, its position
+// pos_dev[y], its gate and output rows y of gate and out.
 __global__ void __launch_bounds__(kDecodeThreads) attention_combine_fast_kernel(
     const float* __restrict__ part_acc, const float* __restrict__ part_ml, const float* __restrict__ gate,
-    float* __restrict__ out, int hd, int pos0, const int32_t* __restrict__ pos_dev, int max_splits, int n_splits) {
+    float* __restrict__ out, int hd, int pos0, const int32_t* __restrict__ pos_dev, int max_splits, int n_splits,
+    const AttentionRow* __restrict__ rows) {
   pdl_trigger();  // the output projection follows
-  if (pos_dev) pos0 = pos_dev[0];
+  if (rows) {
+    const AttentionRow& r = rows[blockIdx.y];
+    part_acc = r.splits.acc;
+    part_ml = r.splits.ml;
+    max_splits = r.splits.max_splits;
+    const size_t row = (size_t)blockIdx.y * gridDim.x * hd;
+    gate += row;
+    out += row;
+    pos0 = pos_dev[blockIdx.y];
+  } else if (pos_dev) {
+    pos0 = pos_dev[0];
+  }
   const int h = blockIdx.x, tid = threadIdx.x;
   const int ns = n_splits > 0 ? n_splits : decode_splits(pos0 + 1, max_splits);
   __shared__ float w[kFastDecodeMaxSplits];
@@ -257,7 +284,8 @@ void launch_decode_split(const float* q, KvPlane<E> kc, KvPlane<E> vc, int n_hea
   // the step's splits exit at once.
   const int grid_splits = pos_dev ? sp.max_splits : decode_splits(pos0 + 1, sp.max_splits);
   attention_decode_split_fast_kernel<TIER, E><<<dim3(n_head / gb, grid_splits), kSplitThreads, 0, stream>>>(
-      q, kc, vc, sp.acc, sp.ml, n_head, n_kv, hd, gb, pos0, pos_dev, scale_log2, sp.max_splits);
+      q, kc, vc, sp.acc, sp.ml, n_head, n_kv, hd, gb, pos0, pos_dev, scale_log2, sp.max_splits,
+      static_cast<const AttentionRow*>(nullptr));
   RL_CUDA_LAUNCH_CHECK();
 }
 
@@ -272,11 +300,43 @@ void attention_decode_fast(const float* q, const float* gate, KvPlane<E> kc, KvP
   else
     launch_decode_split<256>(q, kc, vc, n_head, n_kv, hd, pos0, pos_dev, scale_log2, sp, stream);
   attention_combine_fast_kernel<<<n_head, kDecodeThreads, 0, stream>>>(sp.acc, sp.ml, gate, out, hd, pos0, pos_dev,
-                                                                        sp.max_splits, 0);
+                                                                        sp.max_splits, 0, nullptr);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+template <int TIER, class E>
+void launch_rows_split(const float* q, const AttentionRow* rows, int max_splits, int B, int n_head, int n_kv, int hd,
+                       const int32_t* pos_dev, float scale_log2, cudaStream_t stream) {
+  const int gb = decode_heads_per_block(n_head / n_kv);
+  // Every split any row's context could use gets a block; the ones past a row's splits exit.
+  attention_decode_split_fast_kernel<TIER, E><<<dim3(n_head / gb, max_splits, B), kSplitThreads, 0, stream>>>(
+      q, KvPlane<E>{}, KvPlane<E>{}, nullptr, nullptr, n_head, n_kv, hd, gb, 0, pos_dev, scale_log2, 0, rows);
   RL_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
+
+template <class E>
+void decode_rows(const float* q, const float* gate, const AttentionRow* rows, int max_splits, float* out, int B,
+                 int n_head, int n_kv, int hd, const int32_t* pos_dev, float scale_log2, cudaStream_t stream) {
+  if (hd <= 64)
+    launch_rows_split<64, E>(q, rows, max_splits, B, n_head, n_kv, hd, pos_dev, scale_log2, stream);
+  else if (hd <= 128)
+    launch_rows_split<128, E>(q, rows, max_splits, B, n_head, n_kv, hd, pos_dev, scale_log2, stream);
+  else
+    launch_rows_split<256, E>(q, rows, max_splits, B, n_head, n_kv, hd, pos_dev, scale_log2, stream);
+  attention_combine_fast_kernel<<<dim3(n_head, B), kDecodeThreads, 0, stream>>>(nullptr, nullptr, gate, out, hd, 0,
+                                                                                 pos_dev, 0, 0, rows);
+  RL_CUDA_LAUNCH_CHECK();
+}
+#define RL_DECODE_ROWS(E)                                                                                         \
+  template void decode_rows<E>(const float*, const float*, const AttentionRow*, int, float*, int, int, int, int, \
+                               const int32_t*, float, cudaStream_t);
+RL_DECODE_ROWS(float)
+RL_DECODE_ROWS(__half)
+RL_DECODE_ROWS(__nv_bfloat16)
+RL_DECODE_ROWS(KvQ8)
+#undef RL_DECODE_ROWS
 
 int max_decode_splits(int n_ctx) {
   return std::clamp((n_ctx + kMinSplitKeys - 1) / kMinSplitKeys, 1, kFastDecodeMaxSplits);
@@ -300,7 +360,7 @@ RL_DECODE_STEP(KvQ8)
 void fold_chunk_splits(const AttentionSplitsF& sp, const float* gate, float* out, int rows, int hd, int n_splits,
                        cudaStream_t stream) {
   attention_combine_fast_kernel<<<rows, kDecodeThreads, 0, stream>>>(sp.acc, sp.ml, gate, out, hd, 0, nullptr,
-                                                                      n_splits, n_splits);
+                                                                      n_splits, n_splits, nullptr);
   RL_CUDA_LAUNCH_CHECK();
 }
 

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "cuda/engine.h"
 #include "cuda/kernels.h"
@@ -76,15 +78,39 @@ class CudaBackendImpl final : public CudaBackend {
   std::string name() const override { return "cuda"; }
   std::unique_ptr<Session> new_session(int n_ctx) override { return new_cuda_session(engine_, n_ctx); }
   size_t session_bytes(int n_ctx) const override { return cuda::session_bytes(engine_.config(), engine_.forms, n_ctx); }
-  // The sessions decode one after another, each on its own graph. A batched pass (the products
-  // and MoE once over the rows, each sequence's DeltaNet and attention on its own state: branch
-  // batch2) measured slower through `serve --parallel 4` on the H200 (184 tok/s in all against
-  // 246 for one stream, its dense products on matvec-q8 token columns; docs/PERF.md).
+  // The fast tier with every expert resident: steps of up to batch_rows() sessions, each one
+  // captured graph (the products and the MoE once over the rows, each row's DeltaNet and attention
+  // on its session's state). Otherwise (batch_rows: the exact tier, a bounded cache, --profile),
+  // and for a traced session, the sessions decode one after another, each on its own graph.
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
                                                std::span<const int32_t> tokens) override {
     check_decode_batch(sessions, tokens);
     for (size_t i = 0; i < sessions.size(); i++) check_session_of(engine_, *sessions[i], i);
-    return decode_one_after_another(sessions, tokens);
+    const size_t rows = (size_t)batch_rows(engine_);
+    if (sessions.size() < 2 || rows < 2) return decode_one_after_another(sessions, tokens);
+    const size_t n_vocab = (size_t)engine_.config().n_vocab;
+    std::vector<std::vector<float>> out(sessions.size());
+    std::vector<float> flat;
+    std::vector<SessionState*> sts;
+    for (size_t b = 0; b < sessions.size(); b += rows) {
+      const size_t n = std::min(sessions.size() - b, rows);
+      const auto some = sessions.subspan(b, n);
+      const auto their = tokens.subspan(b, n);
+      sts.clear();
+      for (size_t i = 0; i < n; i++) sts.push_back(batch_row(engine_, *some[i], b + i));
+      bool batched = n >= 2 && std::find(sts.begin(), sts.end(), nullptr) == sts.end();
+      if (batched) {
+        flat.resize(n * n_vocab);
+        batched = decode_batch_graph(engine_, sts, their, flat.data());
+      }
+      if (!batched) {
+        auto alone = decode_one_after_another(some, their);
+        std::move(alone.begin(), alone.end(), out.begin() + (std::ptrdiff_t)b);
+        continue;
+      }
+      for (size_t i = 0; i < n; i++) out[b + i].assign(flat.begin() + i * n_vocab, flat.begin() + (i + 1) * n_vocab);
+    }
+    return out;
   }
   EngineStats stats() const override {
     EngineStats s = engine_.stats;
@@ -99,6 +125,8 @@ class CudaBackendImpl final : public CudaBackend {
     s.gpu_routed_fallbacks = 0;
     s.gpu_grouped_layers = 0;
     s.x32_products = 0;
+    s.batched_steps = 0;
+    s.batched_tokens = 0;
     engine_.profiler.reset();
   }
   std::string profile_report() const override { return engine_.profiler.report(); }

@@ -92,6 +92,7 @@ class CudaSessionImpl final : public Session {
   }
 
   ~CudaSessionImpl() override {
+    forget_batch_graphs(e_, st_);
     ledger_.close();  // while the caches exist; the frozen copies run before they are freed
     cudaStreamSynchronize(e_.streams.compute);
   }
@@ -197,6 +198,13 @@ class CudaSessionImpl final : public Session {
 
   bool of(const Engine& e) const { return &e_ == &e; }
 
+  // batch_row (engine.h): the state of a session about to decode a token in a batched step.
+  SessionState* batch_row() {
+    if (trace_) return nullptr;
+    ledger_.before_write((size_t)st_.position);
+    return &st_;
+  }
+
  private:
   void check_tokens(std::span<const int32_t> tokens) const {
     if (tokens.empty()) fail("prefill: no tokens given");
@@ -286,6 +294,11 @@ void check_session_fits(const Engine& e, int n_ctx) {
 void check_session_of(const Engine& e, Session& s, size_t index) {
   auto* cs = dynamic_cast<CudaSessionImpl*>(&s);
   if (!cs || !cs->of(e)) fail("decode_batch: session {} is not a session of this loaded model", index);
+}
+
+SessionState* batch_row(Engine& e, Session& s, size_t index) {
+  check_session_of(e, s, index);
+  return static_cast<CudaSessionImpl&>(s).batch_row();
 }
 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {

@@ -7,6 +7,7 @@
 // --profile the same work is launched kernel by kernel with stage marks instead.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -64,17 +65,13 @@ void upload_token_position(Engine& e, int32_t token, int position) {
 // misses and the token is never undone.
 bool token_backs_up(const Engine& e) { return e.opts.speculation != CudaOptions::Speculation::kFullyResident; }
 
-// Captures the GPU-routed token once per session: the state backups (token_backs_up), then the
-// pass. Nothing in it depends on the host between replays except token_position and the residency
-// table, both read from device memory at replay time.
-void capture_token_graph(Engine& e, SessionState& st) {
-  const cudaStream_t stream = e.streams.compute;
-  if (token_backs_up(e)) allocate_state_backups(e, st);
+// What enqueue() puts on `stream`, captured and instantiated. A capture that throws is ended and
+// discarded (its error cleared) and the exception passed on.
+template <class F>
+cudaGraphExec_t capture_graph(cudaStream_t stream, F&& enqueue) {
   RL_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    if (token_backs_up(e)) copy_recurrent_states(e, st, true);
-    const int32_t* tp = e.ws.token_position.get<int32_t>();
-    encode_pass(e, st, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
+    enqueue();
   } catch (...) {
     cudaGraph_t partial = nullptr;
     cudaStreamEndCapture(stream, &partial);
@@ -84,9 +81,24 @@ void capture_token_graph(Engine& e, SessionState& st) {
   }
   cudaGraph_t graph = nullptr;
   RL_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  const cudaError_t err = cudaGraphInstantiate(&st.token_graph, graph, 0);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   RL_CUDA_CHECK(err);
+  return exec;
+}
+
+// Captures the GPU-routed token once per session: the state backups (token_backs_up), then the
+// pass. Nothing in it depends on the host between replays except token_position and the residency
+// table, both read from device memory at replay time.
+void capture_token_graph(Engine& e, SessionState& st) {
+  if (token_backs_up(e)) allocate_state_backups(e, st);
+  st.token_graph = capture_graph(e.streams.compute, [&] {
+    if (token_backs_up(e)) copy_recurrent_states(e, st, true);
+    const int32_t* tp = e.ws.token_position.get<int32_t>();
+    SessionState* const one[] = {&st};
+    encode_pass(e, one, tp, tp + 1, 1, false, e.ws.routed_logits.f(), nullptr, true);
+  });
 }
 
 }  // namespace
@@ -116,7 +128,8 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
     if (token_backs_up(e)) copy_recurrent_states(e, st, true);
     profiler.mark(kOther, stream);
     const int32_t* tp = ws.token_position.get<int32_t>();
-    encode_pass(e, st, tp, tp + 1, 1, false, ws.routed_logits.f(), nullptr, true);
+    SessionState* const one[] = {&st};
+    encode_pass(e, one, tp, tp + 1, 1, false, ws.routed_logits.f(), nullptr, true);
     profiler.mark(kOther, stream);
   } else if (!st.token_graph) {
     try {
@@ -173,6 +186,159 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   }
   e.stats.gpu_routed_tokens++;
   return true;
+}
+
+// ---- the batched decode step ------------------------------------------------------------------
+
+namespace {
+
+// v into a new device buffer of its size (a capture's tables: before the capture begins).
+template <class T>
+void upload(DeviceBuffer& dst, const std::vector<T>& v) {
+  dst.allocate(v.size() * sizeof(T));
+  RL_CUDA_CHECK(cudaMemcpy(dst.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+int batch_rows(Engine& e) {
+  if (!e.forms.fast || e.profiler.on || e.batch_graph_broken) return 0;
+  if (e.opts.speculation == CudaOptions::Speculation::kOff || !e.residency.all_resident()) return 0;
+  const int rows = std::min(kMaxBatchRows, e.ws.max_tokens);
+  if (rows < 2) return 0;
+  // Every layer groups its experts on the GPU, at every batch size (the plans differ only in their
+  // products' kernels).
+  for (const LayerPlan& l : e.plan(2).layers)
+    if (l.routing != Routing::kGpuGrouped) return 0;
+  return rows;
+}
+
+namespace {
+
+// Captures the batched step of these sessions: the pass over their rows, every layer grouped on
+// the GPU, the ids and positions read from batch_io, the logits into batch_logits. Nothing in it
+// waits for the host.
+std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionState* const> sts) {
+  const int B = (int)sts.size();
+  for (const LayerPlan& l : e.plan(B).layers)
+    if (l.routing != Routing::kGpuGrouped) throw_error("a layer of the batch's plan does not group on the GPU");
+  auto g = std::make_unique<BatchGraph>();
+  g->rows.assign(sts.begin(), sts.end());
+  const int n_layer = e.config().n_layer;
+  std::vector<float*> table((size_t)n_layer * 2 * B, nullptr);
+  for (int L = 0; L < n_layer; L++)
+    for (int t = 0; t < B; t++) {
+      table[((size_t)L * 2 + 0) * B + t] = sts[t]->conv[L].f();
+      table[((size_t)L * 2 + 1) * B + t] = sts[t]->ssm[L].f();
+    }
+  upload(g->state_table, table);
+  std::vector<AttentionRow> attention((size_t)n_layer * B);
+  int max_splits = 0;
+  for (int L = 0; L < n_layer; L++)
+    for (int t = 0; t < B; t++)
+      if (sts[t]->k_cache[L].bytes()) {
+        attention[(size_t)L * B + t] = {sts[t]->kv(L), sts[t]->attn_splits_f};
+        max_splits = std::max(max_splits, sts[t]->attn_splits_f.max_splits);
+      }
+  upload(g->attention_table, attention);
+  // The tables are the engine's only while this capture runs.
+  struct Tables {
+    Engine& e;
+    ~Tables() { e.batch_states = nullptr, e.batch_attention = nullptr; }
+  } tables{e};
+  e.batch_states = g->state_table.get<float*>();
+  e.batch_attention = g->attention_table.get<AttentionRow>();
+  e.batch_max_splits = max_splits;
+  const int32_t* io = e.ws.batch_io.get<int32_t>();
+  // The host's counters of the pass's products move at capture only, not at replay: kept as they
+  // were, so they count the passes that run without a graph.
+  const uint64_t grouped = e.stats.gpu_grouped_layers, x32 = e.stats.x32_products;
+  try {
+    g->exec = capture_graph(e.streams.compute, [&] {
+      e.grouped_layers.clear();
+      encode_pass(e, sts, io, io + kMaxBatchRows, B, true, e.ws.batch_logits.f(), nullptr, false);
+      if ((int)e.grouped_layers.size() != e.config().n_layer)
+        throw_error("the batch's pass grouped " + std::to_string(e.grouped_layers.size()) + " of " +
+                    std::to_string(e.config().n_layer) + " layers on the GPU");
+    });
+  } catch (...) {
+    // A pass that cannot be captured will not be at the next step either (an allocation above
+    // that failed might succeed later, so it does not count).
+    e.batch_graph_broken = true;
+    e.stats.gpu_grouped_layers = grouped, e.stats.x32_products = x32;
+    throw;
+  }
+  e.stats.gpu_grouped_layers = grouped, e.stats.x32_products = x32;
+  return g;
+}
+
+// The graph of these sessions in this order, captured on first use (the least recently used one
+// dropped beyond kMaxBatchGraphs).
+BatchGraph& batch_graph_of(Engine& e, std::span<SessionState* const> sts) {
+  for (auto& g : e.batch_graphs)
+    if (std::equal(g->rows.begin(), g->rows.end(), sts.begin(), sts.end())) return *g;
+  auto g = capture_batch_graph(e, sts);
+  if ((int)e.batch_graphs.size() >= kMaxBatchGraphs) {
+    auto oldest = std::min_element(e.batch_graphs.begin(), e.batch_graphs.end(),
+                                   [](const auto& a, const auto& b) { return a->last_use < b->last_use; });
+    e.batch_graphs.erase(oldest);
+  }
+  e.batch_graphs.push_back(std::move(g));
+  return *e.batch_graphs.back();
+}
+
+}  // namespace
+
+bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens,
+                        float* logits_out) {
+  const Config& c = e.config();
+  const cudaStream_t stream = e.streams.compute;
+  Workspace& ws = e.ws;
+  const int B = (int)sts.size();
+  if (B < 2 || B > kMaxBatchRows || tokens.size() != sts.size())
+    throw_error("decode_batch_graph: " + std::to_string(B) + " sessions and " + std::to_string(tokens.size()) +
+                " tokens (2 to " + std::to_string(kMaxBatchRows) + " of each)");
+  BatchGraph* g = nullptr;
+  try {
+    g = &batch_graph_of(e, sts);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "cuda: the batched decode graph could not be captured (%s); %s\n", ex.what(),
+                 e.batch_graph_broken ? "batches decode one after another from now on"
+                                      : "this step's sessions decode one after another");
+    return false;
+  }
+  g->last_use = ++e.batch_steps;
+  int32_t* io = ws.batch_io_host.get<int32_t>();
+  for (int t = 0; t < B; t++) {
+    io[t] = tokens[t];
+    io[kMaxBatchRows + t] = sts[t]->position;
+  }
+  RL_CUDA_CHECK(cudaMemcpyAsync(ws.batch_io.get(), io, 2 * kMaxBatchRows * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                stream));
+  // A pass that threw may have left prefetch copies in flight: the graph reads the slots after them.
+  RL_CUDA_CHECK(cudaStreamWaitEvent(stream, e.streams.prefetch_done, 0));
+  RL_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
+  const size_t n_out = (size_t)B * c.n_vocab;
+  RL_CUDA_CHECK(cudaMemcpyAsync(ws.batch_logits_host.get(), ws.batch_logits.get(), n_out * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream));
+  RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
+                                (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  RL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::memcpy(logits_out, ws.batch_logits_host.get(), n_out * sizeof(float));
+  for (SessionState* st : sts) st->position++;
+  // Each layer's distinct experts a hit (as a grouped prefill layer counts them).
+  uint64_t hits = 0;
+  for (int L = 0; L < c.n_layer; L++) hits += (uint64_t)ws.grouped_distinct_host.get<int32_t>()[L];
+  e.residency.cache().count_hits(hits);
+  e.stats.batched_steps++;
+  e.stats.batched_tokens += (uint64_t)B;
+  return true;
+}
+
+void forget_batch_graphs(Engine& e, const SessionState& st) {
+  std::erase_if(e.batch_graphs, [&](const std::unique_ptr<BatchGraph>& g) {
+    return std::find(g->rows.begin(), g->rows.end(), &st) != g->rows.end();
+  });
 }
 
 }  // namespace rl::cuda

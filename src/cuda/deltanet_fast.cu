@@ -48,11 +48,24 @@ constexpr int kFastConvThreads = 128;
 
 // Decode and short chunks, one launch: the first conv_blocks blocks run the conv, the rest the
 // gates (token-major over T * nv).
+// With `states` (a batched decode step, deltanet_conv_gates_fast_rows): blockIdx.y is the row, a
+// token (T = 1) of the session whose conv state is states[row], its inputs and outputs row `row` of
+// x, out (rows of C), ba (2 nv), beta and g (nv).
 __global__ void conv_gates_short_kernel(const float* x, size_t x_stride, float* out, float* state, const float* w,
                                         int T, int C, int K, const float* ba, const float* dt_bias,
-                                        const float* ssm_a, float* beta, float* g, int nk, int nv, int conv_blocks) {
+                                        const float* ssm_a, float* beta, float* g, int nk, int nv, int conv_blocks,
+                                        float* const* states) {
   pdl_trigger();  // the recurrence's blocks may become resident meanwhile (they wait for this grid)
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
+  if (states) {
+    const size_t row = blockIdx.y;
+    state = states[row];
+    x += row * x_stride;
+    out += row * C;
+    ba += row * 2 * nv;
+    beta += row * nv;
+    g += row * nv;
+  }
   if ((int)blockIdx.x < conv_blocks) {
     conv1d_silu_channel<ConvFast>(x, x_stride, out, state, w, T, C, K, blockIdx.x * kFastConvThreads + threadIdx.x);
     return;
@@ -109,7 +122,8 @@ template <int DK, int L, int R, bool NORM>
 __global__ void __launch_bounds__(32 * kFastWarps)
     fast_recurrence_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                            size_t stride, const float* __restrict__ beta, const float* __restrict__ g, float* S,
-                           float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps) {
+                           float* __restrict__ out, int T, int nk, int nv, int dv, float q_scale, float eps,
+                           float* const* states) {
   constexpr int E = DK / L;                    // a row's values per lane
   constexpr int M = E / 4;                     // as float4
   constexpr int GROUPS = 32 / L;               // row groups of a warp
@@ -136,6 +150,18 @@ __global__ void __launch_bounds__(32 * kFastWarps)
   // Everything this kernel reads, the state included, waits for the previous kernel: in the decode
   // step of the H200's test the early state read (before this wait) returned stale inputs.
   pdl_wait();
+  // A batched decode step (deltanet_recurrence_fast_rows): blockIdx.y is the row, one token (T = 1)
+  // of the session whose state is states[row]; its q, k, v, beta, g and out are that row's.
+  if (states) {
+    const size_t row = blockIdx.y;
+    S = states[row];
+    q += row * stride;
+    k += row * stride;
+    v += row * stride;
+    beta += row * nv;
+    g += row * nv;
+    out += row * (size_t)nv * dv;
+  }
   float4 U[R][M];
   float* Sr = S + ((size_t)j * dv + row0 + my_row) * DK + 4 * pos;
 #pragma unroll
@@ -278,22 +304,27 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     for (int m = 0; m < M; m++) *reinterpret_cast<float4*>(Sr + (size_t)r * DK + 4 * L * m) = scale4(U[r][m], c);
 }
 
-}  // namespace
-
-void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
-                              int C, int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
-                              float* g, int nk, int nv, cudaStream_t stream) {
+void check_conv_gates(int K, int nk, int nv) {
   if (K < 2 || K > kMaxConvKernel)
     throw_error("deltanet: conv kernel " + std::to_string(K) + " outside [2, 8]");
   if (nk <= 0 || nv % nk != 0)
     throw_error("deltanet: " + std::to_string(nv) + " value heads do not group over " + std::to_string(nk) +
                 " key heads");
+}
+
+}  // namespace
+
+void deltanet_conv_gates_fast(const float* x, size_t x_stride, float* out, float* state, const float* w, int T,
+                              int C, int K, const float* ba, const float* dt_bias, const float* ssm_a, float* beta,
+                              float* g, int nk, int nv, cudaStream_t stream) {
+  check_conv_gates(K, nk, nv);
   if (T == 0) return;
   const int conv_blocks = (C + kFastConvThreads - 1) / kFastConvThreads;
   if (T <= 8) {  // decode and short chunks: one pass over the tokens per channel, one launch
     const int gate_blocks = (T * nv + kFastConvThreads - 1) / kFastConvThreads;
     launch_dependent(conv_gates_short_kernel, dim3(conv_blocks + gate_blocks), dim3(kFastConvThreads), stream, x,
-                     x_stride, out, state, w, T, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv, conv_blocks);
+                     x_stride, out, state, w, T, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv, conv_blocks,
+                     static_cast<float* const*>(nullptr));
     RL_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -308,10 +339,30 @@ int deltanet_fast_rows_per_block(int lanes_per_row, int rows_per_lane) {
   return kFastWarps * (32 / lanes_per_row) * rows_per_lane;
 }
 
-void deltanet_recurrence_fast(const float* q, const float* k, const float* v, size_t qkv_stride, const float* beta,
-                              const float* g, float* S, float* out, int T, int nk, int nv, int dk, int dv,
-                              cudaStream_t stream, const L2Norm* norm, int lanes_per_row, int rows_per_lane) {
-  if (T == 0) return;
+void deltanet_conv_gates_fast_rows(const float* x, size_t x_stride, float* out, float* const* states, const float* w,
+                                   int B, int C, int K, const float* ba, const float* dt_bias, const float* ssm_a,
+                                   float* beta, float* g, int nk, int nv, cudaStream_t stream) {
+  check_conv_gates(K, nk, nv);
+  if (B == 0) return;
+  if (B > 65535) throw_error("deltanet: " + std::to_string(B) + " rows in one launch (at most 65,535)");
+  if (!states) throw_error("deltanet: a batched step's conv needs its table of states");
+  if (x_stride < (size_t)C)
+    throw_error("deltanet: input rows of " + std::to_string(x_stride) + " values for " + std::to_string(C) + " channels");
+  const int conv_blocks = (C + kFastConvThreads - 1) / kFastConvThreads;
+  const int gate_blocks = (nv + kFastConvThreads - 1) / kFastConvThreads;
+  launch_dependent(conv_gates_short_kernel, dim3(conv_blocks + gate_blocks, B), dim3(kFastConvThreads), stream, x,
+                   x_stride, out, static_cast<float*>(nullptr), w, 1, C, K, ba, dt_bias, ssm_a, beta, g, nk, nv,
+                   conv_blocks, states);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
+// The recurrence's launch: T tokens of one session (states null, the state S), or one token each
+// of B sessions (states[row], blockIdx.y the row).
+void launch_recurrence(const float* q, const float* k, const float* v, size_t qkv_stride, const float* beta,
+                       const float* g, float* S, float* const* states, float* out, int T, int B, int nk, int nv,
+                       int dk, int dv, cudaStream_t stream, const L2Norm* norm, int lanes_per_row, int rows_per_lane) {
   if (dk != 64 && dk != 128) throw_error("deltanet: key head dim " + std::to_string(dk) + " (supported: 64, 128)");
   if (norm && dk != 128)
     throw_error("deltanet: the fused L2 norm needs key heads of 128 (got " + std::to_string(dk) + ")");
@@ -329,7 +380,7 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
   if (dv % rows_per_block != 0)
     throw_error("deltanet: value head dim " + std::to_string(dv) + " is not a multiple of " +
                 std::to_string(rows_per_block));
-  if (reinterpret_cast<uintptr_t>(S) % 16 != 0)
+  if (!states && reinterpret_cast<uintptr_t>(S) % 16 != 0)
     throw_error("deltanet: the state must be 16-byte aligned (its rows are read as float4)");
   const unsigned blocks = (unsigned)(nv * dv / rows_per_block);
   const float q_scale = norm ? norm->q_scale : 1.0f, eps = norm ? norm->eps : 0.0f;
@@ -338,8 +389,8 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
   // write S. The recurrence does not trigger its dependents early: a second call on the same state
   // right after it reads S only once this grid's blocks have all exited.
   auto launch = [&](auto kernel) {
-    launch_dependent(kernel, dim3(blocks), dim3(32 * kFastWarps), stream, q, k, v, qkv_stride, beta, g, S, out, T, nk,
-                     nv, dv, q_scale, eps);
+    launch_dependent(kernel, dim3(blocks, B), dim3(32 * kFastWarps), stream, q, k, v, qkv_stride, beta, g, S, out, T,
+                     nk, nv, dv, q_scale, eps, states);
   };
   auto pick = [&]<int L, int R>() {
     if (dk == 64)
@@ -356,6 +407,25 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
   else
     rows_per_lane == 2 ? pick.template operator()<16, 2>() : pick.template operator()<16, 1>();
   RL_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void deltanet_recurrence_fast(const float* q, const float* k, const float* v, size_t qkv_stride, const float* beta,
+                              const float* g, float* S, float* out, int T, int nk, int nv, int dk, int dv,
+                              cudaStream_t stream, const L2Norm* norm, int lanes_per_row, int rows_per_lane) {
+  if (T == 0) return;
+  launch_recurrence(q, k, v, qkv_stride, beta, g, S, nullptr, out, T, 1, nk, nv, dk, dv, stream, norm, lanes_per_row,
+                    rows_per_lane);
+}
+
+void deltanet_recurrence_fast_rows(const float* q, const float* k, const float* v, size_t qkv_stride,
+                                   const float* beta, const float* g, float* const* states, float* out, int B, int nk,
+                                   int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm) {
+  if (B == 0) return;
+  if (B > 65535) throw_error("deltanet: " + std::to_string(B) + " rows in one launch (at most 65,535)");
+  if (!states) throw_error("deltanet: a batched step's recurrence needs its table of states");
+  launch_recurrence(q, k, v, qkv_stride, beta, g, nullptr, states, out, 1, B, nk, nv, dk, dv, stream, norm, 0, 0);
 }
 
 }  // namespace rl::cuda

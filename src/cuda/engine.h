@@ -62,6 +62,25 @@ struct SessionState {
   }
 };
 
+// A batched decode step captured as one graph (decode_graph.cpp): replayed while the same sessions
+// decode together, in the same order. It holds their buffer addresses: a session that goes away
+// takes every graph it is a row of with it (forget_batch_graphs).
+struct BatchGraph {
+  std::vector<const SessionState*> rows;
+  // The rows' states as the batched kernels take them: per layer, the B conv states then the B
+  // recurrent states (float*; nullptr for attention layers); per layer the B rows' caches and
+  // split buffers (AttentionRow; empty for DeltaNet layers).
+  DeviceBuffer state_table, attention_table;
+  cudaGraphExec_t exec = nullptr;
+  uint64_t last_use = 0;  // the engine's batch step count at its last replay (the oldest is dropped first)
+  BatchGraph() = default;
+  BatchGraph(const BatchGraph&) = delete;
+  BatchGraph& operator=(const BatchGraph&) = delete;
+  ~BatchGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+
 // Everything a forward pass reads and writes besides the session's state. Members are built in
 // this order (the memory plan: dense weights, then the working set, then the expert slots in
 // what is left).
@@ -86,6 +105,14 @@ struct Engine {
   std::map<int, PassPlan> plans;    // by chunk size
   std::vector<int> grouped_layers;  // the layers of the pass in progress grouped on the GPU
   bool gpu_routed_broken = false;   // capture failed once: stay on the synchronous path
+  bool batch_graph_broken = false;  // a batch's capture failed once: batches decode one after another
+  std::vector<std::unique_ptr<BatchGraph>> batch_graphs;  // at most kMaxBatchGraphs, by last use
+  uint64_t batch_steps = 0;
+  // While a batch graph is captured: its tables, and the most decode splits any row's attention
+  // takes (the batched attention's grid).
+  float* const* batch_states = nullptr;
+  const AttentionRow* batch_attention = nullptr;
+  int batch_max_splits = 0;
   int predicted_layer = -1;         // the layer whose predicted selections are on their way to the host
 };
 
@@ -96,10 +123,13 @@ struct Engine {
 void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
               TraceSink* trace);
 // Enqueues a forward pass of T tokens whose ids and positions are already in device memory, up to
-// the LM head's logits in `logits` ([T or 1][n_vocab]). gpu_routed (T == 1): the routing runs on
-// the GPU and the pass never waits for the host, so it can be captured into a graph.
-void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
-                 float* logits, TraceSink* trace, bool gpu_routed);
+// the LM head's logits in `logits` ([T or 1][n_vocab]): T tokens of one session (sts = {st}, at
+// positions pos_d[0..T)), or a batched decode step, one token of each of T sessions (sts[t] decodes
+// row t at pos_d[t]: the products over every row, each row's DeltaNet and attention on its
+// session's state). gpu_routed (T == 1): the routing runs on the GPU and the pass never waits for
+// the host, so it can be captured into a graph; so can a pass whose layers all group on the GPU.
+void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* ids_d, const int32_t* pos_d, int T,
+                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed);
 
 // ---- moe_layer.cpp --------------------------------------------------------------------------
 // The MoE block of layer L on h2 [T][n_embd]: x += routed experts + shared expert; then
@@ -127,6 +157,10 @@ void prefetch_predicted(Engine& e, int L);
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx);
 // Fails, naming its index in a decode_batch call, when session s is not a session of e.
 void check_session_of(const Engine& e, Session& s, size_t index);
+// Session s (of e) as row `index` of a batched decode step about to write its next position: the
+// KV rows its snapshots reference there are frozen first (as its own decode does); nullptr, with
+// nothing done, when s traces its passes (a traced session decodes alone).
+SessionState* batch_row(Engine& e, Session& s, size_t index);
 // Device bytes such a session allocates: the KV cache (of forms.kv_type), the DeltaNet states (and
 // their backups for the GPU-routed token) and the decode attention's split buffers.
 size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx);
@@ -138,5 +172,19 @@ void check_session_fits(const Engine& e, int n_ctx);
 // recomputed by run_pass: the path is off for this cache (--speculation), or a layer selected a
 // non-resident expert.
 bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits_out, TraceSink* trace);
+// The most sessions one batched decode step takes (2 .. kMaxBatchRows), or 0 where batches decode
+// one after another: the exact tier (each sequence's tokens are then those it gets alone, bit for
+// bit), --profile, --speculation off, a cache that does not hold every expert, a plan that does not
+// group every layer's experts on the GPU, or a capture that failed.
+int batch_rows(Engine& e);
+// One token of each session (sts[i] decodes tokens[i] at its position; 2 to batch_rows(e) of
+// them, distinct, each with room for the token) in one pass: a graph captured for these sessions
+// in this order, replayed while they decode together. logits_out: [sts.size()][n_vocab]. The
+// positions advance. False, with nothing changed, when the graph could not be captured (then
+// batch_rows gives 0 from now on).
+bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens,
+                        float* logits_out);
+// Drops the batched graphs that have st as a row (st is going away).
+void forget_batch_graphs(Engine& e, const SessionState& st);
 
 }  // namespace rl::cuda

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "cuda/engine.h"
 #include "cuda/kernels.h"
 
@@ -25,25 +26,31 @@ void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
   get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
 }
 
-// Gated DeltaNet.                                                 h, out: [T][n_embd]
-void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T, float* out) {
+// The recurrent part of Gated DeltaNet for rows [row, row + T) of the views: the causal conv and
+// gates, the L2 norm of q and k, the recurrence. Either T tokens of session st in order, or
+// (st null; the fast tier) one token of each of T sessions in one launch per kernel, their states
+// from `batch` ([2][T] device pointers: the conv states, then the recurrent states of layer L).
+void deltanet_core(Engine& e, int L, const DeltaNetViews& views, int row, int T, SessionState* st,
+                   float* const* batch) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
   const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, dk = c.ssm_head_dim, dv = c.ssm_head_dim;
   const int key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
-  const DeltaNetViews v = e.ws.deltanet_views(c, T);
-  e.profiler.mark(kProjections, stream);
-  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
-                            {&w.z, plan.mixer_in[1], h, v.z},
-                            {&w.ba, plan.mixer_in[2], h, v.ba}},
-                           T);
-  e.profiler.mark(kDeltaNet, stream);
+  const size_t r = (size_t)row;
+  const DeltaNetViews v{views.qkv + r * conv_dim, views.conv + r * conv_dim, views.z + r * nv * dv,
+                        views.o + r * nv * dv,    views.ba + r * 2 * nv,     views.beta + r * nv,
+                        views.g + r * nv};
   // The fast tier's kernels are fp32 (deltanet_fast.cu), the exact tier's the oracle's arithmetic.
   const bool fast = e.forms.fast_deltanet;
-  (fast ? deltanet_conv_gates_fast : deltanet_conv_gates)(v.qkv, conv_dim, v.conv, st.conv[L].f(), w.conv, T,
-                                                          conv_dim, c.ssm_conv_kernel, v.ba, w.dt_bias, w.a, v.beta,
-                                                          v.g, nk, nv, stream);
+  if (batch && !fast) throw_error("deltanet: a batched step's recurrent part runs in the fast tier only");
+  if (batch)
+    deltanet_conv_gates_fast_rows(v.qkv, conv_dim, v.conv, batch, w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
+                                  w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
+  else
+    (fast ? deltanet_conv_gates_fast : deltanet_conv_gates)(v.qkv, conv_dim, v.conv, st->conv[L].f(), w.conv, T,
+                                                            conv_dim, c.ssm_conv_kernel, v.ba, w.dt_bias, w.a, v.beta,
+                                                            v.g, nk, nv, stream);
   // q heads (scaled by 1/sqrt(dk)) and then k heads, adjacent in each token's row: one launch;
   // the recurrence normalises them itself instead (the same values) where it can: heads of 128,
   // at any T in the fast tier, a decode step in the exact.
@@ -51,12 +58,40 @@ void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, c
   const bool fuse_norm = dk == 128 && (fast || T == 1);
   if (!fuse_norm) l2_norm(v.conv, T, 2 * nk, dk, conv_dim, qk_norm.eps, qk_norm.q_scale, stream, nk);
   const L2Norm* norm = fuse_norm ? &qk_norm : nullptr;
-  if (fast)
-    deltanet_recurrence_fast(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(),
+  if (batch)
+    deltanet_recurrence_fast_rows(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, batch + T,
+                                  v.o, T, nk, nv, dk, dv, stream, norm);
+  else if (fast)
+    deltanet_recurrence_fast(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st->ssm[L].f(),
                              v.o, T, nk, nv, dk, dv, stream, norm);
   else
-    deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st.ssm[L].f(), v.o, T,
+    deltanet_recurrence(v.conv, v.conv + key_dim, v.conv + 2 * key_dim, conv_dim, v.beta, v.g, st->ssm[L].f(), v.o, T,
                         nk, nv, dk, dv, stream, norm);
+}
+
+// Gated DeltaNet of T tokens: of one session (sts[0]), or one token each of T sessions (a batched
+// decode step: sts[t] for row t; products and norms over all rows, the recurrent part in one launch
+// per kernel from the batch graph's state table, Engine::batch_states, else row by row).
+//                                                                  h, out: [T][n_embd]
+void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
+                    float* out) {
+  const Config& c = e.config();
+  const SsmDev& w = e.weights.layers[L].ssm;
+  const cudaStream_t stream = e.streams.compute;
+  const int nv = c.ssm_n_v_heads, dv = c.ssm_head_dim;
+  const DeltaNetViews v = e.ws.deltanet_views(c, T);
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group({{&w.qkv, plan.mixer_in[0], h, v.qkv},
+                            {&w.z, plan.mixer_in[1], h, v.z},
+                            {&w.ba, plan.mixer_in[2], h, v.ba}},
+                           T);
+  e.profiler.mark(kDeltaNet, stream);
+  if (sts.size() == 1)
+    deltanet_core(e, L, v, 0, T, sts[0], nullptr);
+  else if (e.batch_states && e.forms.fast_deltanet)
+    deltanet_core(e, L, v, 0, T, nullptr, e.batch_states + (size_t)L * 2 * T);
+  else
+    for (int t = 0; t < T; t++) deltanet_core(e, L, v, t, 1, sts[t], nullptr);
   // Decode: the norm also writes the output projection's Q8 input.
   const Q8Target q8 = plan.mixer_out == Kernel::kMatvecQ8 && T == 1 ? e.products.q8_target() : Q8Target{};
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream, q8.q, q8.ds);
@@ -65,20 +100,19 @@ void deltanet_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, c
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
 }
 
-// Gated attention. Positions come from pos_d, so a captured graph replays at any position.
-//                                                                  h, out: [T][n_embd]
-void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, const float* h, int T,
-                     const int32_t* pos_d, float* out) {
+// Attention of rows [row, row + T) of the views, T tokens of one session at positions
+// pos_d[0..T): per-head norms, RoPE and the KV append, then the gated attention over the
+// session's cache.
+void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& views, int row, int T,
+                    const int32_t* pos_d) {
   const Config& c = e.config();
   const AttnDev& w = e.weights.layers[L].attn;
   const cudaStream_t stream = e.streams.compute;
   const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
   const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
-  const AttentionViews v = e.ws.attention_views();
-  e.profiler.mark(kProjections, stream);
-  e.products.project_group(
-      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
-  e.profiler.mark(kAttention, stream);
+  const size_t q_row = (size_t)nh * hd, kv_row = (size_t)nkv * hd, r = (size_t)row;
+  const AttentionViews v{views.qg + r * 2 * q_row, views.q + r * q_row,    views.gate + r * q_row,
+                         views.att + r * q_row,    views.k + r * kv_row,   views.v + r * kv_row};
   attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.kv(L), T, nh, nkv, hd, c.rms_eps, c.rope_dim,
                  theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
@@ -87,6 +121,44 @@ void attention_block(Engine& e, SessionState& st, int L, const LayerPlan& plan, 
   else
     gated_attention(v.q, v.gate, st.k_cache[L].f(), st.v_cache[L].f(), v.att, T, nh, nkv, hd, 0, scale, stream, pos_d,
                     &st.attn_splits);
+}
+
+// A batched decode step's attention, one token of each of B sessions at pos_d[0..B), in one
+// launch per kernel: the rows' caches and split buffers from the batch graph's table
+// (Engine::batch_attention, layer L's B entries).
+void attention_rows(Engine& e, int L, const AttentionViews& v, int B, const int32_t* pos_d) {
+  const Config& c = e.config();
+  const AttnDev& w = e.weights.layers[L].attn;
+  const cudaStream_t stream = e.streams.compute;
+  const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
+  const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
+  const AttentionRow* rows = e.batch_attention + (size_t)L * B;
+  attention_prep_rows(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, rows, e.forms.kv_type, B, nh, nkv, hd,
+                      c.rms_eps, c.rope_dim, theta_scale, pos_d, stream);
+  const float scale = (float)(1.0 / std::sqrt((double)hd));
+  gated_attention_fast_rows(v.q, v.gate, rows, e.forms.kv_type, e.batch_max_splits, v.att, B, nh, nkv, hd, scale,
+                            pos_d, stream);
+}
+
+// Gated attention of T tokens: of one session (sts[0]), or one token each of T sessions (sts[t]
+// for row t, at pos_d[t]: in one launch per kernel from the batch graph's table, else row by
+// row). Positions come from pos_d, so a captured graph replays at any position.
+//                                                                  h, out: [T][n_embd]
+void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
+                     const int32_t* pos_d, float* out) {
+  const AttnDev& w = e.weights.layers[L].attn;
+  const cudaStream_t stream = e.streams.compute;
+  const AttentionViews v = e.ws.attention_views();
+  e.profiler.mark(kProjections, stream);
+  e.products.project_group(
+      {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
+  e.profiler.mark(kAttention, stream);
+  if (sts.size() == 1)
+    attention_core(e, *sts[0], L, v, 0, T, pos_d);
+  else if (e.batch_attention && e.forms.fast_attention)
+    attention_rows(e, L, v, T, pos_d);
+  else
+    for (int t = 0; t < T; t++) attention_core(e, *sts[t], L, v, t, 1, pos_d + t);
   e.profiler.mark(kProjections, stream);
   e.products.project(w.o, plan.mixer_out, v.att, T, out);
 }
@@ -109,8 +181,8 @@ void trace_rows(Engine& e, TraceSink* trace, const std::string& name, const floa
 
 }  // namespace
 
-void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_t* pos_d, int T, bool all_logits,
-                 float* logits, TraceSink* trace, bool gpu_routed) {
+void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* ids_d, const int32_t* pos_d, int T,
+                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed) {
   const Config& c = e.config();
   const int n_embd = c.n_embd;
   const cudaStream_t stream = e.streams.compute;
@@ -130,9 +202,9 @@ void encode_pass(Engine& e, SessionState& st, const int32_t* ids_d, const int32_
     e.profiler.mark(kNorms, stream);
     if (L == 0) rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream);
     if (d.recurrent)
-      deltanet_block(e, st, L, lp, h, T, mixer_out);
+      deltanet_block(e, sts, L, lp, h, T, mixer_out);
     else
-      attention_block(e, st, L, lp, h, T, pos_d, mixer_out);
+      attention_block(e, sts, L, lp, h, T, pos_d, mixer_out);
     // x += mixer_out; h = RMSNorm(x) * post_attention_norm: one kernel unless the trace needs x.
     e.profiler.mark(kNorms, stream);
     bool moe_input_q8_ready = false;  // h's Q8 form in ws.q8_moe_input
@@ -192,7 +264,8 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   const int rows = all_logits ? T : 1;
   ws.reserve_logits(rows, c.n_vocab);
   e.grouped_layers.clear();
-  encode_pass(e, st, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
+  SessionState* const one[] = {&st};
+  encode_pass(e, one, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
   if (!e.grouped_layers.empty())
     RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
                                   (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));

@@ -348,6 +348,21 @@ int fast_chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* s
 void gated_attention_fast(const float* q, const float* gate, const KvCacheRef& cache, float* out, int T, int n_head,
                           int n_kv, int hd, int pos0, float scale, cudaStream_t stream,
                           const int32_t* pos_dev = nullptr, const AttentionSplitsF* splits = nullptr);
+// A batched decode step's attention (one token of each of B sessions) in one launch per kernel:
+// row r (its q, gate, k, v and output rows r) attends over rows[r]'s cache at position
+// pos_dev[r], with rows[r]'s split buffers. rows: a device array of B; every cache of one type
+// (kv_type). max_splits: the largest rows[r].splits.max_splits. Each row's results, its cache
+// row included, are those of the one-token calls on its session, bit for bit.
+struct AttentionRow {
+  KvCacheRef cache;
+  AttentionSplitsF splits;
+};
+void attention_prep_rows(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
+                         const float* k_norm, const AttentionRow* rows, KvType kv_type, int B, int n_head, int n_kv,
+                         int hd, float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream);
+void gated_attention_fast_rows(const float* q, const float* gate, const AttentionRow* rows, KvType kv_type,
+                               int max_splits, float* out, int B, int n_head, int n_kv, int hd, float scale,
+                               const int32_t* pos_dev, cudaStream_t stream);
 
 // ---- deltanet.cu: Gated DeltaNet ---------------------------------------------------------------------
 // Causal depthwise conv (kernel K) + SiLU over channels [T][C] with state [K-1][C] (the previous
@@ -394,6 +409,17 @@ void deltanet_recurrence_fast(const float* q, const float* k, const float* v, si
                               cudaStream_t stream, const L2Norm* norm = nullptr, int lanes_per_row = 0,
                               int rows_per_lane = 0);
 int deltanet_fast_rows_per_block(int lanes_per_row, int rows_per_lane);
+// A batched decode step's conv + gates and recurrence in one launch each: B rows, row r one token
+// of the session whose conv state (or recurrent state) is states[r] (a device array of B device
+// pointers, each state 16-byte aligned); every other argument as above with T = B (row r of x,
+// out, ba, beta, g, of q, k, v and of the output). Each row's results are those of the one-token
+// call on its state, bit for bit.
+void deltanet_conv_gates_fast_rows(const float* x, size_t x_stride, float* out, float* const* states, const float* w,
+                                   int B, int C, int K, const float* ba, const float* dt_bias, const float* ssm_a,
+                                   float* beta, float* g, int nk, int nv, cudaStream_t stream);
+void deltanet_recurrence_fast_rows(const float* q, const float* k, const float* v, size_t qkv_stride,
+                                   const float* beta, const float* g, float* const* states, float* out, int B, int nk,
+                                   int nv, int dk, int dv, cudaStream_t stream, const L2Norm* norm = nullptr);
 
 // ---- moe.cu ------------------------------------------------------------------------------------------
 // probs[t][:] = softmax(logits[t][:]) over n_expert (in place allowed).

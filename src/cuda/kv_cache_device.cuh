@@ -43,14 +43,14 @@ using KvRow = typename KvRowOf<E>::type;
 template <class E>
 struct KvPlane {
   E* values;
-  static KvPlane of(void* base, int, size_t) { return {static_cast<E*>(base)}; }
+  static __host__ __device__ KvPlane of(void* base, int, size_t) { return {static_cast<E*>(base)}; }
   __device__ __forceinline__ E* row(size_t pos, size_t width, int off) const { return values + pos * width + off; }
 };
 template <>
 struct KvPlane<KvQ8> {
   int8_t* q;
   __half* d;
-  static KvPlane of(void* base, int n_ctx, size_t width) {
+  static __host__ __device__ KvPlane of(void* base, int n_ctx, size_t width) {
     int8_t* q = static_cast<int8_t*>(base);
     return {q, reinterpret_cast<__half*>(q + (size_t)n_ctx * width)};
   }

@@ -96,9 +96,13 @@ bool q8_columns(const NumericForms& forms, GgmlType t, int T) {
 
 Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   if (rows == 1) return forms.matvec(w.type);
-  // A few tokens (a short chunk): the fast tier's Q8 decode products, each matrix read once for
-  // all their columns.
+  // A few tokens (a short chunk, a batched decode step): the fast tier's Q8 decode products, each
+  // matrix read once for all their columns; the types without them (the F32 routers and shared
+  // gates) the fp32 decode product once a column: the prefill forms' grids at these widths are a
+  // few blocks (the 512-row router 4, the shared gate 1), ~110 and ~54 µs a launch on the H200
+  // against ~5 for a decode launch (Nsight Compute, docs/PERF.md).
   if (q8_columns(forms, w.type, rows)) return Kernel::kMatvecQ8;
+  if (forms.fast && rows <= kQ8PassTokens) return forms.matvec();
   return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();
 }
 

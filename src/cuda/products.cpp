@@ -39,8 +39,10 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
     j.y = y;
     read_q8(j, q8_scratch_);
     matvec_q8_jobs(w.type, w.cols, &j, 1, stream_, T);
-  } else if (is_matvec(k)) {
-    matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x, y, stream_, sums_of(k));
+  } else if (is_matvec(k)) {  // a launch a token column
+    for (int t = 0; t < T; t++)
+      matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x + (size_t)t * w.cols, y + (size_t)t * w.rows, stream_,
+             sums_of(k));
   } else if (is_x32(k)) {
     const XForm form = x32_form_of(k);
     if (!held || held->x != x || held->cols != w.cols || held->form != form) {

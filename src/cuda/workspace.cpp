@@ -139,6 +139,12 @@ Workspace::Workspace(const Config& c, const NumericForms& forms, int max_tokens_
   routed_router_host.allocate((size_t)c.n_layer * c.n_expert * sizeof(float));
   // The GPU-routed path copies the logits here without a prefill having sized it.
   logits_host.allocate((size_t)c.n_vocab * sizeof(float));
+
+  // The batched decode step.
+  alloc_bytes(batch_io, 2 * kMaxBatchRows * sizeof(int32_t));
+  alloc_bytes(batch_logits, (size_t)kMaxBatchRows * c.n_vocab * sizeof(float));
+  batch_io_host.allocate(2 * kMaxBatchRows * sizeof(int32_t));
+  batch_logits_host.allocate((size_t)kMaxBatchRows * c.n_vocab * sizeof(float));
 }
 
 void Workspace::reserve_logits(size_t rows, int n_vocab) {

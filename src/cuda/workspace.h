@@ -177,6 +177,12 @@ struct Workspace {
   // for all positions, and a captured graph must never see an address change.
   DeviceBuffer routed_logits;        // [n_vocab]
 
+  // ---- the batched decode step (decode_graph.cpp; its graphs read and write these) ----------
+  DeviceBuffer batch_io;            // [2][kMaxBatchRows] int32 token ids, then positions
+  PinnedBuffer batch_io_host;
+  DeviceBuffer batch_logits;        // [kMaxBatchRows][n_vocab]
+  PinnedBuffer batch_logits_host;
+
   // Grows `logits` and `logits_host` to `rows` rows of n_vocab.
   void reserve_logits(size_t rows, int n_vocab);
 

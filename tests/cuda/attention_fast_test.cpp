@@ -328,6 +328,82 @@ TEST_F(CudaFastAttention, OddGroup) {
 // Decode blocks of other head counts than 8 (groups of 16: two blocks a KV head; 5: five heads a
 // block, three padding rows) and head dims inside a padded tier (48 in 64, 80 in 128), and
 // prefill chunks at those dims.
+// A batched decode step's attention (attention_prep_rows, gated_attention_fast_rows): three
+// sessions of different contexts (so different split counts) at different positions, each row
+// against its own one-token calls on a copy of its cache: q, gate, output and the whole caches
+// equal bit for bit (the same kernels' arithmetic per row; a row reading another's cache, splits or
+// position differs). The fixtures' and the 80B's head shapes, f32, f16 and q8_0 caches.
+TEST_F(CudaFastAttention, BatchedRowsEqualEachRowsOwnStep) {
+  const int kCtx[] = {600, 64, 4000}, kPos[] = {599, 0, 3000};
+  constexpr int B = 3;
+  for (int shape : {0, 2})
+    for (KvType type : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
+      const Heads h = kShapes[shape];
+      SCOPED_TRACE(std::to_string(h.n_head) + "/" + std::to_string(h.n_kv) + " heads of " + std::to_string(h.hd) +
+                   ", " + kv_type_name(type));
+      const size_t width = (size_t)h.n_kv * h.hd, qrow = (size_t)h.n_head * h.hd;
+      const int n_rot = h.hd / 4;
+      const float theta = std::pow(10000.0f, -2.0f / (float)n_rot);
+      // Each row's cache twice (own: its one-token calls; rows: the batched launches), the same bits.
+      std::vector<cuda::DeviceBuffer> own_k, own_v, rows_k, rows_v, own_split, rows_split;
+      std::vector<cuda::AttentionRow> table;
+      std::vector<cuda::AttentionSplitsF> own_sp;
+      int max_splits = 0;
+      for (int r = 0; r < B; r++) {
+        const size_t n = (size_t)kCtx[r] * width;
+        for (auto* list : {&own_k, &own_v, &rows_k, &rows_v}) list->emplace_back(kv_bytes(type, n));
+        const auto k32 = to_device(random_floats(n, 900 + r)), v32 = to_device(random_floats(n, 910 + r));
+        for (int i = 0; i < 2; i++) {
+          const cuda::KvCacheRef c{(i ? rows_k : own_k)[r].get(), (i ? rows_v : own_v)[r].get(), type, kCtx[r]};
+          cuda::store_kv(k32.f(), v32.f(), c, kCtx[r], h.n_kv, h.hd, 0, nullptr);
+        }
+        const size_t sb = cuda::AttentionSplitsF::bytes(kCtx[r], h.n_head, h.hd);
+        own_split.emplace_back(sb);
+        rows_split.emplace_back(sb);
+        own_sp.push_back(cuda::AttentionSplitsF::within(own_split[r].get(), kCtx[r], h.n_head, h.hd));
+        table.push_back({{rows_k[r].get(), rows_v[r].get(), type, kCtx[r]},
+                         cuda::AttentionSplitsF::within(rows_split[r].get(), kCtx[r], h.n_head, h.hd)});
+        max_splits = std::max(max_splits, table[r].splits.max_splits);
+      }
+      const auto dtable = to_device(table);
+      const auto dpos = to_device(std::vector<int32_t>(kPos, kPos + B));
+      const auto dqg = to_device(random_floats(B * 2 * qrow, 920, 2.0f)), dk = to_device(random_floats(B * width, 921));
+      const auto dv = to_device(random_floats(B * width, 922)), dqn = to_device(random_floats(h.hd, 923));
+      const auto dkn = to_device(random_floats(h.hd, 924));
+      cuda::DeviceBuffer q_a(B * qrow * 4), q_b(B * qrow * 4), g_a(B * qrow * 4), g_b(B * qrow * 4),
+          out_a(B * qrow * 4), out_b(B * qrow * 4);
+      for (int r = 0; r < B; r++) {
+        const cuda::KvCacheRef c{own_k[r].get(), own_v[r].get(), type, kCtx[r]};
+        cuda::attention_prep(dqg.f() + r * 2 * qrow, dk.f() + r * width, dv.f() + r * width, q_a.f() + r * qrow,
+                             g_a.f() + r * qrow, dqn.f(), dkn.f(), c, 1, h.n_head, h.n_kv, h.hd, 1e-6f, n_rot, theta,
+                             dpos.get<int32_t>() + r, nullptr);
+        cuda::gated_attention_fast(q_a.f() + r * qrow, g_a.f() + r * qrow, c, out_a.f() + r * qrow, 1, h.n_head,
+                                   h.n_kv, h.hd, 0, scale_of(h), nullptr, dpos.get<int32_t>() + r, &own_sp[r]);
+      }
+      const auto* rows = dtable.get<cuda::AttentionRow>();
+      cuda::attention_prep_rows(dqg.f(), dk.f(), dv.f(), q_b.f(), g_b.f(), dqn.f(), dkn.f(), rows, type, B, h.n_head,
+                                h.n_kv, h.hd, 1e-6f, n_rot, theta, dpos.get<int32_t>(), nullptr);
+      cuda::gated_attention_fast_rows(q_b.f(), g_b.f(), rows, type, max_splits, out_b.f(), B, h.n_head, h.n_kv, h.hd,
+                                      scale_of(h), dpos.get<int32_t>(), nullptr);
+      EXPECT_EQ(to_host<uint32_t>(q_b, B * qrow), to_host<uint32_t>(q_a, B * qrow)) << "q";
+      EXPECT_EQ(to_host<uint32_t>(g_b, B * qrow), to_host<uint32_t>(g_a, B * qrow)) << "gate";
+      const auto oa = to_host<float>(out_a, B * qrow);
+      EXPECT_EQ(to_host<uint32_t>(out_b, B * qrow), to_host<uint32_t>(out_a, B * qrow)) << "outputs";
+      // Finite, and no row all zero (a row that attended to nothing). Single outputs may be 0: the
+      // row at position 0 attends to one key, so its output is that value times the gate, and a
+      // q8_0 value rounds to 0 (the H200's run: 24 such in the 16/2×256 q8_0 case).
+      EXPECT_TRUE(std::all_of(oa.begin(), oa.end(), [](float x) { return std::isfinite(x); })) << "outputs not finite";
+      for (int r = 0; r < B; r++)
+        EXPECT_TRUE(std::any_of(oa.begin() + r * qrow, oa.begin() + (r + 1) * qrow, [](float x) { return x != 0.0f; }))
+            << "row " << r << "'s outputs are all zero";
+      for (int r = 0; r < B; r++) {
+        const size_t bytes = kv_bytes(type, (size_t)kCtx[r] * width);
+        EXPECT_EQ(to_host<uint8_t>(rows_k[r], bytes), to_host<uint8_t>(own_k[r], bytes)) << "K cache of row " << r;
+        EXPECT_EQ(to_host<uint8_t>(rows_v[r], bytes), to_host<uint8_t>(own_v[r], bytes)) << "V cache of row " << r;
+      }
+    }
+}
+
 TEST_F(CudaFastAttention, OddShapes) {
   for (int length : {33, 4000}) {
     check_decode(0, {32, 2, 64}, length, 81 + length);

@@ -447,6 +447,76 @@ TEST_F(CudaDeltaNetFast, ConvGatesChunksAgainstDoubleReference) {
   }
 }
 
+// A batched decode step's rows (deltanet_conv_gates_fast_rows, deltanet_recurrence_fast_rows): B
+// sessions' states in one launch each against each row's own one-token calls on copies of the same
+// states, over three steps that carry them: outputs, gates and both states equal bit for bit (the
+// same arithmetic per row; a row reading another's state or inputs differs everywhere). At the
+// 80B's heads with the fused norm and the fixtures' without.
+TEST_F(CudaDeltaNetFast, RowsOfSessionsEqualEachSessionsOwnStep) {
+  for (const Heads& h : {k80B, kFixture}) {
+    SCOPED_TRACE(h.name());
+    const int B = 5, K = 4, C = h.stride(), x_stride = C + 8, steps = 3, kd = h.key_dim();
+    const cuda::L2Norm norm{1e-6f, (float)(1.0 / std::sqrt((double)h.d))};
+    const cuda::L2Norm* fused = h.d == 128 ? &norm : nullptr;
+    const float qk_scale = fused ? 2.0f : 0.05f;  // unnormalised q, k small enough to keep the state bounded
+    auto w = random_floats((size_t)C * K, 700, 0.5f), dt = random_floats(h.nv, 701), a = random_floats(h.nv, 702);
+    for (float& v : a) v = -std::exp(v);
+    auto dw = to_device(w), ddt = to_device(dt), da = to_device(a);
+    // Each row's states twice: for its own calls (own) and for the batched launches (rows).
+    std::vector<cuda::DeviceBuffer> conv_own, conv_rows, ssm_own, ssm_rows;
+    for (int r = 0; r < B; r++) {
+      const auto cs = random_floats((size_t)(K - 1) * C, 710 + r, 1.0f), ss = random_floats(h.state_size(), 720 + r, 0.3f);
+      conv_own.push_back(to_device(cs));
+      conv_rows.push_back(to_device(cs));
+      ssm_own.push_back(to_device(ss));
+      ssm_rows.push_back(to_device(ss));
+    }
+    std::vector<float*> table;
+    for (auto& b : conv_rows) table.push_back(b.f());
+    for (auto& b : ssm_rows) table.push_back(b.f());
+    auto dtable = to_device(table);
+    float* const* conv_table = dtable.get<float*>();
+    float* const* ssm_table = conv_table + B;
+    const size_t out_row = (size_t)h.nv * h.d;
+    cuda::DeviceBuffer conv_a((size_t)B * C * 4), conv_b((size_t)B * C * 4), beta_a((size_t)B * h.nv * 4),
+        beta_b((size_t)B * h.nv * 4), g_a((size_t)B * h.nv * 4), g_b((size_t)B * h.nv * 4),
+        out_a((size_t)B * out_row * 4), out_b((size_t)B * out_row * 4);
+    for (int s = 0; s < steps; s++) {
+      auto x = random_floats((size_t)B * x_stride, 730 + s, 1.0f);
+      for (int r = 0; r < B; r++)  // q and k of each row at the scale the recurrence takes them
+        for (int i = 0; i < 2 * kd; i++) x[(size_t)r * x_stride + i] *= qk_scale;
+      auto ba = random_floats((size_t)B * 2 * h.nv, 740 + s, 2.0f);
+      auto dx = to_device(x), dba = to_device(ba);
+      for (int r = 0; r < B; r++) {
+        float* conv = conv_a.f() + (size_t)r * C;
+        cuda::deltanet_conv_gates_fast(dx.f() + (size_t)r * x_stride, x_stride, conv, conv_own[r].f(), dw.f(), 1, C,
+                                       K, dba.f() + (size_t)r * 2 * h.nv, ddt.f(), da.f(), beta_a.f() + r * h.nv,
+                                       g_a.f() + r * h.nv, h.nk, h.nv, nullptr);
+        cuda::deltanet_recurrence_fast(conv, conv + kd, conv + 2 * kd, C, beta_a.f() + r * h.nv, g_a.f() + r * h.nv,
+                                       ssm_own[r].f(), out_a.f() + r * out_row, 1, h.nk, h.nv, h.d, h.d, nullptr,
+                                       fused);
+      }
+      cuda::deltanet_conv_gates_fast_rows(dx.f(), x_stride, conv_b.f(), conv_table, dw.f(), B, C, K, dba.f(), ddt.f(),
+                                          da.f(), beta_b.f(), g_b.f(), h.nk, h.nv, nullptr);
+      cuda::deltanet_recurrence_fast_rows(conv_b.f(), conv_b.f() + kd, conv_b.f() + 2 * kd, C, beta_b.f(), g_b.f(),
+                                          ssm_table, out_b.f(), B, h.nk, h.nv, h.d, h.d, nullptr, fused);
+      SCOPED_TRACE("step " + std::to_string(s));
+      EXPECT_EQ(to_host<float>(conv_b, (size_t)B * C), to_host<float>(conv_a, (size_t)B * C)) << "conv outputs";
+      EXPECT_EQ(to_host<float>(beta_b, (size_t)B * h.nv), to_host<float>(beta_a, (size_t)B * h.nv)) << "beta";
+      EXPECT_EQ(to_host<float>(g_b, (size_t)B * h.nv), to_host<float>(g_a, (size_t)B * h.nv)) << "g";
+      const auto oa = to_host<float>(out_a, (size_t)B * out_row), ob = to_host<float>(out_b, (size_t)B * out_row);
+      EXPECT_EQ(ob, oa) << "outputs";
+      EXPECT_TRUE(std::all_of(oa.begin(), oa.end(), [](float v) { return std::isfinite(v); })) << "outputs not finite";
+      for (int r = 0; r < B; r++) {
+        EXPECT_EQ(to_host<float>(conv_rows[r], (size_t)(K - 1) * C), to_host<float>(conv_own[r], (size_t)(K - 1) * C))
+            << "conv state of row " << r;
+        EXPECT_EQ(to_host<float>(ssm_rows[r], h.state_size()), to_host<float>(ssm_own[r], h.state_size()))
+            << "state of row " << r;
+      }
+    }
+  }
+}
+
 // Arguments the launchers refuse, before anything is launched (no device needed).
 TEST(DeltaNetFastArguments, RefusedClearly) {
   float* p = reinterpret_cast<float*>(uintptr_t{256});  // never dereferenced: every call throws first

@@ -173,9 +173,10 @@ TEST(CudaPlan, FastDecodeTakesQ8ForItsTypes) {
 }
 
 // A chunk of 2 to kQ8PassTokens tokens (a short prompt, a batched step) takes the fast tier's
-// matvec-q8 for its dense products of Q8 types, each matrix read once for every column; the
-// routed experts keep the prefill forms, and h2 goes to X24 only for them. A longer chunk and the
-// exact tier are prefill throughout.
+// matvec-q8 for its dense products of Q8 types, each matrix read once for every column, and
+// matvec-f32 a column for the others (the F32 router, a Q5_0 ssm_ba); the routed experts keep the
+// prefill forms, and h2 goes to X24 only for them. A longer chunk and the exact tier are prefill
+// throughout.
 TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
   NumericForms forms = both_forms();
   forms.fast = forms.bf16 = forms.q8 = true;
@@ -187,9 +188,10 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
     const LayerPlan& dn = p.layers[0];
     EXPECT_EQ(dn.mixer_in[0], K::kMatvecQ8);   // Q4_K qkv
     EXPECT_EQ(dn.mixer_in[1], K::kMatvecQ8);   // Q4_K z
-    EXPECT_EQ(dn.mixer_in[2], K::kMatmulBf16); // Q5_0 ba: no Q8 product
+    EXPECT_EQ(dn.mixer_in[2], K::kMatvecF32);  // Q5_0 ba: no Q8 product
     EXPECT_EQ(dn.mixer_out, K::kMatvecQ8);
-    EXPECT_EQ(dn.router, K::kMatmulBf16);      // F32
+    EXPECT_EQ(dn.router, K::kMatvecF32);       // F32
+    EXPECT_EQ(dn.shared_gate_inp, K::kMatvecF32);
     EXPECT_TRUE(dn.shared.fused);              // Q8_0 pair: one matvec_q8_gate_up
     EXPECT_EQ(dn.shared.gate, K::kMatvecQ8);
     EXPECT_EQ(dn.shared_down, K::kMatvecQ8);
@@ -202,6 +204,7 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
   const PassPlan longer = make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1);
   EXPECT_NE(longer.layers[0].mixer_in[0], K::kMatvecQ8);
   EXPECT_NE(longer.layers[0].shared.gate, K::kMatvecQ8);
+  EXPECT_EQ(longer.layers[0].router, K::kMatmulBf16);  // prefill forms from kQ8PassTokens + 1 on
   // A shared pair without X24 form and routed experts without one: nothing converts h2 to X24.
   w.layers[0].moe.gate_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
   w.layers[0].moe.up_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
