@@ -172,7 +172,7 @@ void check_session_fits(const Engine& e, int n_ctx);
 // recomputed by run_pass: the path is off for this cache (--speculation), or a layer selected a
 // non-resident expert.
 bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits_out, TraceSink* trace);
-// The most sessions one batched decode step takes (2 .. kMaxBatchRows), or 0 where batches decode
+// The most sessions one batched decode step takes (2 .. kQ8PassTokens), or 0 where batches decode
 // one after another: the exact tier (each sequence's tokens are then those it gets alone, bit for
 // bit), --profile, --speculation off, a cache that does not hold every expert, a plan that does not
 // group every layer's experts on the GPU, or a capture that failed.
