@@ -13,30 +13,24 @@
 
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "common/error.h"
 #include "cpu/attention_fast.h"
 #include "cpu/thread_pool.h"
+#include "cuda/random_weights.h"
 
 namespace rl::cpu {
 namespace {
 
 constexpr double kBound = 2e-5;
 
-std::vector<float> random_values(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test::random_floats;
 
 struct Cache {
   KvRows k, v;
   Cache(KvType type, int width, int n, uint32_t seed) : k(type, width), v(type, width) {
-    const auto kv = random_values((size_t)n * width, seed, 1.0f), vv = random_values((size_t)n * width, seed + 1, 1.0f);
+    const auto kv = random_floats((size_t)n * width, seed, 1.0f), vv = random_floats((size_t)n * width, seed + 1, 1.0f);
     k.write(0, kv.data(), n);
     v.write(0, vv.data(), n);
   }
@@ -71,7 +65,7 @@ void check(std::span<const AttentionRow> rows, int n_head, int n_kv, int hd, int
   SCOPED_TRACE(::testing::Message() << n_head << "/" << n_kv << " heads, hd " << hd << ", " << rows.size()
                                     << " rows, first sees " << rows[0].n_keys << " keys, " << threads << " threads");
   const size_t width = (size_t)n_head * hd;
-  const auto q = random_values(rows.size() * width, seed, 2.0f), g = random_values(rows.size() * width, seed + 7, 1.0f);
+  const auto q = random_floats(rows.size() * width, seed, 2.0f), g = random_floats(rows.size() * width, seed + 7, 1.0f);
   std::vector<float> out(rows.size() * width, NAN);
   ThreadPool pool(threads);
   gated_attention_fast(pool, rows, q.data(), g.data(), n_head, n_kv, hd, out.data());

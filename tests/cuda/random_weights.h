@@ -1,5 +1,6 @@
-// Random inputs and random-but-valid quantised rows of every ggml type, for the CUDA kernel tests
-// and bench/cuda_kernels (which times the kernels on the same data the tests check them on).
+// Random inputs and random-but-valid quantised rows of every ggml type, for the CUDA kernel tests,
+// bench/cuda_kernels (which times the kernels on the same data the tests check them on) and the
+// CPU kernel tests that need random inputs (plain C++: no CUDA in it).
 #pragma once
 #include <cstdint>
 #include <cstring>
