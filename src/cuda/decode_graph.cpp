@@ -202,12 +202,10 @@ void upload(DeviceBuffer& dst, const std::vector<T>& v) {
 }  // namespace
 
 int batch_rows(Engine& e) {
-  if (!e.forms.fast || e.profiler.on || e.batch_graph_broken) return 0;
+  // The batched step's DeltaNet and attention kernels are the fast tier's.
+  if (!e.forms.fast_deltanet || !e.forms.fast_attention || e.profiler.on || e.batch_graph_broken) return 0;
   if (e.opts.speculation == CudaOptions::Speculation::kOff || !e.residency.all_resident()) return 0;
-  // Steps of at most kQ8PassTokens rows, whose dense products are decode launches with token
-  // columns: from 5 rows on they take the prefill forms, and 8 streams batched together measured
-  // slower than one after another (H200, docs/PERF.md), where steps of 4 are faster.
-  const int rows = std::min({kMaxBatchRows, kQ8PassTokens, e.ws.max_tokens});
+  const int rows = std::min(kMaxBatchRows, e.ws.max_tokens);
   if (rows < 2) return 0;
   // Every layer groups its experts on the GPU, at every batch size (the plans differ only in their
   // products' kernels).
@@ -223,8 +221,6 @@ namespace {
 // waits for the host.
 std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionState* const> sts) {
   const int B = (int)sts.size();
-  for (const LayerPlan& l : e.plan(B).layers)
-    if (l.routing != Routing::kGpuGrouped) throw_error("a layer of the batch's plan does not group on the GPU");
   auto g = std::make_unique<BatchGraph>();
   g->rows.assign(sts.begin(), sts.end());
   const int n_layer = e.config().n_layer;
@@ -334,7 +330,6 @@ bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span
   for (int L = 0; L < c.n_layer; L++) hits += (uint64_t)ws.grouped_distinct_host.get<int32_t>()[L];
   e.residency.cache().count_hits(hits);
   e.stats.batched_steps++;
-  e.stats.batched_tokens += (uint64_t)B;
   return true;
 }
 
