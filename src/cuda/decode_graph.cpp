@@ -205,8 +205,9 @@ int batch_rows(Engine& e) {
   if (!e.forms.fast || e.profiler.on || e.batch_graph_broken) return 0;
   if (e.opts.speculation == CudaOptions::Speculation::kOff || !e.residency.all_resident()) return 0;
   // Steps of at most kQ8PassTokens rows, whose dense products are decode launches with token
-  // columns: from 5 rows on they take the prefill forms, and 8 streams batched together measured
-  // slower than one after another (H200, docs/PERF.md), where steps of 4 are faster.
+  // columns: from 5 rows on they take the prefill forms, and 8 streams in steps of 8 ran 161 tok/s
+  // in all, under one stream's 243 (H200, before the matvec-f32 columns; docs/PERF.md), where 4
+  // streams in steps of 4 now beat decoding them one after another (287.7 against 231.9).
   const int rows = std::min({kMaxBatchRows, kQ8PassTokens, e.ws.max_tokens});
   if (rows < 2) return 0;
   // Every layer groups its experts on the GPU, at every batch size (the plans differ only in their
