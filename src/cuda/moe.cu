@@ -467,6 +467,26 @@ void moe_combine_norm(float* x, const float* y, const int32_t* assign, const flo
   });
 }
 
+namespace {
+__global__ void pair_slots_kernel(const int32_t* __restrict__ ids, int n, const uint64_t* __restrict__ residency,
+                                  const uint8_t* fallback, const uint8_t** slot_ptrs, int32_t* n_distinct) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const uint64_t addr = residency[ids[i]];
+    slot_ptrs[i] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
+  }
+  if (i == 0 && n_distinct) *n_distinct = n;
+}
+}  // namespace
+
+void pair_slots(const int32_t* ids, int n, const uint64_t* residency_row, const uint8_t* fallback,
+                const uint8_t** slot_ptrs, int32_t* n_distinct, cudaStream_t stream) {
+  if (n == 0) return;
+  pair_slots_kernel<<<(unsigned)((n + 127) / 128), 128, 0, stream>>>(ids, n, residency_row, fallback, slot_ptrs,
+                                                                     n_distinct);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
 void gather_words(const void* src, const int32_t* idx, void* dst, int n, int width, cudaStream_t stream) {
   if (n == 0 || width == 0) return;
   gather_kernel<<<dim3((width + 255) / 256, n), 256, 0, stream>>>(static_cast<const uint32_t*>(src), idx,
