@@ -59,7 +59,9 @@
 #                  constraint and with each schema of bench/schemas (seeds 1 and 2, --temp 0.7)
 #     parallel     issue 21's concurrent streams: bench/server_parallel.py through `redlite serve --parallel N`
 #                  on the 80B seed-mix with the carried fixture's vocabulary, --streams $STREAMS
-#                  (default 1,4,8), -n 64; the model is kept for a later mask step
+#                  (default 1,4,8), -n $PARALLEL_N (default 64), serve flags $PARALLEL_FLAGS (e.g.
+#                  "--prefill-chunk 1": one after another); the model is kept for a later mask step
+#     base-parallel  the same on the base binary
 #     ttft         issue 19's time to first token: bench/server_ttft.py through `redlite serve` on the 80B
 #                  seed-mix with the carried fixture's vocabulary, prompts of $TTFT_TOKENS (default
 #                  4096,32768) token ids, -n 32; the model is kept for a later mask step
@@ -280,11 +282,12 @@ for s in "$@"; do
         --depths "${NCU_DEPTHS:-0,32768}"
       grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
       ;;
-    parallel)
+    parallel|base-parallel)
       vocab_model
-      STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step parallel python3 "$ROOT/bench/server_parallel.py" --bin "$BUILD/redlite" \
-        -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n 64
-      grep -E '"streams"|aggregate' "$OUT/parallel.log" | tail -4 | tee -a "$OUT/summary.txt"
+      bin=$BUILD/redlite; [ "$s" = base-parallel ] && bin=$BASE_BUILD/redlite
+      STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step $s python3 "$ROOT/bench/server_parallel.py" --bin "$bin" \
+        -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n "${PARALLEL_N:-64}" ${PARALLEL_FLAGS:+-- $PARALLEL_FLAGS}
+      grep -E '"streams"' "$OUT/$s.log" | sed "s/^/$s: /" | tail -6 | tee -a "$OUT/summary.txt"
       ;;
     ttft)
       vocab_model

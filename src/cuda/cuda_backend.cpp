@@ -126,7 +126,6 @@ class CudaBackendImpl final : public CudaBackend {
     s.gpu_grouped_layers = 0;
     s.x32_products = 0;
     s.batched_steps = 0;
-    s.batched_tokens = 0;
     engine_.profiler.reset();
   }
   std::string profile_report() const override { return engine_.profiler.report(); }

@@ -37,8 +37,8 @@ struct EngineStats {
   uint64_t gpu_routed_fallbacks = 0; // graph replays discarded (a non-resident expert was selected)
   uint64_t gpu_grouped_layers = 0;   // prefill layers whose selections were grouped on the GPU
   uint64_t x32_products = 0;         // prefill dense products run by matmul_x32
-  uint64_t batched_steps = 0;        // decode_batch steps run as one batched graph
-  uint64_t batched_tokens = 0;       // the tokens of those steps (not counted in tokens_decoded)
+  uint64_t batched_steps = 0;        // decode_batch steps run as one batched graph (their tokens
+                                     // are not counted in tokens_decoded)
 };
 
 class CudaBackend : public Backend {

@@ -24,10 +24,8 @@ constexpr int max_prefill_chunk(int n_expert_used) {
 // --prefill-chunk: its device logits buffer is tokens × n_vocab floats (311 MB at 512 and the 80B's
 // 151,936, 1.2 GB at 2048), outside the working set the expert cache is sized around.
 constexpr int kAllLogitsPassTokens = 512;
-// The batched decode step's buffers hold this many sessions (the server's --parallel maximum);
-// batch_rows (engine.h) decides how many a step takes, and a larger decode_batch runs in steps.
-// The engine keeps the graphs of the last kMaxBatchGraphs sets of sessions that decoded together.
-constexpr int kMaxBatchRows = 16;
+// The engine keeps the graphs of the last kMaxBatchGraphs sets of sessions that decoded together
+// (decode_graph.cpp; a step's most sessions are kMaxBatchRows, plan.h).
 constexpr int kMaxBatchGraphs = 8;
 
 struct CudaOptions {

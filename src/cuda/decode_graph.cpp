@@ -202,13 +202,10 @@ void upload(DeviceBuffer& dst, const std::vector<T>& v) {
 }  // namespace
 
 int batch_rows(Engine& e) {
-  if (!e.forms.fast || e.profiler.on || e.batch_graph_broken) return 0;
+  // The batched step's DeltaNet and attention kernels are the fast tier's.
+  if (!e.forms.fast_deltanet || !e.forms.fast_attention || e.profiler.on || e.batch_graph_broken) return 0;
   if (e.opts.speculation == CudaOptions::Speculation::kOff || !e.residency.all_resident()) return 0;
-  // Steps of at most kQ8PassTokens rows, whose dense products are decode launches with token
-  // columns: from 5 rows on they take the prefill forms, and 8 streams in steps of 8 ran 161 tok/s
-  // in all, under one stream's 243 (H200, before the matvec-f32 columns; docs/PERF.md), where 4
-  // streams in steps of 4 now beat decoding them one after another (287.7 against 231.9).
-  const int rows = std::min({kMaxBatchRows, kQ8PassTokens, e.ws.max_tokens});
+  const int rows = std::min(kMaxBatchRows, e.ws.max_tokens);
   if (rows < 2) return 0;
   // Every layer groups its experts on the GPU, at every batch size (the plans differ only in their
   // products' kernels).
@@ -224,8 +221,6 @@ namespace {
 // waits for the host.
 std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionState* const> sts) {
   const int B = (int)sts.size();
-  for (const LayerPlan& l : e.plan(B).layers)
-    if (l.routing != Routing::kGpuGrouped) throw_error("a layer of the batch's plan does not group on the GPU");
   auto g = std::make_unique<BatchGraph>();
   g->rows.assign(sts.begin(), sts.end());
   const int n_layer = e.config().n_layer;
@@ -335,7 +330,6 @@ bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span
   for (int L = 0; L < c.n_layer; L++) hits += (uint64_t)ws.grouped_distinct_host.get<int32_t>()[L];
   e.residency.cache().count_hits(hits);
   e.stats.batched_steps++;
-  e.stats.batched_tokens += (uint64_t)B;
   return true;
 }
 

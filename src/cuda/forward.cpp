@@ -26,24 +26,18 @@ void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
   get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
 }
 
-// The recurrent part of Gated DeltaNet for rows [row, row + T) of the views: the causal conv and
-// gates, the L2 norm of q and k, the recurrence. Either T tokens of session st in order, or
-// (st null; the fast tier) one token of each of T sessions in one launch per kernel, their states
-// from `batch` ([2][T] device pointers: the conv states, then the recurrent states of layer L).
-void deltanet_core(Engine& e, int L, const DeltaNetViews& views, int row, int T, SessionState* st,
-                   float* const* batch) {
+// The recurrent part of Gated DeltaNet over the views' T rows: the causal conv and gates, the L2
+// norm of q and k, the recurrence. Either T tokens of session st in order, or (st null; the fast
+// tier) one token of each of T sessions in one launch per kernel, their states from `batch` ([2][T]
+// device pointers: the conv states, then the recurrent states of layer L).
+void deltanet_core(Engine& e, int L, const DeltaNetViews& v, int T, SessionState* st, float* const* batch) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
   const int nk = c.ssm_n_k_heads, nv = c.ssm_n_v_heads, dk = c.ssm_head_dim, dv = c.ssm_head_dim;
   const int key_dim = c.ssm_key_dim(), conv_dim = c.ssm_conv_dim();
-  const size_t r = (size_t)row;
-  const DeltaNetViews v{views.qkv + r * conv_dim, views.conv + r * conv_dim, views.z + r * nv * dv,
-                        views.o + r * nv * dv,    views.ba + r * 2 * nv,     views.beta + r * nv,
-                        views.g + r * nv};
   // The fast tier's kernels are fp32 (deltanet_fast.cu), the exact tier's the oracle's arithmetic.
   const bool fast = e.forms.fast_deltanet;
-  if (batch && !fast) throw_error("deltanet: a batched step's recurrent part runs in the fast tier only");
   if (batch)
     deltanet_conv_gates_fast_rows(v.qkv, conv_dim, v.conv, batch, w.conv, T, conv_dim, c.ssm_conv_kernel, v.ba,
                                   w.dt_bias, w.a, v.beta, v.g, nk, nv, stream);
@@ -71,7 +65,7 @@ void deltanet_core(Engine& e, int L, const DeltaNetViews& views, int row, int T,
 
 // Gated DeltaNet of T tokens: of one session (sts[0]), or one token each of T sessions (a batched
 // decode step: sts[t] for row t; products and norms over all rows, the recurrent part in one launch
-// per kernel from the batch graph's state table, Engine::batch_states, else row by row).
+// per kernel from the batch graph's state table, Engine::batch_states).
 //                                                                  h, out: [T][n_embd]
 void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
                     float* out) {
@@ -86,12 +80,9 @@ void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const 
                             {&w.ba, plan.mixer_in[2], h, v.ba}},
                            T);
   e.profiler.mark(kDeltaNet, stream);
-  if (sts.size() == 1)
-    deltanet_core(e, L, v, 0, T, sts[0], nullptr);
-  else if (e.batch_states && e.forms.fast_deltanet)
-    deltanet_core(e, L, v, 0, T, nullptr, e.batch_states + (size_t)L * 2 * T);
-  else
-    for (int t = 0; t < T; t++) deltanet_core(e, L, v, t, 1, sts[t], nullptr);
+  if (sts.size() > 1 && !e.batch_states) throw_error("deltanet: a batched pass without its graph's state table");
+  deltanet_core(e, L, v, T, sts.size() == 1 ? sts[0] : nullptr,
+                sts.size() == 1 ? nullptr : e.batch_states + (size_t)L * 2 * T);
   // Decode: the norm also writes the output projection's Q8 input.
   const Q8Target q8 = plan.mixer_out == Kernel::kMatvecQ8 && T == 1 ? e.products.q8_target() : Q8Target{};
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream, q8.q, q8.ds);
@@ -100,19 +91,14 @@ void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const 
   e.products.project(w.out, plan.mixer_out, v.o, T, out);
 }
 
-// Attention of rows [row, row + T) of the views, T tokens of one session at positions
-// pos_d[0..T): per-head norms, RoPE and the KV append, then the gated attention over the
-// session's cache.
-void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& views, int row, int T,
-                    const int32_t* pos_d) {
+// Attention of T tokens of one session at positions pos_d[0..T): per-head norms, RoPE and the KV
+// append, then the gated attention over the session's cache.
+void attention_core(Engine& e, SessionState& st, int L, const AttentionViews& v, int T, const int32_t* pos_d) {
   const Config& c = e.config();
   const AttnDev& w = e.weights.layers[L].attn;
   const cudaStream_t stream = e.streams.compute;
   const int hd = c.head_dim, nh = c.n_head, nkv = c.n_head_kv;
   const float theta_scale = std::pow(c.rope_base, -2.0f / (float)c.rope_dim);
-  const size_t q_row = (size_t)nh * hd, kv_row = (size_t)nkv * hd, r = (size_t)row;
-  const AttentionViews v{views.qg + r * 2 * q_row, views.q + r * q_row,    views.gate + r * q_row,
-                         views.att + r * q_row,    views.k + r * kv_row,   views.v + r * kv_row};
   attention_prep(v.qg, v.k, v.v, v.q, v.gate, w.q_norm, w.k_norm, st.kv(L), T, nh, nkv, hd, c.rms_eps, c.rope_dim,
                  theta_scale, pos_d, stream);
   const float scale = (float)(1.0 / std::sqrt((double)hd));
@@ -141,8 +127,8 @@ void attention_rows(Engine& e, int L, const AttentionViews& v, int B, const int3
 }
 
 // Gated attention of T tokens: of one session (sts[0]), or one token each of T sessions (sts[t]
-// for row t, at pos_d[t]: in one launch per kernel from the batch graph's table, else row by
-// row). Positions come from pos_d, so a captured graph replays at any position.
+// for row t, at pos_d[t]: in one launch per kernel from the batch graph's table). Positions come
+// from pos_d, so a captured graph replays at any position.
 //                                                                  h, out: [T][n_embd]
 void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
                      const int32_t* pos_d, float* out) {
@@ -154,11 +140,11 @@ void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const
       {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
   e.profiler.mark(kAttention, stream);
   if (sts.size() == 1)
-    attention_core(e, *sts[0], L, v, 0, T, pos_d);
-  else if (e.batch_attention && e.forms.fast_attention)
+    attention_core(e, *sts[0], L, v, T, pos_d);
+  else if (e.batch_attention)
     attention_rows(e, L, v, T, pos_d);
   else
-    for (int t = 0; t < T; t++) attention_core(e, *sts[t], L, v, t, 1, pos_d + t);
+    throw_error("attention: a batched pass without its graph's attention table");
   e.profiler.mark(kProjections, stream);
   e.products.project(w.o, plan.mixer_out, v.att, T, out);
 }

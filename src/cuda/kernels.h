@@ -106,7 +106,13 @@ void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_off
                        cudaStream_t stream);
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
                                size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const int8_t* xq,
-                               const float2* xds, float* act, float* scratch, int n, cudaStream_t stream);
+                               const float2* xds, float* act, float* scratch, int n, cudaStream_t stream,
+                               int x_rows_per_expert = 0);
+// Each (token, selection) pair's expert slot: slot_ptrs[i] = residency_row[ids[i]] for i < n, or
+// `fallback` where that expert is not resident (never, where a pass's plan takes this: every
+// expert resident); *n_distinct = n (the pairs' expert reads, for the statistics).
+void pair_slots(const int32_t* ids, int n, const uint64_t* residency_row, const uint8_t* fallback,
+                const uint8_t** slot_ptrs, int32_t* n_distinct, cudaStream_t stream);
 
 // ---- matmul.cu: prefill products (T tokens) -----------------------------------------------------
 // Y[t][r] = W[r,:] · X[t,:], X [T][cols], Y [T][rows]. token_tile (16, 32 or 64) and k_splits

@@ -2,7 +2,10 @@
 // rounded once to fp32. Sharing the formulas keeps GPU activations bit-identical to the oracle's
 // almost everywhere (see matvec.cu).
 #pragma once
+#include <string>
+
 #include "cuda/cuda_check.h"
+#include "cuda/kernels.h"
 
 namespace rl::cuda {
 
@@ -190,5 +193,18 @@ __device__ __forceinline__ void store_q8_quad(float4 v, int8_t* __restrict__ q, 
 }
 
 inline bool q8_fusable(int width) { return width % 128 == 0; }
+
+// A launcher whose kernel can also write its output's Q8 form: launch(q, ds) launches the kernel,
+// giving it q8 and q8_ds where it can write them (q8_fusable) and nulls otherwise, in which case
+// quantize_q8 converts the output after it. q8 null: no Q8 form wanted.
+template <class Launch>
+void launch_with_q8_output(const char* who, const float* out, int rows, int width, int8_t* q8, float2* q8_ds,
+                           cudaStream_t stream, Launch&& launch) {
+  if (q8 && width % 32 != 0)
+    throw_error(std::string(who) + ": a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
+  const bool fused = q8 && q8_fusable(width);
+  launch(fused ? q8 : nullptr, fused ? q8_ds : nullptr);
+  if (q8 && !fused) quantize_q8(out, rows, width, q8, q8_ds, stream);
+}
 
 }  // namespace rl::cuda

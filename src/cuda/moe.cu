@@ -460,13 +460,31 @@ void moe_combine_norm(float* x, const float* y, const int32_t* assign, const flo
   if (T == 0) return;
   if (width % 4 != 0) throw_error("moe_combine_norm: width " + std::to_string(width) + " is not a multiple of 4");
   if (k > kMaxRouteK) throw_error("moe_combine_norm: " + std::to_string(k) + " experts per token (at most " + std::to_string(kMaxRouteK) + ")");
-  if (q8 && width % 32 != 0)
-    throw_error("moe_combine_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
-  const bool fused = q8 && q8_fusable(width);
-  launch_dependent(combine_norm_kernel, dim3(T), dim3(kCombineNormThreads), stream, x, y, assign, weights, k, shared,
-                   shared_gate, width, norm_w, eps, out, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
+  launch_with_q8_output("moe_combine_norm", out, T, width, q8, q8_ds, stream, [&](int8_t* q, float2* ds) {
+    launch_dependent(combine_norm_kernel, dim3(T), dim3(kCombineNormThreads), stream, x, y, assign, weights, k,
+                     shared, shared_gate, width, norm_w, eps, out, q, ds);
+    RL_CUDA_LAUNCH_CHECK();
+  });
+}
+
+namespace {
+__global__ void pair_slots_kernel(const int32_t* __restrict__ ids, int n, const uint64_t* __restrict__ residency,
+                                  const uint8_t* fallback, const uint8_t** slot_ptrs, int32_t* n_distinct) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const uint64_t addr = residency[ids[i]];
+    slot_ptrs[i] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
+  }
+  if (i == 0 && n_distinct) *n_distinct = n;
+}
+}  // namespace
+
+void pair_slots(const int32_t* ids, int n, const uint64_t* residency_row, const uint8_t* fallback,
+                const uint8_t** slot_ptrs, int32_t* n_distinct, cudaStream_t stream) {
+  if (n == 0) return;
+  pair_slots_kernel<<<(unsigned)((n + 127) / 128), 128, 0, stream>>>(ids, n, residency_row, fallback, slot_ptrs,
+                                                                     n_distinct);
   RL_CUDA_LAUNCH_CHECK();
-  if (q8 && !fused) quantize_q8(out, T, width, q8, q8_ds, stream);
 }
 
 void gather_words(const void* src, const int32_t* idx, void* dst, int n, int width, cudaStream_t stream) {

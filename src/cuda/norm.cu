@@ -158,13 +158,11 @@ void add_rms_norm(float* x, const float* y, const float* w, float* out, int n_ro
                   float eps, cudaStream_t stream, int8_t* q8, float2* q8_ds) {
   if (n_rows == 0) return;
   check_width(width, "add_rms_norm");
-  if (q8 && width % 32 != 0)
-    throw_error("add_rms_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
-  launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
-    const bool fused = q8 && q8_fusable(width);
-    launch_dependent(rms_norm_kernel<decltype(block)::value, true>, grid, threads, stream, x, y, w, out, n_rows, width,
-                     eps, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
-    if (q8 && !fused) quantize_q8(out, n_rows, width, q8, q8_ds, stream);
+  launch_with_q8_output("add_rms_norm", out, n_rows, width, q8, q8_ds, stream, [&](int8_t* q, float2* ds) {
+    launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+      launch_dependent(rms_norm_kernel<decltype(block)::value, true>, grid, threads, stream, x, y, w, out, n_rows,
+                       width, eps, q, ds);
+    });
   });
 }
 
@@ -172,13 +170,11 @@ void gated_rms_norm(const float* o, const float* z, const float* w, float* out, 
                     int width, float eps, cudaStream_t stream, int8_t* q8, float2* q8_ds) {
   if (n_rows == 0) return;
   check_width(width, "gated_rms_norm");
-  if (q8 && width % 32 != 0)
-    throw_error("gated_rms_norm: a Q8 form of rows of " + std::to_string(width) + " values (a multiple of 32)");
-  launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
-    const bool fused = q8 && q8_fusable(width);
-    launch_dependent(gated_rms_norm_kernel<decltype(block)::value>, grid, threads, stream, o, z, w, out, n_rows, width,
-                     eps, fused ? q8 : nullptr, fused ? q8_ds : nullptr);
-    if (q8 && !fused) quantize_q8(out, n_rows, width, q8, q8_ds, stream);
+  launch_with_q8_output("gated_rms_norm", out, n_rows, width, q8, q8_ds, stream, [&](int8_t* q, float2* ds) {
+    launch_rows(n_rows, width, [&](auto block, dim3 grid, dim3 threads) {
+      launch_dependent(gated_rms_norm_kernel<decltype(block)::value>, grid, threads, stream, o, z, w, out, n_rows,
+                       width, eps, q, ds);
+    });
   });
 }
 

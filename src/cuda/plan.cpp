@@ -123,6 +123,16 @@ PairPlan dense_pair(const Config& c, const NumericForms& forms, const DMat& gate
   return {dense_kernel(forms, gate, T), dense_kernel(forms, up, T), false};
 }
 
+// Whether a pass of T tokens runs its routed experts a (token, selection) pair at a time on the
+// decode kernels: the fast tier's matvec-q8 for all three matrices' types, 2 to kQ8PassTokens
+// tokens, grouped on the GPU (a host-routed pass of that plan, a cache not yet loaded, takes the
+// fp64 grouped products on the pair's kernel: Products::expert_products).
+bool pairs_on_decode_kernels(const NumericForms& forms, const MoeDev& m, int T, Routing routing) {
+  const GgmlType g = m.gate_exps.type, u = m.up_exps.type, d = m.down_exps.type;
+  return T >= 2 && T <= kQ8PassTokens && routing == Routing::kGpuGrouped && forms.matvec(g) == Kernel::kMatvecQ8 &&
+         forms.matvec(u) == Kernel::kMatvecQ8 && forms.matvec(d) == Kernel::kMatvecQ8;
+}
+
 // A routed expert matrix in prefill: X24 (the fast tier: X8) for its type, else the fp64 products
 // (the fast tier: bf16).
 Kernel expert_kernel(const NumericForms& forms, GgmlType t) {
@@ -169,6 +179,12 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
       l.expert_down = forms.matvec(m.down_exps.type);
       l.moe_input_q8 = k == Kernel::kMatvecQ8 || l.shared.gate == Kernel::kMatvecQ8 ||
                        l.router == Kernel::kMatvecQ8 || l.shared_gate_inp == Kernel::kMatvecQ8;
+    } else if (pairs_on_decode_kernels(forms, m, T, routing)) {
+      // A short pass grouped on the GPU: each (token, selection) pair on the decode kernels
+      // (Products::expert_pairs), where the prefill forms' tiles would hold one or two rows.
+      l.experts = {Kernel::kMatvecQ8, Kernel::kMatvecQ8, true};
+      l.expert_down = Kernel::kMatvecQ8;
+      l.moe_input_x24 = is_x24(l.shared.gate);
     } else {
       const TensorView gv = m.gate_exps.matrix(0), uv = m.up_exps.matrix(0);
       l.experts = {expert_kernel(forms, gv.type), expert_kernel(forms, uv.type),

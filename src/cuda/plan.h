@@ -32,6 +32,12 @@ const char* kernel_name(Kernel k);
 // 12288 at 2 / 4 / 8 tokens 13.6 / 22.9 / 40.3 µs on columns against 20.4 on the X8 prefill
 // product, ssm_out 4096 -> 2048 6.7 / 9.2 / 14.7 against 35.6.
 constexpr int kQ8PassTokens = 4;
+// A batched decode step takes at most this many sessions (a larger decode_batch runs in steps):
+// the passes whose dense products are decode launches with token columns. From 5 rows on they
+// take the prefill forms, and 8 streams in steps of 8 ran 161 tok/s in all, under one stream's 243
+// (H200, before the matvec-f32 columns; docs/PERF.md), where 4 streams in steps of 4 now beat
+// decoding them one after another (287.7 against 231.9).
+constexpr int kMaxBatchRows = kQ8PassTokens;
 // kMatvec or kMatvecF32, and the sums it forms.
 inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kMatvecF32; }
 // kMatmulX24 or kMatmulX8, and the activations' form it reads.

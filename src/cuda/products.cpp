@@ -233,6 +233,24 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
   }
 }
 
+void Products::expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
+                            const float* h2, int n) {
+  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
+  const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
+  if (pair.gate != Kernel::kMatvecQ8 || pair.up != Kernel::kMatvecQ8 || down != Kernel::kMatvecQ8)
+    fail("Products::expert_pairs: the routed experts' pair runs on matvec-q8 only");
+  const Q8Rows &xq = ws_.q8_pair_input, &aq = ws_.q8_expert_act;
+  if (n > xq.rows || n > aq.rows) fail("Products::expert_pairs: {} pairs, the Q8 buffers hold {}", n, xq.rows);
+  gather_rows(h2, ws_.pair_tokens.get<int32_t>(), ws_.expert_in.f(), n, n_embd, stream_);
+  quantize_q8(ws_.expert_in.f(), n, n_embd, xq.values(), xq.scales(), stream_);
+  float* act = ws_.expert_act.f();
+  matvec_q8_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd,
+                            xq.values(), xq.scales(), act, ws_.expert_up.f(), n, stream_, 1);
+  quantize_q8(act, n, ff, aq.values(), aq.scales(), stream_);
+  matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values(), aq.scales(), 1,
+                    ws_.expert_out.f(), n, stream_);
+}
+
 void Products::gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n) {
   const int n_embd = c_.n_embd;
   const bool gate_x24 = is_x24(pair.gate), up_x24 = is_x24(pair.up);

@@ -71,6 +71,11 @@ class Products {
   // moe_input_q8); a matvec-q8 down converts its input rows to q8_expert_act.
   void expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
                       const float* x, int n, size_t row0);
+  // A short pass's (2 to kQ8PassTokens tokens) routed experts on the decode kernels, a pair at a
+  // time: pair i (token i / K, selection i % K; n = T·K) reads the expert in slot ptr_d[i] on h2's
+  // row i / K, in its Q8 form, and writes expert_act / expert_out row i. The plan's matvec-q8 pair.
+  void expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
+                    const float* h2, int n);
   // The gathered rows of the routed experts' input (row a = token gather_d[a] of h2): of h2's X24
   // form for X24 gate/up products (bit copies: the same as converting the gathered rows), of h2
   // itself for the others.

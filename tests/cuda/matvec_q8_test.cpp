@@ -315,6 +315,45 @@ TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
   EXPECT_LE(m.value(), kMaxNmse);
 }
 
+// A short pass's (token, selection) pairs (Products::expert_pairs): every expert on its own Q8
+// input row (x_rows_per_expert 1) equals that expert alone on that row bit for bit, for a pair of
+// one type (one launch) and of two (two launches and a swiglu); expert e reading row 0 or another
+// expert's row differs. And pair_slots gives each selection its expert's slot.
+TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
+  const int n = 12, n_embd = 2048, ff = 512;
+  for (auto [tg, tu] : {std::pair{GgmlType::IQ2_XS, GgmlType::IQ2_XS}, std::pair{GgmlType::IQ1_M, GgmlType::IQ2_XXS}}) {
+    SCOPED_TRACE(std::string(type_name(tg)) + "/" + type_name(tu));
+    const size_t rbg = row_size(tg, n_embd), rbu = row_size(tu, n_embd);
+    ExpertSlots slots({{tg, {ff, n_embd}}, {tu, {ff, n_embd}}}, n);
+    auto dx = to_device(random_floats((size_t)n * n_embd, 31));
+    Q8Device q8(dx, n, n_embd);
+    cuda::DeviceBuffer da((size_t)n * ff * 4), du((size_t)n * ff * 4), d1(ff * 4), du1(ff * 4);
+    cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots(), slots.offsets[1], rbg, rbu, ff, n_embd, q8.values(),
+                                    q8.scales(), da.f(), du.f(), n, nullptr, 1);
+    const auto act = to_host<float>(da, (size_t)n * ff);
+    for (int e = 0; e < n; e++) {
+      cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots() + e, slots.offsets[1], rbg, rbu, ff, n_embd,
+                                      q8.values((size_t)e * n_embd), q8.scales((size_t)e * n_embd / 32), d1.f(),
+                                      du1.f(), 1, nullptr);
+      const auto one = to_host<float>(d1, ff);
+      ASSERT_TRUE(std::equal(one.begin(), one.end(), act.begin() + (size_t)e * ff)) << "expert " << e;
+    }
+  }
+  // pair_slots: residency of 8 experts, 3 of them not resident (their selections get the fallback).
+  std::vector<uint64_t> residency(8, 0);
+  for (int x : {0, 2, 3, 5, 7}) residency[x] = 0x1000 + 0x100 * x;
+  const std::vector<int32_t> ids = {7, 2, 4, 0, 5, 1, 3, 6, 2};
+  auto dres = to_device(residency), dids = to_device(ids);
+  cuda::DeviceBuffer dptrs(ids.size() * sizeof(void*)), dn(4);
+  const auto* fallback = reinterpret_cast<const uint8_t*>(uintptr_t{0x40});
+  cuda::pair_slots(dids.get<int32_t>(), (int)ids.size(), dres.get<uint64_t>(), fallback,
+                   dptrs.get<const uint8_t*>(), dn.get<int32_t>(), nullptr);
+  const auto ptrs = to_host<uint64_t>(dptrs, ids.size());
+  for (size_t i = 0; i < ids.size(); i++)
+    EXPECT_EQ(ptrs[i], residency[ids[i]] ? residency[ids[i]] : 0x40u) << "selection " << i;
+  EXPECT_EQ(to_host<int32_t>(dn, 1)[0], (int)ids.size());
+}
+
 // Several token columns a launch (batched decode): each column's products equal a one-column
 // launch on its row bit for bit at 2048 columns (one warp a row there), and are within the
 // tier's bound at 4096; outputs at a stride wider than the rows leave the gaps untouched. Column

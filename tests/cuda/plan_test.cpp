@@ -174,9 +174,10 @@ TEST(CudaPlan, FastDecodeTakesQ8ForItsTypes) {
 
 // A chunk of 2 to kQ8PassTokens tokens (a short prompt, a batched step) takes the fast tier's
 // matvec-q8 for its dense products of Q8 types, each matrix read once for every column, and
-// matvec-f32 a column for the others (the F32 router, a Q5_0 ssm_ba); the routed experts keep the
-// prefill forms, and h2 goes to X24 only for them. A longer chunk and the exact tier are prefill
-// throughout.
+// matvec-f32 a column for the others (the F32 router, a Q5_0 ssm_ba); the routed experts, grouped
+// on the GPU, run a (token, selection) pair at a time on matvec-q8, and only a host-routed pass
+// (a bounded cache) keeps their prefill forms, with h2 in X24 for them. A longer chunk and the
+// exact tier are prefill throughout.
 TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
   NumericForms forms = both_forms();
   forms.fast = forms.bf16 = forms.q8 = true;
@@ -195,12 +196,21 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
     EXPECT_TRUE(dn.shared.fused);              // Q8_0 pair: one matvec_q8_gate_up
     EXPECT_EQ(dn.shared.gate, K::kMatvecQ8);
     EXPECT_EQ(dn.shared_down, K::kMatvecQ8);
-    EXPECT_EQ(dn.experts.gate, K::kMatmulX8);  // IQ2_XXS routed: the prefill form
-    EXPECT_EQ(dn.expert_down, K::kMatmulX8);
-    EXPECT_TRUE(dn.moe_input_x24);             // for the routed experts
+    EXPECT_EQ(dn.experts.gate, K::kMatvecQ8);  // IQ2_XXS routed, grouped on the GPU: pairs on the decode kernels
+    EXPECT_EQ(dn.expert_down, K::kMatvecQ8);
+    EXPECT_FALSE(dn.moe_input_x24);            // nothing reads h2's X24 form
     EXPECT_FALSE(dn.moe_input_q8);             // decode only
+    EXPECT_EQ(dn.routing, Routing::kGpuGrouped);
     EXPECT_EQ(p.lm_head_all, K::kMatvecQ8);
+    // A bounded cache routes on the host: the routed experts keep the prefill form.
+    const PassPlan bounded = make_pass_plan(config(), w, forms, {}, false, T);
+    const LayerPlan& host = bounded.layers[0];
+    EXPECT_EQ(host.routing, Routing::kHostRouted);
+    EXPECT_EQ(host.experts.gate, K::kMatmulX8);
+    EXPECT_EQ(host.expert_down, K::kMatmulX8);
+    EXPECT_TRUE(host.moe_input_x24);           // for the routed experts
   }
+  EXPECT_EQ(make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1).layers[0].experts.gate, K::kMatmulX8);
   const PassPlan longer = make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1);
   EXPECT_NE(longer.layers[0].mixer_in[0], K::kMatvecQ8);
   EXPECT_NE(longer.layers[0].shared.gate, K::kMatvecQ8);
