@@ -57,6 +57,8 @@
 #     mask         issue 25's mask overhead: the 80B seed-mix with the real vocabulary of the carried
 #                  fixture model (synth --vocab-from), `redlite run --backend cuda --chat -n 256` with no
 #                  constraint and with each schema of bench/schemas (seeds 1 and 2, --temp 0.7)
+#     ncu-pass     GPU time and grid of the first $NCU_COUNT (default 1400) kernels of `bench --prefill-tokens
+#                  $NCU_PASS_TOKENS (default 4) --decode-tokens 2`, summed per kernel and grid ($OUT/ncu-pass.txt)
 #     parallel     issue 21's concurrent streams: bench/server_parallel.py through `redlite serve --parallel N`
 #                  on the 80B seed-mix with the carried fixture's vocabulary, --streams $STREAMS
 #                  (default 1,4,8), -n $PARALLEL_N (default 64), serve flags $PARALLEL_FLAGS (e.g.
@@ -281,6 +283,14 @@ for s in "$@"; do
         -k "regex:${NCU_RE:-attention}" "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depth-decode-tokens 2 \
         --depths "${NCU_DEPTHS:-0,32768}"
       grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
+      ;;
+    ncu-pass)
+      model
+      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      STEP_TIMEOUT=400 step ncu-pass "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum \
+        --csv --page raw --print-units base --launch-count ${NCU_COUNT:-1400} "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 \
+        --prefill-tokens ${NCU_PASS_TOKENS:-4} --decode-tokens 2
+      python3 "$ROOT/scripts/device/ncu_sum.py" "$OUT/ncu-pass.log" | tee "$OUT/ncu-pass.txt" | head -30
       ;;
     parallel|base-parallel)
       vocab_model
