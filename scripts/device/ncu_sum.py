@@ -16,7 +16,7 @@ def main():
     launches = [r for r in rows[1:] if r[0].isdigit()]
     groups = collections.defaultdict(list)
     for r in launches:
-        kernel = re.split(r"[<(]", r[name].replace("void ", "").replace("(anonymous namespace)::", "").replace("<unnamed>::", ""))[0]
+        kernel = re.split(r"[<(]", r[name].replace("void ", "").replace("(anonymous namespace)::", "").replace("<unnamed>::", "").replace("unnamed>::", ""))[0]
         key = (kernel, r[grid].replace(",", ""))
         groups[key].append(float(r[time].replace(",", "")) / 1000)
     total = sum(sum(v) for v in groups.values())
