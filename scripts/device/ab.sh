@@ -90,7 +90,7 @@ step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
   timeout "${STEP_TIMEOUT:-240}" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   log "$name: exit $rc ($((SECONDS - t0)) s)"
-  tail -n 12 "$OUT/$name.log"
+  tail -n 12 "$OUT/$name.log" | cut -c1-300
   [ $rc -eq 0 ] || status=1
   return $rc
 }
@@ -289,7 +289,7 @@ for s in "$@"; do
       NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       STEP_TIMEOUT=400 step ncu-pass "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum \
         --csv --page raw --print-units base --launch-count ${NCU_COUNT:-1400} "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 \
-        --prefill-tokens ${NCU_PASS_TOKENS:-4} --decode-tokens 2
+        --prompt-tokens ${NCU_PASS_TOKENS:-4} --prefill-tokens ${NCU_PASS_TOKENS:-4} --decode-tokens 2
       python3 "$ROOT/scripts/device/ncu_sum.py" "$OUT/ncu-pass.log" | tee "$OUT/ncu-pass.txt" | head -30
       ;;
     parallel|base-parallel)
