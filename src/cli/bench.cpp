@@ -307,6 +307,8 @@ const Registrar registrar("bench", "decode and prefill throughput (DESIGN.md §6
   sub.add_option("--reps", o->reps, "runs; the median is reported with min and max")->check(CLI::PositiveNumber);
   sub.add_option("--decode-tokens", o->decode_tokens, "greedy tokens per decode run (protocol: 256)")
       ->check(CLI::Range(2, 1 << 20));
+  sub.add_option("--prompt-tokens", o->prompt_tokens, "prompt tokens before each decode run (protocol: 16)")
+      ->check(CLI::PositiveNumber);
   sub.add_option("--prefill-tokens", o->prefill_tokens, "prompt tokens of the prefill run (protocol: 1100)")
       ->check(CLI::PositiveNumber);
   sub.add_option("--depths", o->depths,

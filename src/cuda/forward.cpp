@@ -83,8 +83,9 @@ void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const 
   if (sts.size() > 1 && !e.batch_states) throw_error("deltanet: a batched pass without its graph's state table");
   deltanet_core(e, L, v, T, sts.size() == 1 ? sts[0] : nullptr,
                 sts.size() == 1 ? nullptr : e.batch_states + (size_t)L * 2 * T);
-  // Decode: the norm also writes the output projection's Q8 input.
-  const Q8Target q8 = plan.mixer_out == Kernel::kMatvecQ8 && T == 1 ? e.products.q8_target() : Q8Target{};
+  // Decode and short passes: the norm also writes the output projection's Q8 input.
+  const Q8Target q8 =
+      plan.mixer_out == Kernel::kMatvecQ8 && T <= kQ8PassTokens ? e.products.q8_target() : Q8Target{};
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream, q8.q, q8.ds);
   if (q8.q) e.products.hold_q8(v.o);
   e.profiler.mark(kProjections, stream);
@@ -208,9 +209,10 @@ void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* i
     }
     // x += MoE(h); h = RMSNorm(x) * (next layer's attn_norm, or output_norm after the last).
     const float* next_norm = L + 1 < c.n_layer ? w.layers[L + 1].attn_norm : w.output_norm;
-    // Decode: the combine also writes h's Q8 form when the next layer's mixer reads it by matvec-q8.
+    // Decode and short passes: the combine also writes h's Q8 form when the next layer's mixer
+    // reads it by matvec-q8.
     bool next_in_q8 = false;
-    if (T == 1 && L + 1 < c.n_layer && !tensors)
+    if (T <= kQ8PassTokens && L + 1 < c.n_layer && !tensors)
       for (Kernel k : plan.layers[L + 1].mixer_in) next_in_q8 = next_in_q8 || k == Kernel::kMatvecQ8;
     moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed, moe_input_q8_ready,
               next_in_q8 ? e.products.q8_target() : Q8Target{});

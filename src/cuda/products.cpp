@@ -1,5 +1,7 @@
 #include "cuda/products.h"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "cuda/kernels.h"
 
@@ -21,6 +23,16 @@ void Products::convert_moe_input_q8(const float* h2) {
 }
 
 namespace {
+// The job of token column t of y [T][w.rows] = x [T][w.cols] · wᵀ.
+MatvecJob column_job(const DMat& w, const float* x, float* y, int t) {
+  MatvecJob j;
+  j.w = w.data;
+  j.row_bytes = w.row_bytes;
+  j.rows = w.rows;
+  j.x = x + (size_t)t * w.cols;
+  j.y = y + (size_t)t * w.rows;
+  return j;
+}
 // A decode job (MatvecJob, GateUpJob) on the Q8 form held in `rows`.
 template <class Job>
 void read_q8(Job& j, const Q8Rows& rows) {
@@ -30,7 +42,7 @@ void read_q8(Job& j, const Q8Rows& rows) {
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
   if (k == Kernel::kMatvecQ8) {  // y [T][rows]
-    if (T != 1 || x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
+    if (x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
     q8_held_ = nullptr;
     MatvecJob j;
     j.w = w.data;
@@ -39,6 +51,13 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
     j.y = y;
     read_q8(j, q8_scratch_);
     matvec_q8_jobs(w.type, w.cols, &j, 1, stream_, T);
+  } else if (k == Kernel::kMatvecF32 && T > 1) {  // a job a token column, one launch
+    MatvecJob jobs[kMaxMatvecJobs];
+    for (int t0 = 0; t0 < T; t0 += kMaxMatvecJobs) {
+      const int n = std::min(T - t0, kMaxMatvecJobs);
+      for (int i = 0; i < n; i++) jobs[i] = column_job(w, x, y, t0 + i);
+      matvec_jobs(w.type, w.cols, jobs, n, stream_, Sums::kFast);
+    }
   } else if (is_matvec(k)) {  // a launch a token column
     for (int t = 0; t < T; t++)
       matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x + (size_t)t * w.cols, y + (size_t)t * w.rows, stream_,
@@ -63,19 +82,25 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
 }
 
 void Products::project_group(std::initializer_list<Projection> list, int T, const float* moe_input) {
-  if (T != 1) {
+  // On the decode kernels (matvec-q8 on T token columns, the fast tier's matvec-f32 a job a column,
+  // one token's exact matvec) consecutive products of one type, width and kernel share a launch;
+  // other kernels take a launch a product.
+  const bool decode_kernels = T <= q8_scratch_.rows && std::all_of(list.begin(), list.end(), [&](const Projection& p) {
+    return p.kernel == Kernel::kMatvecQ8 || p.kernel == Kernel::kMatvecF32 || (T == 1 && is_matvec(p.kernel));
+  });
+  if (!decode_kernels) {
     KqHeld held;
     for (const Projection& p : list) project(*p.w, p.kernel, p.x, T, p.y, &held);
     return;
   }
-  // The launches: runs of consecutive products of one type, width and kernel. A group holds a
-  // mixer's few input products, so the storage is fixed (no allocation a call on the synchronous
-  // path).
+  if (moe_input && T != 1) fail("project_group: the MoE input's Q8 form holds one token, not {}", T);
+  // A group holds a mixer's few input products, so the storage is fixed (no allocation a call on
+  // the synchronous path).
   constexpr size_t kMaxGroup = 4;
   if (list.size() > kMaxGroup) fail("project_group: {} products in one group, at most {}", list.size(), kMaxGroup);
   struct Launch {
     const Projection* first = nullptr;
-    MatvecJob jobs[kMaxGroup];
+    MatvecJob jobs[kMaxGroup * kQ8PassTokens];  // matvec-f32: a job a product and token column
     int n = 0;
   };
   Launch launches[kMaxGroup];
@@ -84,23 +109,20 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
   for (const Projection& p : list) {
     const Projection* f = n_launches ? launches[n_launches - 1].first : nullptr;
     if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel) launches[n_launches++].first = &p;
-    MatvecJob j;
-    j.w = p.w->data;
-    j.row_bytes = p.w->row_bytes;
-    j.rows = p.w->rows;
-    j.x = p.x;
-    j.y = p.y;
-    if (p.kernel == Kernel::kMatvecQ8) {  // converted on this stream, before the side branch forks
-      if (p.x == moe_input) {
-        read_q8(j, ws_.q8_moe_input);
-      } else {
-        if (converted && converted != p.x) fail("project_group: matvec-q8 products of two inputs in one group");
-        if (!converted && p.x == q8_held_) converted = p.x;  // a kernel wrote its Q8 form (hold_q8)
-        if (!converted) convert_q8(p.x, 1, p.w->cols), converted = p.x;
-        read_q8(j, q8_scratch_);
-      }
-    }
     Launch& l = launches[n_launches - 1];
+    if (p.kernel != Kernel::kMatvecQ8) {
+      for (int t = 0; t < T; t++) l.jobs[l.n++] = column_job(*p.w, p.x, p.y, t);
+      continue;
+    }
+    MatvecJob j = column_job(*p.w, p.x, p.y, 0);  // y [T][rows]: the kernel writes the T columns
+    if (p.x == moe_input) {  // converted on this stream, before the side branch forks
+      read_q8(j, ws_.q8_moe_input);
+    } else {
+      if (converted && converted != p.x) fail("project_group: matvec-q8 products of two inputs in one group");
+      if (!converted && p.x == q8_held_) converted = p.x;  // a kernel wrote its Q8 form (hold_q8)
+      if (!converted) convert_q8(p.x, T, p.w->cols), converted = p.x;
+      read_q8(j, q8_scratch_);
+    }
     l.jobs[l.n++] = j;
   }
   q8_held_ = nullptr;  // read by this group, or stale after it
@@ -110,7 +132,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
     const Launch& l = launches[i];
     const cudaStream_t s = branch && i > 0 ? side_->side : stream_;
     if (l.first->kernel == Kernel::kMatvecQ8)
-      matvec_q8_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s);
+      matvec_q8_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s, T);
     else
       matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s, sums_of(l.first->kernel));
   }
