@@ -37,10 +37,10 @@ class Products {
     const float* x;
     float* y;
   };
-  // Several products of T tokens (an input shared by X32 products converted once); for one token,
-  // consecutive products of one type and width are one launch (matvec_jobs), and with a side
-  // branch (set_side) the launches after the first run on it, beside the first, joined before
-  // the call returns.
+  // Several products of T tokens (an input shared by X32 products converted once); on the decode
+  // kernels (matvec-q8 on T token columns, matvec-f32 a job a column, one token's matvec)
+  // consecutive products of one type and width are one launch, and with a side branch (set_side)
+  // the launches after the first run on it, beside the first, joined before the call returns.
   // moe_input: the input held in Workspace::q8_moe_input (LayerPlan::moe_input_q8), read by the
   // matvec-q8 products of it; the others' one input is converted once.
   void project_group(std::initializer_list<Projection> list, int T, const float* moe_input = nullptr);
