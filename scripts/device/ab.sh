@@ -64,6 +64,7 @@
 #                  (default 1,4,8), -n $PARALLEL_N (default 64), serve flags $PARALLEL_FLAGS (e.g.
 #                  "--prefill-chunk 1": one after another); the model is kept for a later mask step
 #     base-parallel  the same on the base binary
+#     patch-parallel the same on each binary of step patches ($PATCHES), after it
 #     ttft         issue 19's time to first token: bench/server_ttft.py through `redlite serve` on the 80B
 #                  seed-mix with the carried fixture's vocabulary, prompts of $TTFT_TOKENS (default
 #                  4096,32768) token ids, -n 32; the model is kept for a later mask step
@@ -292,12 +293,19 @@ for s in "$@"; do
         --prompt-tokens ${NCU_PASS_TOKENS:-4} --prefill-tokens ${NCU_PASS_TOKENS:-4} --decode-tokens 2
       python3 "$ROOT/scripts/device/ncu_sum.py" "$OUT/ncu-pass.log" | tee "$OUT/ncu-pass.txt" | head -30
       ;;
-    parallel|base-parallel)
+    parallel|base-parallel|patch-parallel)
       vocab_model
-      bin=$BUILD/redlite; [ "$s" = base-parallel ] && bin=$BASE_BUILD/redlite
-      STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step $s python3 "$ROOT/bench/server_parallel.py" --bin "$bin" \
-        -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n "${PARALLEL_N:-64}" ${PARALLEL_FLAGS:+-- $PARALLEL_FLAGS}
-      grep -E '"streams"' "$OUT/$s.log" | sed "s/^/$s: /" | tail -6 | tee -a "$OUT/summary.txt"
+      bins=("$BUILD/redlite"); names=(parallel)
+      [ "$s" = base-parallel ] && bins=("$BASE_BUILD/redlite") names=(base-parallel)
+      if [ "$s" = patch-parallel ]; then
+        bins=() names=()
+        for p in ${PATCHES:-}; do n=$(basename "$p" .patch); bins+=("/tmp/rl-bin-$n"); names+=("parallel-$n"); done
+      fi
+      for i in "${!bins[@]}"; do
+        STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step "${names[$i]}" python3 "$ROOT/bench/server_parallel.py" --bin "${bins[$i]}" \
+          -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n "${PARALLEL_N:-64}" ${PARALLEL_FLAGS:+-- $PARALLEL_FLAGS}
+        grep -E '^[{]"streams"' "$OUT/${names[$i]}.log" | sed "s/^/${names[$i]}: /" | cut -c1-260 | tee -a "$OUT/summary.txt"
+      done
       ;;
     ttft)
       vocab_model
