@@ -132,29 +132,32 @@ ExpertSlot expert_slot(GgmlType gate_up, GgmlType down) {
 }
 
 // The ten selected experts' products of a decode token through their slot pointers: gate/up with
-// SwiGLU in one launch, or down. Each copy is another ten slots.
-CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, Form form) {
+// SwiGLU in one launch, or down. Each copy is another ten slots. tokens > 1 (matvec-q8): a short
+// pass's (token, selection) pairs, tokens × 10 experts each on its own input row, as
+// Products::expert_pairs runs them.
+CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, Form form, int tokens = 1) {
   const GgmlType t = down_product ? down : gate_up;
+  const int K = S::n_expert_used * tokens;
   const std::string name =
       down_product ? fmt::format("decode/experts/down {} {}->{} x{} {}", type_name(t), S::n_ff_exp, S::n_embd,
-                                 S::n_expert_used, form_name(form))
+                                 K, form_name(form))
                    : fmt::format("decode/experts/gate_up {} {}->{}x2 x{} {}", type_name(t), S::n_embd, S::n_ff_exp,
-                                 S::n_expert_used, form_name(form));
+                                 K, form_name(form));
   return {name, [=] {
             Case c;
             const ExpertSlot slot = expert_slot(gate_up, down);
             const size_t slot_bytes = slot.img.bytes.size(), up_off = slot.up, down_off = slot.down;
-            const int K = S::n_expert_used;
             const int copies = copies_for(slot_bytes * K);
             auto pool = make_copies(slot.img.bytes.data(), slot_bytes, copies * K);
             std::vector<const uint8_t*> ptrs((size_t)copies * K);
             for (int i = 0; i < copies * K; i++) ptrs[i] = pool->at(i);
             auto ptr_d = device_vector(ptrs);
-            auto x = device_vector(random_values((size_t)K * S::n_ff_exp + S::n_embd, 3, 0.1f));
+            auto x = device_vector(random_values((size_t)K * std::max(S::n_ff_exp, S::n_embd), 3, 0.1f));
             auto act = device_buffer((size_t)K * S::n_ff_exp * kF);
             auto scratch = device_buffer((size_t)K * S::n_ff_exp * kF);
             auto y = device_buffer((size_t)K * S::n_embd * kF);
-            const Q8Input xq((size_t)K, S::n_ff_exp);  // down: K rows of n_ff_exp; gate/up: one of n_embd
+            // down: K rows of n_ff_exp; gate/up: one row of n_embd, or a row a pair
+            const Q8Input xq((size_t)K, std::max<int>(S::n_ff_exp, tokens > 1 ? S::n_embd : 0));
             c.copies = copies;
             const size_t rb_gu = row_size(gate_up, S::n_embd), rb_d = row_size(down, S::n_ff_exp);
             if (down_product) {
@@ -171,13 +174,15 @@ CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, Form fo
                 }
               };
             } else {
-              c.bytes = (double)K * (2.0 * rb_gu * S::n_ff_exp + S::n_ff_exp * kF) + S::n_embd * kF;
+              const int x_rows = tokens > 1 ? K : 1;
+              c.bytes = (double)K * (2.0 * rb_gu * S::n_ff_exp + S::n_ff_exp * kF) + (double)x_rows * S::n_embd * kF;
               c.run = [=](int copy, cudaStream_t s) {
                 const uint8_t* const* slots = ptr_d->get<const uint8_t*>() + (size_t)copy * K;
                 if (form == Form::kQ8) {
-                  xq.convert(x->f(), 1, S::n_embd, s);
+                  xq.convert(x->f(), x_rows, S::n_embd, s);
                   cuda::matvec_q8_experts_gate_up(gate_up, gate_up, slots, up_off, rb_gu, rb_gu, S::n_ff_exp,
-                                                  S::n_embd, xq.values(), xq.scales(), act->f(), scratch->f(), K, s);
+                                                  S::n_embd, xq.values(), xq.scales(), act->f(), scratch->f(), K, s,
+                                                  tokens > 1 ? 1 : 0);
                 } else {
                   cuda::matvec_experts_gate_up(gate_up, gate_up, slots, up_off, rb_gu, rb_gu, S::n_ff_exp, S::n_embd,
                                                x->f(), act->f(), scratch->f(), K, s, sums_of(form));
@@ -426,6 +431,9 @@ std::vector<CaseDef> decode_cases() {
     v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, Form::kQ8, columns));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kQ8, columns));
   }
+  // A batched step of 4 sessions: its 40 (token, selection) pairs on the decode kernels.
+  v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false, Form::kQ8, 4));
+  v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true, Form::kQ8, 4));
   v.push_back(quantize_q8_case(n, 1));
   v.push_back(quantize_q8_case(S::n_ff_exp, S::n_expert_used));
   for (CaseDef& d : deltanet_cases()) v.push_back(std::move(d));
