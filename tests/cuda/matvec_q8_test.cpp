@@ -401,9 +401,10 @@ TEST_F(CudaQ8, SeveralColumnsAsOneColumnEach) {
   }
 }
 
-// The shared expert's SwiGLU pair on several columns: as one-column launches, bit for bit.
+// The shared expert's SwiGLU pair on several columns: as one-column launches, bit for bit. 15
+// columns take a launch of each size (8, 4, 2, 1).
 TEST_F(CudaQ8, SeveralColumnsOfASwigluPair) {
-  const int n_embd = 2048, ff = 512, columns = 7;
+  const int n_embd = 2048, ff = 512, columns = 15;
   for (GgmlType t : kQ8Types) {
     SCOPED_TRACE(type_name(t));
     const size_t rb = row_size(t, n_embd);
