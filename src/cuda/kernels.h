@@ -50,7 +50,10 @@ struct GateUpJob {
   int slot = 0;
   int rows = 0;
 };
-constexpr int kMaxMatvecJobs = 24;  // per launch; longer lists take several launches
+// Jobs a launch (longer lists take several launches): a short pass's routed experts, 4 tokens × 10
+// selections of the 80B (Products::expert_pairs), are one launch. Its job list is a kernel
+// parameter: 40 SwiGLU pairs' jobs fit the 4 KiB that every architecture takes.
+constexpr int kMaxMatvecJobs = 40;
 
 // How a decode product forms its sums: kExact in double, each output the fp32 rounding of the
 // exact sum (the oracle's values); kFast in fp32 (the fast tier: per-product NMSE within 5e-4 of

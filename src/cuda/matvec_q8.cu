@@ -425,6 +425,8 @@ template <class Job>
 struct Q8JobList {
   Job job[kMaxMatvecJobs];
 };
+// A kernel parameter (with the width and the lane count): within the 4 KiB kernels take.
+static_assert(sizeof(Q8JobList<GateUpJob>) + 16 <= 4096 && sizeof(Q8JobList<MatvecJob>) + 16 <= 4096);
 
 // Rows a lane group computes (matvec; SwiGLU pairs: one pair): their weight loads are in flight
 // together and share the unit's activations. matvec.cu's shapes, measured there for its fast

@@ -318,9 +318,10 @@ TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
 // A short pass's (token, selection) pairs (Products::expert_pairs): every expert on its own Q8
 // input row (x_rows_per_expert 1) equals that expert alone on that row bit for bit, for a pair of
 // one type (one launch) and of two (two launches and a swiglu); expert e reading row 0 or another
-// expert's row differs. And pair_slots gives each selection its expert's slot.
+// expert's row differs. The pairs are more than one launch's job list (a full list, then the
+// rest). And pair_slots gives each selection its expert's slot.
 TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
-  const int n = 12, n_embd = 2048, ff = 512;
+  const int n = cuda::kMaxMatvecJobs + 5, n_embd = 2048, ff = 512;
   for (auto [tg, tu] : {std::pair{GgmlType::IQ2_XS, GgmlType::IQ2_XS}, std::pair{GgmlType::IQ1_M, GgmlType::IQ2_XXS}}) {
     SCOPED_TRACE(std::string(type_name(tg)) + "/" + type_name(tu));
     const size_t rbg = row_size(tg, n_embd), rbu = row_size(tu, n_embd);
@@ -338,6 +339,11 @@ TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
       const auto one = to_host<float>(d1, ff);
       ASSERT_TRUE(std::equal(one.begin(), one.end(), act.begin() + (size_t)e * ff)) << "expert " << e;
     }
+    // The first expert on the second expert's row: not what it gave on its own row.
+    cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots(), slots.offsets[1], rbg, rbu, ff, n_embd,
+                                    q8.values(n_embd), q8.scales(n_embd / 32), d1.f(), du1.f(), 1, nullptr);
+    const auto other = to_host<float>(d1, ff);
+    EXPECT_FALSE(std::equal(other.begin(), other.end(), act.begin())) << "expert 0 on row 1";
   }
   // pair_slots: residency of 8 experts, 3 of them not resident (their selections get the fallback).
   std::vector<uint64_t> residency(8, 0);
