@@ -316,7 +316,8 @@ TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
 }
 
 // A short pass's (token, selection) pairs (Products::expert_pairs): every expert on its own Q8
-// input row (x_rows_per_expert 1) equals that expert alone on that row bit for bit, for a pair of
+// input row (experts_per_row 1), or on row e / 3 (experts_per_row 3: three pairs a token), equals
+// that expert alone on that row bit for bit, for a pair of
 // one type (one launch) and of two (two launches and a swiglu); expert e reading row 0 or another
 // expert's row differs. And pair_slots gives each selection its expert's slot.
 TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
@@ -337,6 +338,17 @@ TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
                                       du1.f(), 1, nullptr);
       const auto one = to_host<float>(d1, ff);
       ASSERT_TRUE(std::equal(one.begin(), one.end(), act.begin() + (size_t)e * ff)) << "expert " << e;
+    }
+    cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots(), slots.offsets[1], rbg, rbu, ff, n_embd, q8.values(),
+                                    q8.scales(), da.f(), du.f(), n, nullptr, 3);
+    const auto act3 = to_host<float>(da, (size_t)n * ff);
+    for (int e = 0; e < n; e++) {
+      const size_t row = (size_t)e / 3;
+      cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots() + e, slots.offsets[1], rbg, rbu, ff, n_embd,
+                                      q8.values(row * n_embd), q8.scales(row * n_embd / 32), d1.f(), du1.f(), 1,
+                                      nullptr);
+      const auto one = to_host<float>(d1, ff);
+      ASSERT_TRUE(std::equal(one.begin(), one.end(), act3.begin() + (size_t)e * ff)) << "expert " << e << " on row " << row;
     }
   }
   // pair_slots: residency of 8 experts, 3 of them not resident (their selections get the fallback).
