@@ -237,7 +237,11 @@ std::string format_plan(const PassPlan& plan, const DeviceWeights& w) {
                        product_text(moe.router.type, l.router),
                        product_text(moe.shared_gate_inp.type, l.shared_gate_inp),
                        pair_text(l.shared, moe.gate_sh.type, moe.up_sh.type),
-                       product_text(moe.down_sh.type, l.shared_down), l.moe_input_x24 ? " (h2 to X24 once)" : l.moe_input_q8 ? " (h2 to Q8 once)" : "");
+                       product_text(moe.down_sh.type, l.shared_down),
+                       l.moe_input_x24 && l.moe_input_q8 ? " (h2 to X24 and Q8 once)"
+                       : l.moe_input_x24                 ? " (h2 to X24 once)"
+                       : l.moe_input_q8                  ? " (h2 to Q8 once)"
+                                                         : "");
     out += fmt::format("         experts   {} gate/up={} down={}\n", routing_name(l.routing),
                        pair_text(l.experts, moe.gate_exps.type, moe.up_exps.type),
                        product_text(moe.down_exps.type, l.expert_down));

@@ -260,11 +260,12 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
 }
 
 void Products::expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
-                            int n) {
+                            int n, bool h2_in_q8) {
   const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
   const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
   if (pair.gate != Kernel::kMatvecQ8 || pair.up != Kernel::kMatvecQ8 || down != Kernel::kMatvecQ8)
     fail("Products::expert_pairs: the routed experts' pair runs on matvec-q8 only");
+  if (!h2_in_q8) fail("Products::expert_pairs: the layer's plan did not convert h2 to the Q8 form its pairs read");
   const int K = c_.n_expert_used;
   const Q8Rows &xq = ws_.q8_moe_input, &aq = ws_.q8_expert_act;
   if (n % K != 0 || n / K > xq.rows || n > aq.rows)

@@ -75,8 +75,9 @@ class Products {
   // A short pass's (2 to kQ8PassTokens tokens) routed experts on the decode kernels, a pair at a
   // time: pair i (token i / K, selection i % K; n = T·K) reads the expert in slot ptr_d[i] on row
   // i / K of h2's Q8 form in q8_moe_input (the plan's moe_input_q8), and writes expert_act /
-  // expert_out row i. The plan's matvec-q8 pair.
-  void expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d, int n);
+  // expert_out row i. The plan's matvec-q8 pair; h2_in_q8: the layer wrote that form (fails if not).
+  void expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d, int n,
+                    bool h2_in_q8);
   // The gathered rows of the routed experts' input (row a = token gather_d[a] of h2): of h2's X24
   // form for X24 gate/up products (bit copies: the same as converting the gathered rows), of h2
   // itself for the others.

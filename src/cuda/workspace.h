@@ -173,8 +173,8 @@ struct Workspace {
   DeviceBuffer routed_router;        // [n_layer][E] router logits, kept per layer for the trace
   PinnedBuffer routed_router_host;
   DeviceBuffer assign_identity;      // [kQ8PassTokens·K] 0, 1, ...: pair i is expert row i
-  // A short pass's routed experts as pairs (Products::expert_pairs): each (token, selection) pair's
-  // token i / K and the slot of its expert.
+  // A short pass's routed experts as pairs (Products::expert_pairs): the slot of each (token,
+  // selection) pair's expert.
   DeviceBuffer pair_slot_ptrs;       // [kQ8PassTokens·K]
   // The graph's logits have a buffer of their own: `logits` is reallocated when a prefill asks
   // for all positions, and a captured graph must never see an address change.

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -218,6 +220,8 @@ struct ExpertSlots {
   std::vector<size_t> offsets;                          // per list, within a slot
   cuda::DeviceBuffer pool, ptrs;
   ExpertSlots(const std::vector<std::pair<GgmlType, std::pair<int, int>>>& lists, int n) {
+    // (7e + 3) mod n below is a permutation only when 7 and n are coprime.
+    if (std::gcd(7, n) != 1) throw std::invalid_argument("ExpertSlots: " + std::to_string(n) + " experts, a multiple of 7");
     size_t slot = 0;
     for (auto& [t, shape] : lists) {  // 256-byte aligned matrices, as the cache's slots hold them
       offsets.push_back(slot);

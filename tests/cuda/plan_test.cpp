@@ -211,6 +211,20 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
     EXPECT_TRUE(host.moe_input_x24);           // for the routed experts
     EXPECT_TRUE(host.moe_input_q8);            // for the shared pair
   }
+  {
+    // A shared pair with no Q8 form (Q5_0: a prefill product): the pairs alone ask for h2's Q8 form.
+    DeviceWeights q5 = weights();
+    q5.layers[0].moe.gate_sh = q5.layers[0].moe.up_sh = mat(GgmlType::Q5_0, kFf, kEmbd);
+    const PassPlan grouped_plan = make_pass_plan(config(), q5, forms, {}, true, 2);
+    const LayerPlan& grouped = grouped_plan.layers[0];
+    EXPECT_EQ(grouped.shared.gate, K::kMatmulBf16);
+    EXPECT_EQ(grouped.experts.gate, K::kMatvecQ8);
+    EXPECT_TRUE(grouped.moe_input_q8);
+    const PassPlan host_plan = make_pass_plan(config(), q5, forms, {}, false, 2);
+    const LayerPlan& host_q5 = host_plan.layers[0];
+    EXPECT_EQ(host_q5.experts.gate, K::kMatmulX8);
+    EXPECT_FALSE(host_q5.moe_input_q8);  // nothing reads it
+  }
   EXPECT_EQ(make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1).layers[0].experts.gate, K::kMatmulX8);
   const PassPlan longer = make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1);
   EXPECT_NE(longer.layers[0].mixer_in[0], K::kMatvecQ8);
