@@ -622,12 +622,13 @@ void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaS
 }
 
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
-                       int cols, const int8_t* xq, const float2* xds, int x_rows_per_expert, float* y, int n,
+                       int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
                        cudaStream_t stream) {
+  if (experts_per_row < 0) throw_error("matvec_q8_experts: " + std::to_string(experts_per_row) + " experts an input row");
   std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
   for (int e = 0; e < n; e++) {
-    jobs[e].xq = xq + (size_t)e * x_rows_per_expert * cols;
-    jobs[e].xds = xds + (size_t)e * x_rows_per_expert * (cols / 32);
+    const size_t row = experts_per_row ? e / experts_per_row : 0;
+    jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
   launch_q8_jobs(t, cols, jobs.data(), n, stream, 1);
 }
@@ -635,19 +636,19 @@ void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_off
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
                                size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const int8_t* xq,
                                const float2* xds, float* act, float* scratch, int n, cudaStream_t stream,
-                               int x_rows_per_expert) {
-  if (x_rows_per_expert != 0 && x_rows_per_expert != 1)
-    throw_error("matvec_q8_experts_gate_up: " + std::to_string(x_rows_per_expert) + " input rows an expert (0 or 1)");
+                               int experts_per_row) {
+  if (experts_per_row < 0)
+    throw_error("matvec_q8_experts_gate_up: " + std::to_string(experts_per_row) + " experts an input row");
   if (t_gate != t_up) {  // one kernel per type, then SwiGLU
-    matvec_q8_experts(t_gate, slot_ptrs, 0, row_bytes_gate, rows, cols, xq, xds, x_rows_per_expert, act, n, stream);
-    matvec_q8_experts(t_up, slot_ptrs, up_offset, row_bytes_up, rows, cols, xq, xds, x_rows_per_expert, scratch, n,
+    matvec_q8_experts(t_gate, slot_ptrs, 0, row_bytes_gate, rows, cols, xq, xds, experts_per_row, act, n, stream);
+    matvec_q8_experts(t_up, slot_ptrs, up_offset, row_bytes_up, rows, cols, xq, xds, experts_per_row, scratch, n,
                       stream);
     swiglu(act, scratch, act, (size_t)n * rows, stream);
     return;
   }
   std::vector<GateUpJob> jobs = expert_gate_up_jobs(slot_ptrs, up_offset, row_bytes_gate, row_bytes_up, rows, act, n);
   for (size_t e = 0; e < jobs.size(); e++) {
-    const size_t row = x_rows_per_expert ? e : 0;
+    const size_t row = experts_per_row ? e / (size_t)experts_per_row : 0;
     jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
   launch_q8_jobs(t_gate, cols, jobs.data(), n, stream, 1);

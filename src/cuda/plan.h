@@ -122,7 +122,7 @@ struct LayerPlan {
   PairPlan shared;  // ffn_gate_shexp, ffn_up_shexp
   Kernel shared_down = Kernel::kMatvec;
   bool moe_input_x24 = false;  // h2 converted to X24 once, for the shared pair and the routed gate/up
-  bool moe_input_q8 = false;   // decode: h2 converted to Q8 once, for every matvec-q8 product that reads it
+  bool moe_input_q8 = false;   // decode, short passes: h2 converted to Q8 once, for every matvec-q8 product of it
   PairPlan experts;            // ffn_gate_exps, ffn_up_exps
   Kernel expert_down = Kernel::kMatvec;
   Routing routing = Routing::kHostRouted;
