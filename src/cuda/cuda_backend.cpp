@@ -97,7 +97,7 @@ class CudaBackendImpl final : public CudaBackend {
       const auto some = sessions.subspan(b, n);
       const auto their = tokens.subspan(b, n);
       sts.clear();
-      for (size_t i = 0; i < n; i++) sts.push_back(batch_row(engine_, *some[i], b + i));
+      for (Session* s : some) sts.push_back(batch_row(*s));  // each checked above
       bool batched = n >= 2 && std::find(sts.begin(), sts.end(), nullptr) == sts.end();
       if (batched) {
         flat.resize(n * n_vocab);

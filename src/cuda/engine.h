@@ -157,10 +157,11 @@ void prefetch_predicted(Engine& e, int L);
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx);
 // Fails, naming its index in a decode_batch call, when session s is not a session of e.
 void check_session_of(const Engine& e, Session& s, size_t index);
-// Session s (of e) as row `index` of a batched decode step about to write its next position: the
-// KV rows its snapshots reference there are frozen first (as its own decode does); nullptr, with
-// nothing done, when s traces its passes (a traced session decodes alone).
-SessionState* batch_row(Engine& e, Session& s, size_t index);
+// Session s (one of this engine's: check_session_of) as a row of a batched decode step about to
+// write its next position: the KV rows its snapshots reference there are frozen first (as its own
+// decode does); nullptr, with nothing done, when s traces its passes (a traced session decodes
+// alone).
+SessionState* batch_row(Session& s);
 // Device bytes such a session allocates: the KV cache (of forms.kv_type), the DeltaNet states (and
 // their backups for the GPU-routed token) and the decode attention's split buffers.
 size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx);

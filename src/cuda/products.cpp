@@ -46,24 +46,16 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
   if (k == Kernel::kMatvecQ8) {  // y [T][rows]
     if (x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
     q8_held_ = nullptr;
-    MatvecJob j;
-    j.w = w.data;
-    j.row_bytes = w.row_bytes;
-    j.rows = w.rows;
-    j.y = y;
+    MatvecJob j = column_job(w, x, y, 0);  // the kernel writes the T columns
     read_q8(j, q8_scratch_);
     matvec_q8_jobs(w.type, w.cols, &j, 1, stream_, T);
-  } else if (k == Kernel::kMatvecF32 && T > 1) {  // a job a token column, one launch
+  } else if (is_matvec(k)) {  // a job a token column, kMaxMatvecJobs columns a launch
     MatvecJob jobs[kMaxMatvecJobs];
     for (int t0 = 0; t0 < T; t0 += kMaxMatvecJobs) {
       const int n = std::min(T - t0, kMaxMatvecJobs);
       for (int i = 0; i < n; i++) jobs[i] = column_job(w, x, y, t0 + i);
-      matvec_jobs(w.type, w.cols, jobs, n, stream_, Sums::kFast);
+      matvec_jobs(w.type, w.cols, jobs, n, stream_, sums_of(k));
     }
-  } else if (is_matvec(k)) {  // a launch a token column
-    for (int t = 0; t < T; t++)
-      matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x + (size_t)t * w.cols, y + (size_t)t * w.rows, stream_,
-             sums_of(k));
   } else if (is_x32(k)) {
     const XForm form = x32_form_of(k);
     if (!held || held->x != x || held->cols != w.cols || held->form != form) {
@@ -84,11 +76,10 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
 }
 
 void Products::project_group(std::initializer_list<Projection> list, int T, const float* moe_input) {
-  // On the decode kernels (matvec-q8 on T token columns, the fast tier's matvec-f32 a job a column,
-  // one token's exact matvec) consecutive products of one type, width and kernel share a launch;
-  // other kernels take a launch a product.
-  const bool decode_kernels = T <= q8_scratch_.rows && std::all_of(list.begin(), list.end(), [&](const Projection& p) {
-    return p.kernel == Kernel::kMatvecQ8 || p.kernel == Kernel::kMatvecF32 || (T == 1 && is_matvec(p.kernel));
+  // On the decode kernels (matvec-q8 on T token columns, matvec a job a column) consecutive
+  // products of one type, width and kernel share a launch; other kernels take a launch a product.
+  const bool decode_kernels = T <= q8_scratch_.rows && std::all_of(list.begin(), list.end(), [](const Projection& p) {
+    return p.kernel == Kernel::kMatvecQ8 || is_matvec(p.kernel);
   });
   if (!decode_kernels) {
     KqHeld held;
