@@ -156,8 +156,8 @@ CaseDef experts_case(GgmlType gate_up, GgmlType down, bool down_product, Form fo
             auto act = device_buffer((size_t)K * S::n_ff_exp * kF);
             auto scratch = device_buffer((size_t)K * S::n_ff_exp * kF);
             auto y = device_buffer((size_t)K * S::n_embd * kF);
-            // down: K rows of n_ff_exp; gate/up: one row of n_embd, or a row a pair
-            const Q8Input xq((size_t)K, std::max<int>(S::n_ff_exp, tokens > 1 ? S::n_embd : 0));
+            // down: K rows of n_ff_exp; gate/up: one row of n_embd (within those), or a row a pair
+            const Q8Input xq((size_t)K, tokens > 1 ? S::n_embd : S::n_ff_exp);
             c.copies = copies;
             const size_t rb_gu = row_size(gate_up, S::n_embd), rb_d = row_size(down, S::n_ff_exp);
             if (down_product) {

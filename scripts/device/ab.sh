@@ -57,6 +57,8 @@
 #     mask         issue 25's mask overhead: the 80B seed-mix with the real vocabulary of the carried
 #                  fixture model (synth --vocab-from), `redlite run --backend cuda --chat -n 256` with no
 #                  constraint and with each schema of bench/schemas (seeds 1 and 2, --temp 0.7)
+#     batch        `bench --batch N` on the tree for each N of $BATCHES (default "4 8 16"), 128 steps, $AB_ROUNDS
+#                  reps: the batched step without the server (compare with step parallel)
 #     ncu-pass     GPU time and grid of the first $NCU_COUNT (default 1400) kernels of `bench --prefill-tokens
 #                  $NCU_PASS_TOKENS (default 4) --decode-tokens 2`, summed per kernel and grid ($OUT/ncu-pass.txt)
 #     parallel     issue 21's concurrent streams: bench/server_parallel.py through `redlite serve --parallel N`
@@ -284,6 +286,13 @@ for s in "$@"; do
         -k "regex:${NCU_RE:-attention}" "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depth-decode-tokens 2 \
         --depths "${NCU_DEPTHS:-0,32768}"
       grep -E '"[0-9]+"' "$OUT/ncu.log" | awk -F'","' '{print $5, $(NF)}' | sed 's/"//g' > "$OUT/ncu-times.txt"
+      ;;
+    batch)
+      model
+      for n in ${BATCHES:-4 8 16}; do
+        step "batch-$n" "$BUILD/redlite" bench -m $M80 --backend cuda --reps ${AB_ROUNDS:-2} --batch $n --decode-tokens 129 --json &&
+          log "batch $n: $(json_num "$OUT/batch-$n.log" decode_tok_s) tok/s in all, $(json_num "$OUT/batch-$n.log" step_ms) ms a step"
+      done
       ;;
     ncu-pass)
       model

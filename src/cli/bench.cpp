@@ -38,6 +38,7 @@ struct BenchOptions {
   int prefill_tokens = 1100;
   int prompt_tokens = 16;
   std::vector<int> depths;  // --depths: the protocol at depth instead (DESIGN.md §6)
+  int batch = 0;            // --batch: batched decode steps of this many sequences instead
   int depth_decode_tokens = 128;
   bool json = false;
   std::string record_routing;  // --record-routing: every pass's selections to this file
@@ -138,12 +139,76 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
   return 0;
 }
 
+// Batched decoding without a server: `batch` sequences, each prefilled with its own prompt of
+// prompt_tokens tokens, then decode_tokens - 1 steps of Backend::decode_batch over all of them
+// (each sequence's next token its greedy one), timed; median of --reps. The engine's step as the
+// server's scheduler calls it, without the HTTP, sampling and streaming around it.
+int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
+  const Config& c = lm.model->config();
+  const int n_ctx = o.prompt_tokens + o.decode_tokens;
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<Session*> ptrs;
+  for (int i = 0; i < o.batch; i++) {
+    sessions.push_back(lm.backend->new_session(n_ctx));
+    ptrs.push_back(sessions.back().get());
+  }
+  const int steps = o.decode_tokens - 1;
+  std::vector<double> rates, step_ms;
+  std::vector<int32_t> next(o.batch);
+  for (int rep = 0; rep < o.reps; rep++) {
+    for (int i = 0; i < o.batch; i++) {
+      sessions[i]->reset();
+      next[i] = argmax_token(sessions[i]->prefill(token_stream(o.prompt_tokens, c.n_vocab, 10 + (uint64_t)i)));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < steps; s++) {
+      const auto logits = lm.backend->decode_batch(ptrs, next);
+      for (int i = 0; i < o.batch; i++) next[i] = argmax_token(logits[i]);
+    }
+    const double seconds = seconds_since(t0);
+    rates.push_back((double)o.batch * steps / seconds);
+    step_ms.push_back(1000.0 * seconds / steps);
+  }
+  const Summary r = summarize(rates), ms = summarize(step_ms);
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.common.model_path;
+    j["backend"] = lm.backend->name();
+    j["numerics"] = numerics_name(lm.numerics);
+    j["threads"] = o.common.threads;
+    j["build"] = std::string("redlite ") + REDLITE_VERSION;
+    j["reps"] = o.reps;
+    j["batch"] = o.batch;
+    j["prompt_tokens"] = o.prompt_tokens;
+    j["steps"] = steps;
+    j["tokens"] = (int64_t)o.batch * steps;
+    j["decode_tok_s"] = r.median;
+    j["decode_tok_s_min"] = r.min;
+    j["decode_tok_s_max"] = r.max;
+    j["step_ms"] = ms.median;
+    j["cache_mib"] = o.common.cache_mib;
+#ifdef REDLITE_HAVE_CUDA
+    if (auto* cb = dynamic_cast<cuda::CudaBackend*>(lm.backend.get())) j["batched_steps"] = cb->stats().batched_steps;
+#endif
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s on %s (%s numerics): %d sequences, decode %.1f tok/s in all (min %.1f, max %.1f), %.2f ms a "
+                "step, median of %d\n",
+                o.common.model_path.c_str(), lm.backend->name().c_str(), numerics_name(lm.numerics), o.batch,
+                r.median, r.min, r.max, ms.median, o.reps);
+  }
+  return 0;
+}
+
 int run_bench(const BenchOptions& o) {
   if (!o.record_routing.empty() && !o.depths.empty())
     fail("--record-routing records the main protocol; it does not combine with --depths");
+  if (o.batch && (!o.depths.empty() || !o.record_routing.empty()))
+    fail("--batch is a protocol of its own; it does not combine with --depths or --record-routing");
   if (!o.record_routing.empty()) check_writable(o.record_routing);  // before a run of minutes, not after
   LoadedModel lm = open_model(o.common);
   if (!o.depths.empty()) return run_depth_bench(o, lm);
+  if (o.batch) return run_batch_bench(o, lm);
   const Config& c = lm.model->config();
   const int n_ctx = std::max(o.prefill_tokens, o.prompt_tokens + o.decode_tokens) + 1;
   auto session = lm.backend->new_session(n_ctx);
@@ -318,6 +383,11 @@ const Registrar registrar("bench", "decode and prefill throughput (DESIGN.md §6
       ->check(CLI::NonNegativeNumber);
   sub.add_option("--depth-decode-tokens", o->depth_decode_tokens, "greedy tokens decoded after each depth (128)")
       ->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--batch", o->batch,
+                 "N sequences (2-16), each with its own --prompt-tokens prompt, decoded together in "
+                 "--decode-tokens - 1 batched steps (Backend::decode_batch, as serve --parallel N): aggregate tok/s "
+                 "and ms a step; instead of the main protocol")
+      ->check(CLI::Range(2, 16));
   sub.add_flag("--json", o->json, "print the result as JSON");
   sub.add_option("--record-routing", o->record_routing,
                  "write every pass's router selections (prefill chunks and decode tokens, in order) to FILE, "

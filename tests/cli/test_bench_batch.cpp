@@ -1,0 +1,50 @@
+// `redlite bench --batch N`: N sequences decoded together in decode-tokens − 1 batched steps; the
+// JSON's counts follow from the flags and its two speeds agree (N tokens a step); a batch outside
+// 2..16 and the other protocols' flags are refused by name.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "test_util.h"
+
+namespace {
+
+rl::test::ShellRun run_redlite(const std::string& args) {
+  return rl::test::run_shell("'" + std::string(rl::test::redlite_bin()) + "' " + args + " 2>&1");
+}
+
+TEST(BenchBatch, CountsAndSpeedsFollowTheSteps) {
+  const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(model);
+  const auto r = run_redlite("bench -m '" + model + "' --backend cpu --threads 1 --reps 1 --batch 3 " +
+                             "--decode-tokens 5 --prompt-tokens 6 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(j["batch"], 3);
+  EXPECT_EQ(j["steps"], 4);
+  EXPECT_EQ(j["tokens"], 12);
+  EXPECT_EQ(j["prompt_tokens"], 6);
+  const double tok_s = j["decode_tok_s"], step_ms = j["step_ms"];
+  ASSERT_GT(tok_s, 0.0);
+  ASSERT_GT(step_ms, 0.0);
+  // One rep: both come from the same time, so a step holds the batch's 3 tokens.
+  EXPECT_NEAR(tok_s * step_ms / 1000.0, 3.0, 1e-6);
+}
+
+TEST(BenchBatch, RefusesWhatItCannotRun) {
+  const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(model);
+  for (const char* n : {"1", "17"}) {
+    const auto r = run_redlite("bench -m '" + model + "' --backend cpu --batch " + n);
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("--batch"), std::string::npos) << r.out;
+  }
+  for (const char* other : {"--depths 0", "--record-routing x.bin"}) {
+    const auto r = run_redlite("bench -m '" + model + "' --backend cpu --batch 2 " + other);
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("does not combine with --depths or --record-routing"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
