@@ -48,7 +48,7 @@ inline ShellRun run_shell(const std::string& cmd) {
 // The redlite binary with `args`, its stdout captured with stderr (or without it: stdout_only);
 // under `timeout 20` when bounded (a command that should refuse a flag but serves would not end).
 inline ShellRun run_redlite(const std::string& args, bool stdout_only = false, bool bounded = false) {
-  return run_shell((bounded ? "timeout 20 " : "") + redlite_bin() + " " + args +
+  return run_shell((bounded ? "timeout 20 " : "") + std::string("'") + redlite_bin() + "' " + args +
                    (stdout_only ? " 2>/dev/null" : " 2>&1"));
 }
 

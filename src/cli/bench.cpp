@@ -77,6 +77,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The fields every protocol's JSON starts with: what ran, where and how often.
+nlohmann::json run_header(const BenchOptions& o, const LoadedModel& lm) {
+  nlohmann::json j;
+  j["model"] = o.common.model_path;
+  j["backend"] = lm.backend->name();
+  j["numerics"] = numerics_name(lm.numerics);
+  j["threads"] = o.common.threads;
+  j["build"] = std::string("redlite ") + REDLITE_VERSION;
+  j["reps"] = o.reps;
+  return j;
+}
+
 // The protocol at depth: for each depth D, the prefill of D tokens (the backend's passes; D = 0 is the
 // 16-token prompt of the main protocol) and then depth_decode_tokens greedy tokens after it, each
 // timed; median of --reps per depth. One session of the largest depth's context serves them all.
@@ -119,12 +131,7 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
   }
   const size_t kv_per_token = c.kv_bytes_per_token(lm.kv_type);
   if (o.json) {
-    nlohmann::json j;
-    j["model"] = o.common.model_path;
-    j["backend"] = lm.backend->name();
-    j["numerics"] = numerics_name(lm.numerics);
-    j["build"] = std::string("redlite ") + REDLITE_VERSION;
-    j["reps"] = o.reps;
+    nlohmann::json j = run_header(o, lm);
     j["kv_type"] = kv_type_name(lm.kv_type);
     j["kv_bytes_per_token"] = kv_per_token;
     j["prefill_chunk"] = session->prefill_chunk();
@@ -171,13 +178,7 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
   }
   const Summary r = summarize(rates), ms = summarize(step_ms);
   if (o.json) {
-    nlohmann::json j;
-    j["model"] = o.common.model_path;
-    j["backend"] = lm.backend->name();
-    j["numerics"] = numerics_name(lm.numerics);
-    j["threads"] = o.common.threads;
-    j["build"] = std::string("redlite ") + REDLITE_VERSION;
-    j["reps"] = o.reps;
+    nlohmann::json j = run_header(o, lm);
     j["batch"] = o.batch;
     j["prompt_tokens"] = o.prompt_tokens;
     j["steps"] = steps;
@@ -276,13 +277,7 @@ int run_bench(const BenchOptions& o) {
     write_routing_recording(o.record_routing, recorder->recording());
   }
 
-  nlohmann::json j;
-  j["model"] = o.common.model_path;
-  j["backend"] = lm.backend->name();
-  j["numerics"] = numerics_name(lm.numerics);
-  j["threads"] = o.common.threads;
-  j["build"] = std::string("redlite ") + REDLITE_VERSION;
-  j["reps"] = o.reps;
+  nlohmann::json j = run_header(o, lm);
   j["decode_tokens"] = o.decode_tokens;
   j["prefill_tokens"] = o.prefill_tokens;
   j["prefill_chunk"] = session->prefill_chunk();

@@ -11,13 +11,7 @@
 
 namespace {
 
-// Runs `redlite ARGS` with stdout and stderr captured together.
-rl::test::ShellRun run_redlite(const std::string& args) {
-  std::string cmd = "'";
-  cmd += rl::test::redlite_bin();
-  cmd += "' " + args + " 2>&1";
-  return rl::test::run_shell(cmd);
-}
+using rl::test::run_redlite;
 
 TEST(CudaFlags, HelpListsThem) {
   const auto r = run_redlite("bench --help");

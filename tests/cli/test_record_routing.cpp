@@ -10,9 +10,7 @@
 
 namespace {
 
-rl::test::ShellRun run_redlite(const std::string& args) {
-  return rl::test::run_shell("'" + std::string(rl::test::redlite_bin()) + "' " + args + " 2>&1");
-}
+using rl::test::run_redlite;
 
 TEST(RecordRouting, BenchWritesEveryPassInOrder) {
   const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
