@@ -27,16 +27,17 @@ enum class Kernel : uint8_t {
 };
 const char* kernel_name(Kernel k);
 // A pass of up to this many tokens takes the fast tier's matvec-q8 on token columns for its dense
-// products of Q8 types (each matrix read once for the columns), longer ones the prefill forms.
-// Measured per product (H200, 2026-12-01, PERF.md "matvec-q8 token columns"): ssm_in Q4_K 2048 ->
-// 12288 at 2 / 4 / 8 tokens 13.6 / 22.9 / 40.3 µs on columns against 20.4 on the X8 prefill
-// product, ssm_out 4096 -> 2048 6.7 / 9.2 / 14.7 against 35.6.
-constexpr int kQ8PassTokens = 4;
+// products of Q8 types (each matrix read once for up to 8 columns) and its routed experts a
+// (token, selection) pair at a time on the decode kernels; longer ones take the prefill forms.
+// Measured per product before the columns shared a unit's decoding (H200, 2026-12-01, PERF.md
+// "matvec-q8 token columns"): ssm_in Q4_K 2048 -> 12288 at 2 / 4 / 8 tokens 13.6 / 22.9 / 40.3 µs
+// on columns against 20.4 on the X8 prefill product, ssm_out 4096 -> 2048 6.7 / 9.2 / 14.7 against
+// 35.6. Whole steps decide it: 8 streams through `serve --parallel 8` in steps of 8 run 477.5
+// tok/s in all against 425.8 in steps of 4, 16 streams 470.8 against 401.7 (H200, 2026-12-02,
+// docs/PERF.md).
+constexpr int kQ8PassTokens = 8;
 // A batched decode step takes at most this many sessions (a larger decode_batch runs in steps):
-// the passes whose dense products are decode launches with token columns. From 5 rows on they
-// take the prefill forms, and 8 streams in steps of 8 ran 161 tok/s in all, under one stream's 243
-// (H200, before the matvec-f32 columns; docs/PERF.md), where 4 streams in steps of 4 beat decoding
-// them one after another (403.8 against 234.2 at 462c9f0).
+// the passes whose products are decode launches with token columns.
 constexpr int kMaxBatchRows = kQ8PassTokens;
 // kMatvec or kMatvecF32, and the sums it forms.
 inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kMatvecF32; }

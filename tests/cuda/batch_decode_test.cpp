@@ -1,6 +1,6 @@
 // The CUDA backend's decode_batch (the server's --parallel step) against the CPU oracle on the
-// fixture models: five sequences of different prompt lengths (so different positions and states)
-// decode together, teacher-forced on the oracle's greedy tokens, and each sequence's logits must
+// fixture models: kMaxBatchRows + 1 sequences of different prompt lengths (so different positions
+// and states) decode together, a full batched pass and one sequence alone each step, teacher-forced on the oracle's greedy tokens, and each sequence's logits must
 // meet the fast tier's bar against the oracle (the bar CudaFastTier.EachPartOnThe80BShape and the
 // recipes use: top-1 agreement >= 0.85, mean relative RMS <= 0.075); a sequence decoding on the
 // wrong state, cache row or position scores near 1. Then each sequence decodes once more alone
@@ -20,6 +20,7 @@
 #include "cuda/cuda_backend.h"
 #include "common/error.h"
 #include "cuda/cuda_check.h"
+#include "cuda/plan.h"
 #include "gpu_test_util.h"
 #include "model/parity.h"
 #include "backend_test_util.h"
@@ -30,8 +31,10 @@ namespace {
 
 const char* const kModels[] = {"tiny-qwen3next-iq2xxs.gguf", "tiny-qwen3next-q4km.gguf"};
 
-// Sequences of these prompt lengths decode together for kSteps steps.
-constexpr int kLengths[] = {7, 1, 40, 13, 26};
+// Sequences of these prompt lengths decode together for kSteps steps: one more than a batched
+// pass takes, so each step is a full pass and a remainder.
+constexpr int kLengths[] = {7, 1, 40, 13, 26, 3, 19, 33, 10};
+static_assert(std::size(kLengths) == cuda::kMaxBatchRows + 1);
 constexpr int kSteps = 12;
 
 // batched_steps: the steps the backend ran as one batched graph.
