@@ -180,11 +180,11 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
 int batch_rows(Engine& e);
 // One token of each session (sts[i] decodes tokens[i] at its position; 2 to batch_rows(e) of
 // them, distinct, each with room for the token) in one pass: a graph captured for these sessions
-// in this order, replayed while they decode together. logits_out: [sts.size()][n_vocab]. The
-// positions advance. False, with nothing changed, when the graph could not be captured (then
-// batch_rows gives 0 from now on).
+// in this order, replayed while they decode together. logits_out[i]: sts[i]'s logits, resized to
+// n_vocab (in place where it has that size). The positions advance. False, with nothing changed,
+// when the graph could not be captured (then batch_rows gives 0 from now on).
 bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens,
-                        float* logits_out);
+                        std::span<std::vector<float>> logits_out);
 // Drops the batched graphs that have st as a row (st is going away).
 void forget_batch_graphs(Engine& e, const SessionState& st);
 
