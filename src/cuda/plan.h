@@ -35,7 +35,7 @@ const char* kernel_name(Kernel k);
 // 35.6. Whole steps decide it: 8 streams through `serve --parallel 8` in steps of 8 run 477.5
 // tok/s in all against 425.8 in steps of 4, 16 streams 470.8 against 401.7 (H200, 2026-12-02,
 // docs/PERF.md).
-constexpr int kQ8PassTokens = 8;
+constexpr int kQ8PassTokens = 16;
 // A batched decode step takes at most this many sessions (a larger decode_batch runs in steps):
 // the passes whose products are decode launches with token columns.
 constexpr int kMaxBatchRows = kQ8PassTokens;
