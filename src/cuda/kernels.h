@@ -51,7 +51,7 @@ struct GateUpJob {
   int rows = 0;
 };
 // Jobs a launch (longer lists take several launches): a short pass's routed experts, 4 tokens × 10
-// selections of the 80B (Products::expert_pairs), are one launch (8 tokens: two). Its job list is a kernel
+// selections of the 80B (Products::expert_pairs), are one launch (16 tokens: four). Its job list is a kernel
 // parameter: 40 SwiGLU pairs' jobs fit the 4 KiB that every architecture takes.
 constexpr int kMaxMatvecJobs = 40;
 

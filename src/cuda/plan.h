@@ -30,12 +30,14 @@ const char* kernel_name(Kernel k);
 // products of Q8 types (each matrix read once for up to 8 columns) and its routed experts a
 // (token, selection) pair at a time on the decode kernels; longer ones take the prefill forms.
 // Measured per product before the columns shared a unit's decoding (H200, 2026-12-01, PERF.md
-// "matvec-q8 token columns"): ssm_in Q4_K 2048 -> 12288 at 2 / 4 / 8 tokens 13.6 / 22.9 / 40.3 µs
-// on columns against 20.4 on the X8 prefill product, ssm_out 4096 -> 2048 6.7 / 9.2 / 14.7 against
-// 35.6. Whole steps decide it: 8 streams through `serve --parallel 8` in steps of 8 run 477.5
-// tok/s in all against 425.8 in steps of 4, 16 streams 470.8 against 401.7 (H200, 2026-12-02,
-// docs/PERF.md).
+// "matvec-q8 token columns"): ssm_in Q4_K 2048 -> 12288 at 2 / 4 / 8 / 16 tokens 13.6 / 22.9 /
+// 40.3 / 78.8 µs on columns against 20.4 / 23.9 (16) on the X8 prefill product, ssm_out 4096 ->
+// 2048 6.7 / 9.2 / 14.7 / 32.9 against 35.6 / 43.5. Whole steps decide it (H200, 2026-12-02,
+// `serve --parallel N`, 128 tokens a stream, one call, docs/PERF.md): 16 streams in one step of
+// 16 run 479.8 tok/s in all against 461.5 in two steps of 8 (another call: 504.5 against 466.9),
+// 8 streams 477.2 against 465.4 (steps of 4: 426.8), 4 streams 435.6 against 426.0.
 constexpr int kQ8PassTokens = 16;
+static_assert(kQ8PassTokens <= kMaxQ8Columns);
 // A batched decode step takes at most this many sessions (a larger decode_batch runs in steps):
 // the passes whose products are decode launches with token columns.
 constexpr int kMaxBatchRows = kQ8PassTokens;
