@@ -120,7 +120,7 @@ for s in "$@"; do
         STEP_TIMEOUT=500 step build ninja -C $BUILD -j16 redlite test_cuda test_cache || exit 1
       else
         configure "$ROOT" $BUILD && configure $BASE_SRC $BASE_BUILD || { log "configure failed"; exit 1; }
-        STEP_TIMEOUT=500 step build bash -c "ninja -C $BUILD -j16 redlite test_cuda test_cache & ninja -C $BASE_BUILD -j16 redlite; r=\$?; wait %1 && exit \$r" || exit 1
+        STEP_TIMEOUT=500 step build bash -c "ninja -C $BUILD -j16 redlite test_cuda test_cache & p=\$!; ninja -C $BASE_BUILD -j16 redlite; r=\$?; wait \$p && exit \$r" || exit 1
       fi
       ;;
     test) REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step test_cuda "$BUILD/test_cuda" ;;

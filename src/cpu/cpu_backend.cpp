@@ -226,10 +226,10 @@ class CpuBackend final : public Backend {
 
   // One pass over every session's token: the products read each weight once for the whole batch
   // (forward.h); the sessions' states stay their own.
-  std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
-                                               std::span<const int32_t> tokens) override {
-    check_decode_batch(sessions, tokens);
-    if (sessions.empty()) return {};
+  void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                         std::span<std::vector<float>> out) override {
+    check_decode_batch(sessions, tokens, out);
+    if (sessions.empty()) return;
     if (sessions.size() > (size_t)kMaxBatch) fail("decode_batch: {} sessions, at most {}", sessions.size(), kMaxBatch);
     std::vector<SequenceTokens> seqs;
     for (size_t i = 0; i < sessions.size(); i++) {
@@ -249,9 +249,7 @@ class CpuBackend final : public Backend {
     const auto all = std::make_unique_for_overwrite<float[]>(seqs.size() * n_vocab);
     forward(shared_->weights, *shared_->products, seqs, false, all.get(), nullptr);
     shared_->weights.model->gguf().check_intact();  // as prefill(): weights from a truncated file
-    std::vector<std::vector<float>> logits(seqs.size());
-    for (size_t i = 0; i < seqs.size(); i++) logits[i].assign(all.get() + i * n_vocab, all.get() + (i + 1) * n_vocab);
-    return logits;
+    for (size_t i = 0; i < seqs.size(); i++) out[i].assign(all.get() + i * n_vocab, all.get() + (i + 1) * n_vocab);
   }
 
  private:

@@ -417,6 +417,12 @@ void attention_decode(const float* q, const float* gate, const float* kc, const 
                                                                    sp.max_splits);
 }
 
+// The head and rotary dims attention_prep takes.
+void check_prep_shape(int hd, int n_rot) {
+  if (hd % 4 != 0 || hd > kMaxHeadDim || n_rot > hd || n_rot % 2 != 0)
+    throw_error("attention_prep: head dim " + std::to_string(hd) + " / rotary dims " + std::to_string(n_rot));
+}
+
 void check_kv_cache(const KvCacheRef& cache, int hd, const char* who) {
   if (cache.type == KvType::kQ8_0 && hd % kKvQ8Block != 0)
     throw_error(std::string(who) + ": a q8_0 cache needs a head dim that is a multiple of 32, not " +
@@ -428,8 +434,7 @@ void check_kv_cache(const KvCacheRef& cache, int hd, const char* who) {
 void attention_prep(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
                     const float* k_norm, const KvCacheRef& cache, int T, int n_head, int n_kv, int hd,
                     float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream) {
-  if (hd % 4 != 0 || hd > kMaxHeadDim || n_rot > hd || n_rot % 2 != 0)
-    throw_error("attention_prep: head dim " + std::to_string(hd) + " / rotary dims " + std::to_string(n_rot));
+  check_prep_shape(hd, n_rot);
   check_kv_cache(cache, hd, "attention_prep");
   if (T == 0) return;
   with_kv_element(cache.type, [&](auto element) {
@@ -445,8 +450,7 @@ void attention_prep(const float* qg, const float* k, const float* v, float* q, f
 void attention_prep_rows(const float* qg, const float* k, const float* v, float* q, float* gate, const float* q_norm,
                          const float* k_norm, const AttentionRow* rows, KvType kv_type, int B, int n_head, int n_kv,
                          int hd, float eps, int n_rot, float theta_scale, const int32_t* pos_dev, cudaStream_t stream) {
-  if (hd % 4 != 0 || hd > kMaxHeadDim || n_rot > hd || n_rot % 2 != 0)
-    throw_error("attention_prep: head dim " + std::to_string(hd) + " / rotary dims " + std::to_string(n_rot));
+  check_prep_shape(hd, n_rot);
   check_kv_cache(KvCacheRef{nullptr, nullptr, kv_type, 0}, hd, "attention_prep");
   if (B == 0) return;
   if (!rows || !pos_dev) throw_error("attention_prep: a batched step needs its rows and positions on the device");

@@ -307,15 +307,22 @@ int chunk_key_splits(int T, int n_head, int n_kv, const AttentionSplitsF* sp) {
   return std::max(n, 1);
 }
 
-template <class E>
-void gated_attention_fast_impl(const float* q, const float* gate, KvPlane<E> k_cache, KvPlane<E> v_cache,
-                               float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
-                               cudaStream_t stream, const int32_t* pos_dev, const AttentionSplitsF* splits) {
+// The head shapes and cache types the fast kernels take (every entry point checks them).
+void check_shape(int n_head, int n_kv, int hd, KvType kv_type) {
   if (hd < 16 || hd > kMaxHeadDimF || hd % 16 != 0)
     throw_error("attention (fast): head dim " + std::to_string(hd) + " is not a multiple of 16 from 16 to 256");
   if (n_kv <= 0 || n_head <= 0 || n_head % n_kv != 0)
     throw_error("attention (fast): " + std::to_string(n_head) + " query heads do not group over " +
                 std::to_string(n_kv) + " KV heads");
+  if (kv_type == KvType::kQ8_0 && hd % kKvQ8Block != 0)
+    throw_error("attention (fast): a q8_0 cache needs a head dim that is a multiple of 32, not " +
+                std::to_string(hd));
+}
+
+template <class E>
+void gated_attention_fast_impl(const float* q, const float* gate, KvPlane<E> k_cache, KvPlane<E> v_cache,
+                               float* out, int T, int n_head, int n_kv, int hd, int pos0, float scale,
+                               cudaStream_t stream, const int32_t* pos_dev, const AttentionSplitsF* splits) {
   if (T < 0) throw_error("attention (fast): " + std::to_string(T) + " query tokens");
   if (!pos_dev && pos0 < 0) throw_error("attention (fast): position " + std::to_string(pos0) + " is negative");
   if (T == 0) return;
@@ -365,9 +372,7 @@ AttentionSplitsF AttentionSplitsF::within(void* storage, int n_ctx, int n_head, 
 void gated_attention_fast(const float* q, const float* gate, const KvCacheRef& cache, float* out, int T, int n_head,
                           int n_kv, int hd, int pos0, float scale, cudaStream_t stream, const int32_t* pos_dev,
                           const AttentionSplitsF* splits) {
-  if (cache.type == KvType::kQ8_0 && hd % kKvQ8Block != 0)
-    throw_error("attention (fast): a q8_0 cache needs a head dim that is a multiple of 32, not " +
-                std::to_string(hd));
+  fast_attention::check_shape(n_head, n_kv, hd, cache.type);
   with_kv_element(cache.type, [&](auto element) {
     using E = decltype(element);
     const size_t width = (size_t)n_kv * hd;
@@ -379,14 +384,7 @@ void gated_attention_fast(const float* q, const float* gate, const KvCacheRef& c
 void gated_attention_fast_rows(const float* q, const float* gate, const AttentionRow* rows, KvType kv_type,
                                int max_splits, float* out, int B, int n_head, int n_kv, int hd, float scale,
                                const int32_t* pos_dev, cudaStream_t stream) {
-  if (hd < 16 || hd > fast_attention::kMaxHeadDimF || hd % 16 != 0)
-    throw_error("attention (fast): head dim " + std::to_string(hd) + " is not a multiple of 16 from 16 to 256");
-  if (n_kv <= 0 || n_head <= 0 || n_head % n_kv != 0)
-    throw_error("attention (fast): " + std::to_string(n_head) + " query heads do not group over " +
-                std::to_string(n_kv) + " KV heads");
-  if (kv_type == KvType::kQ8_0 && hd % kKvQ8Block != 0)
-    throw_error("attention (fast): a q8_0 cache needs a head dim that is a multiple of 32, not " +
-                std::to_string(hd));
+  fast_attention::check_shape(n_head, n_kv, hd, kv_type);
   if (B == 0) return;
   if (!rows || !pos_dev) throw_error("attention (fast): a batched step needs its rows and positions on the device");
   if (max_splits < 1 || max_splits > kFastDecodeMaxSplits || B > 65535)

@@ -82,35 +82,24 @@ class CudaBackendImpl final : public CudaBackend {
   // captured graph (the products and the MoE once over the rows, each row's DeltaNet and attention
   // on its session's state). Otherwise (batch_rows: the exact tier, a bounded cache, --profile),
   // and for a traced session, the sessions decode one after another, each on its own graph.
-  std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
-                                               std::span<const int32_t> tokens) override {
-    check_decode_batch(sessions, tokens);
+  void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                         std::span<std::vector<float>> out) override {
+    check_decode_batch(sessions, tokens, out);
     for (size_t i = 0; i < sessions.size(); i++) check_session_of(engine_, *sessions[i], i);
     const size_t rows = (size_t)batch_rows(engine_);
-    if (sessions.size() < 2 || rows < 2) return decode_one_after_another(sessions, tokens);
-    const size_t n_vocab = (size_t)engine_.config().n_vocab;
-    std::vector<std::vector<float>> out(sessions.size());
-    std::vector<float> flat;
+    if (sessions.size() < 2 || rows < 2) return decode_one_after_another(sessions, tokens, out);
     std::vector<SessionState*> sts;
     for (size_t b = 0; b < sessions.size(); b += rows) {
       const size_t n = std::min(sessions.size() - b, rows);
       const auto some = sessions.subspan(b, n);
       const auto their = tokens.subspan(b, n);
       sts.clear();
-      for (size_t i = 0; i < n; i++) sts.push_back(batch_row(engine_, *some[i], b + i));
-      bool batched = n >= 2 && std::find(sts.begin(), sts.end(), nullptr) == sts.end();
-      if (batched) {
-        flat.resize(n * n_vocab);
-        batched = decode_batch_graph(engine_, sts, their, flat.data());
-      }
-      if (!batched) {
-        auto alone = decode_one_after_another(some, their);
-        std::move(alone.begin(), alone.end(), out.begin() + (std::ptrdiff_t)b);
-        continue;
-      }
-      for (size_t i = 0; i < n; i++) out[b + i].assign(flat.begin() + i * n_vocab, flat.begin() + (i + 1) * n_vocab);
+      for (Session* s : some) sts.push_back(batch_row(*s));  // each checked above
+      const auto into = out.subspan(b, n);
+      const bool batched = n >= 2 && std::find(sts.begin(), sts.end(), nullptr) == sts.end() &&
+                           decode_batch_graph(engine_, sts, their, into);
+      if (!batched) decode_one_after_another(some, their, into);
     }
-    return out;
   }
   EngineStats stats() const override {
     EngineStats s = engine_.stats;

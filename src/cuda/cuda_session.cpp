@@ -296,10 +296,7 @@ void check_session_of(const Engine& e, Session& s, size_t index) {
   if (!cs || !cs->of(e)) fail("decode_batch: session {} is not a session of this loaded model", index);
 }
 
-SessionState* batch_row(Engine& e, Session& s, size_t index) {
-  check_session_of(e, s, index);
-  return static_cast<CudaSessionImpl&>(s).batch_row();
-}
+SessionState* batch_row(Session& s) { return static_cast<CudaSessionImpl&>(s).batch_row(); }
 
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx) {
   if (n_ctx <= 0) fail("context size {} must be positive (--ctx)", n_ctx);

@@ -289,14 +289,14 @@ BatchGraph& batch_graph_of(Engine& e, std::span<SessionState* const> sts) {
 }  // namespace
 
 bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens,
-                        float* logits_out) {
+                        std::span<std::vector<float>> logits_out) {
   const Config& c = e.config();
   const cudaStream_t stream = e.streams.compute;
   Workspace& ws = e.ws;
   const int B = (int)sts.size();
-  if (B < 2 || B > kMaxBatchRows || tokens.size() != sts.size())
+  if (B < 2 || B > kMaxBatchRows || tokens.size() != sts.size() || logits_out.size() != sts.size())
     throw_error("decode_batch_graph: " + std::to_string(B) + " sessions and " + std::to_string(tokens.size()) +
-                " tokens (2 to " + std::to_string(kMaxBatchRows) + " of each)");
+                " tokens (2 to " + std::to_string(kMaxBatchRows) + " of each, and an output each)");
   BatchGraph* g = nullptr;
   try {
     g = &batch_graph_of(e, sts);
@@ -323,7 +323,11 @@ bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span
   RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
                                 (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   RL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::memcpy(logits_out, ws.batch_logits_host.get(), n_out * sizeof(float));
+  for (int t = 0; t < B; t++) {
+    logits_out[t].resize(c.n_vocab);
+    std::memcpy(logits_out[t].data(), ws.batch_logits_host.get<float>() + (size_t)t * c.n_vocab,
+                (size_t)c.n_vocab * sizeof(float));
+  }
   for (SessionState* st : sts) st->position++;
   // Each layer's distinct experts a hit (as a grouped prefill layer counts them).
   uint64_t hits = 0;

@@ -157,10 +157,11 @@ void prefetch_predicted(Engine& e, int L);
 std::unique_ptr<Session> new_cuda_session(Engine& e, int n_ctx);
 // Fails, naming its index in a decode_batch call, when session s is not a session of e.
 void check_session_of(const Engine& e, Session& s, size_t index);
-// Session s (of e) as row `index` of a batched decode step about to write its next position: the
-// KV rows its snapshots reference there are frozen first (as its own decode does); nullptr, with
-// nothing done, when s traces its passes (a traced session decodes alone).
-SessionState* batch_row(Engine& e, Session& s, size_t index);
+// Session s (one of this engine's: check_session_of) as a row of a batched decode step about to
+// write its next position: the KV rows its snapshots reference there are frozen first (as its own
+// decode does); nullptr, with nothing done, when s traces its passes (a traced session decodes
+// alone).
+SessionState* batch_row(Session& s);
 // Device bytes such a session allocates: the KV cache (of forms.kv_type), the DeltaNet states (and
 // their backups for the GPU-routed token) and the decode attention's split buffers.
 size_t session_bytes(const Config& c, const NumericForms& forms, int n_ctx);
@@ -179,11 +180,11 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
 int batch_rows(Engine& e);
 // One token of each session (sts[i] decodes tokens[i] at its position; 2 to batch_rows(e) of
 // them, distinct, each with room for the token) in one pass: a graph captured for these sessions
-// in this order, replayed while they decode together. logits_out: [sts.size()][n_vocab]. The
-// positions advance. False, with nothing changed, when the graph could not be captured (then
-// batch_rows gives 0 from now on).
+// in this order, replayed while they decode together. logits_out[i]: sts[i]'s logits, resized to
+// n_vocab (in place where it has that size). The positions advance. False, with nothing changed,
+// when the graph could not be captured (then batch_rows gives 0 from now on).
 bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens,
-                        float* logits_out);
+                        std::span<std::vector<float>> logits_out);
 // Drops the batched graphs that have st as a row (st is going away).
 void forget_batch_graphs(Engine& e, const SessionState& st);
 

@@ -200,7 +200,7 @@ void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* i
       trace_rows(e, tensors, fmt::format("attn_residual-{}", L), x, T, n_embd);
       rms_norm(x, d.post_norm, h, T, n_embd, c.rms_eps, stream);
     } else {
-      // Decode: h's Q8 form for the MoE's matvec-q8 products from the same kernel.
+      // Decode and short passes: h's Q8 form for the MoE's matvec-q8 products from the same kernel.
       Q8Rows& q8 = e.ws.q8_moe_input;
       const bool q8_here = lp.moe_input_q8 && T <= q8.rows;
       add_rms_norm(x, mixer_out, d.post_norm, h, T, n_embd, c.rms_eps, stream, q8_here ? q8.values() : nullptr,

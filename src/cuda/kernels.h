@@ -50,7 +50,10 @@ struct GateUpJob {
   int slot = 0;
   int rows = 0;
 };
-constexpr int kMaxMatvecJobs = 24;  // per launch; longer lists take several launches
+// Jobs a launch (longer lists take several launches): a short pass's routed experts, 4 tokens × 10
+// selections of the 80B (Products::expert_pairs), are one launch (16 tokens: four). Its job list is a kernel
+// parameter: 40 SwiGLU pairs' jobs fit the 4 KiB that every architecture takes.
+constexpr int kMaxMatvecJobs = 40;
 
 // How a decode product forms its sums: kExact in double, each output the fp32 rounding of the
 // exact sum (the oracle's values); kFast in fp32 (the fast tier: per-product NMSE within 5e-4 of
@@ -99,15 +102,16 @@ bool q8_supported(GgmlType t);
 constexpr int kMaxQ8Columns = 16;
 void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, int columns = 1);
 void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream, int columns = 1);
-// As matvec_experts / matvec_experts_gate_up on Q8 inputs: expert e's input is the Q8 row e of
-// (xq, xds) when x_rows_per_expert is 1, the one row 0 for all when it is 0.
+// As matvec_experts / matvec_experts_gate_up on Q8 inputs: expert e's input is the Q8 row
+// e / experts_per_row of (xq, xds) (1: each its own row; K: a short pass's pairs, K a token),
+// the one row 0 for all when experts_per_row is 0.
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
-                       int cols, const int8_t* xq, const float2* xds, int x_rows_per_expert, float* y, int n,
+                       int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
                        cudaStream_t stream);
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
                                size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const int8_t* xq,
                                const float2* xds, float* act, float* scratch, int n, cudaStream_t stream,
-                               int x_rows_per_expert = 0);
+                               int experts_per_row = 0);
 // Each (token, selection) pair's expert slot: slot_ptrs[i] = residency_row[ids[i]] for i < n, or
 // `fallback` where that expert is not resident (never, where a pass's plan takes this: every
 // expert resident); *n_distinct = n (the pairs' expert reads, for the statistics).

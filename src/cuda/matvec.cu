@@ -53,6 +53,8 @@ template <class Job>
 struct JobList {
   Job job[kMaxMatvecJobs];
 };
+// A kernel parameter (with the width and the lane count): within the 4 KiB kernels take.
+static_assert(sizeof(JobList<GateUpJob>) + 16 <= 4096 && sizeof(JobList<MatvecJob>) + 16 <= 4096);
 using Jobs = JobList<MatvecJob>;
 using GateUpJobs = JobList<GateUpJob>;
 

@@ -92,8 +92,9 @@ __device__ __forceinline__ int dot4x4(const uint32_t (&w)[4], const int* x, int 
 }
 
 // ---- per type: a unit of weights against its activations ----------------------------------------
-// Q8Dot<T>: kValues weights a unit; X, the unit's activations (loaded once for all rows); dot(row, u,
-// x, grid, masks): the unit's part of the row's product, in fp32.
+// Q8Dot<T>: kValues weights a unit; X, the unit's activations (loaded once for all rows); W, a row's
+// unit of weights in the integer form the dot products take (load_w(row, u, grid, masks): loaded
+// and decoded once for all columns); dot(w, x): the unit's part of the row's product, in fp32.
 template <GgmlType T>
 struct Q8Dot;
 
@@ -110,14 +111,22 @@ struct Q8Dot<GgmlType::Q8_0> {
     x.d = __ldg(&xds[u].x);
     return x;
   }
-  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t*, const uint64_t*) {
+  struct W {
+    uint32_t q[8];
+    float d;
+  };
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*, const uint64_t*) {
     const uint8_t* b = row + (size_t)u * 34;
-    uint32_t w[8];
-    load_words_a2<8>(b + 2, w);
+    W w;
+    load_words_a2<8>(b + 2, w.q);
+    w.d = half_bits_to_f32(load_u16(b));
+    return w;
+  }
+  __device__ static float dot(const W& w, const X& x) {
     int s = 0;
 #pragma unroll
-    for (int i = 0; i < 8; i++) s = __dp4a((int)w[i], x.q[i], s);
-    return half_bits_to_f32(load_u16(b)) * x.d * (float)s;
+    for (int i = 0; i < 8; i++) s = __dp4a((int)w.q[i], x.q[i], s);
+    return w.d * x.d * (float)s;
   }
 };
 
@@ -139,7 +148,12 @@ struct Q8DotK4 {
     x.ds[0] = __ldg(&xds[2 * u]), x.ds[1] = __ldg(&xds[2 * u + 1]);
     return x;
   }
-  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t*, const uint64_t*) {
+  struct W {
+    uint32_t lo[8], hi[8];  // the two blocks' values, a byte each
+    int sc0, m0, sc1, m1;
+    float d, dmin;
+  };
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*, const uint64_t*) {
     const int p = u & 3;
     const uint8_t* b = row + (size_t)(u >> 2) * Dequant<T>::kBytes;
     const uint4 q0 = *reinterpret_cast<const uint4*>(b + (kQ5 ? 48 : 16) + 32 * p);
@@ -149,27 +163,33 @@ struct Q8DotK4 {
       h0 = *reinterpret_cast<const uint4*>(b + 16);
       h1 = *reinterpret_cast<const uint4*>(b + 32);
     }
-    int sc0, m0, sc1, m1;
-    k4_scale_min_w(2 * p, b + 4, sc0, m0);
-    k4_scale_min_w(2 * p + 1, b + 4, sc1, m1);
+    W w;
+    k4_scale_min_w(2 * p, b + 4, w.sc0, w.m0);
+    k4_scale_min_w(2 * p + 1, b + 4, w.sc1, w.m1);
     const uint32_t dm = load_u32(b);
     const uint32_t words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
     const uint32_t hwords[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      w.lo[i] = words[i] & 0x0F0F0F0Fu, w.hi[i] = (words[i] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (kQ5) {
+        w.lo[i] |= ((hwords[i] >> (2 * p)) & 0x01010101u) << 4;
+        w.hi[i] |= ((hwords[i] >> (2 * p + 1)) & 0x01010101u) << 4;
+      }
+    }
+    w.d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)), w.dmin = half_bits_to_f32((uint16_t)(dm >> 16));
+    return w;
+  }
+  __device__ static float dot(const W& w, const X& x) {
     int s0 = 0, s1 = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-      uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
-      if constexpr (kQ5) {
-        lo |= ((hwords[i] >> (2 * p)) & 0x01010101u) << 4;
-        hi |= ((hwords[i] >> (2 * p + 1)) & 0x01010101u) << 4;
-      }
-      s0 = __dp4a((int)lo, x.q[0][i], s0);
-      s1 = __dp4a((int)hi, x.q[1][i], s1);
+      s0 = __dp4a((int)w.lo[i], x.q[0][i], s0);
+      s1 = __dp4a((int)w.hi[i], x.q[1][i], s1);
     }
-    const float d = half_bits_to_f32((uint16_t)(dm & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dm >> 16));
-    const float scaled = (float)sc0 * x.ds[0].x * (float)s0 + (float)sc1 * x.ds[1].x * (float)s1;
-    const float mins = (float)m0 * x.ds[0].y + (float)m1 * x.ds[1].y;
-    return fmaf(d, scaled, -dmin * mins);
+    const float scaled = (float)w.sc0 * x.ds[0].x * (float)s0 + (float)w.sc1 * x.ds[1].x * (float)s1;
+    const float mins = (float)w.m0 * x.ds[0].y + (float)w.m1 * x.ds[1].y;
+    return fmaf(w.d, scaled, -w.dmin * mins);
   }
 };
 template <>
@@ -197,7 +217,12 @@ struct Q8Dot<GgmlType::Q6_K> {
     }
     return x;
   }
-  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t*, const uint64_t*) {
+  struct W {
+    uint32_t q[4][4];  // the values minus 32 of the four sub-blocks, signed bytes
+    float sc[4];
+    float d;
+  };
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*, const uint64_t*) {
     const int n = (u >> 1) & 1, h = u & 1;
     const uint8_t* b = row + (size_t)(u >> 2) * 210;
     uint32_t ql[2][4], qh[4];
@@ -205,18 +230,24 @@ struct Q8Dot<GgmlType::Q6_K> {
     load_words_a2<4>(b + 64 * n + 32 + 16 * h, ql[1]);
     load_words_a2<4>(b + 128 + 32 * n + 16 * h, qh);
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * n + h;
-    float acc = 0.0f;
+    W w;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-      uint32_t w[4];
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const uint32_t lo = (k >= 2 ? ql[k & 1][i] >> 4 : ql[k & 1][i]) & 0x0F0F0F0Fu;
-        w[i] = __vsub4(lo | (((qh[i] >> (2 * k)) & 0x03030303u) << 4), 0x20202020u);
+        w.q[k][i] = __vsub4(lo | (((qh[i] >> (2 * k)) & 0x03030303u) << 4), 0x20202020u);
       }
-      acc = fmaf((float)sc[2 * k] * x.d[k], (float)dot4x4(w, x.q[k], 0), acc);
+      w.sc[k] = (float)sc[2 * k];
     }
-    return half_bits_to_f32(load_u16(b + 208)) * acc;
+    w.d = half_bits_to_f32(load_u16(b + 208));
+    return w;
+  }
+  __device__ static float dot(const W& w, const X& x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc = fmaf(w.sc[k] * x.d[k], (float)dot4x4(w.q[k], x.q[k], 0), acc);
+    return w.d * acc;
   }
 };
 
@@ -281,14 +312,23 @@ struct Q8DotIq {
     x.d = __ldg(&xds[u].x);
     return x;
   }
-  __device__ static float dot(const uint8_t* row, int u, const X& x, const uint64_t* grid, const uint64_t* masks) {
+  struct W {
+    IqChunk k[4];
+  };
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t* grid, const uint64_t* masks) {
     using Q = Dequant<T>;
     typename Q::Raw raw[4];
     IqUnit<T>::load(row, u, raw);
+    W w;
+#pragma unroll
+    for (int c = 0; c < 4; c++) w.k[c] = Q::decode(raw[c], 4 * u + c, grid, masks);
+    return w;
+  }
+  __device__ static float dot(const W& w, const X& x) {
     float acc = 0.0f;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
-      const IqChunk k = Q::decode(raw[c], 4 * u + c, grid, masks);
+      const IqChunk& k = w.k[c];
       const int s = __dp4a((int)k.u.x, x.q[2 * c], __dp4a((int)k.u.y, x.q[2 * c + 1], 0));
       acc = fmaf(k.s, fmaf(-k.b, (float)x.sum[c], (float)s), acc);
     }
@@ -350,21 +390,33 @@ struct LaneSlot {
 };
 
 // This lane's part of R rows' products on N columns: units u0, u0 + step, ...; with one column,
-// two units' loads in flight. The N columns' dot calls of a unit and row read the same weight
-// words with nothing stored between them, so the loads may be shared; whether the decoding is
-// is up to the compiler (not checked: the launch's time grows almost as the columns, PERF.md).
+// two units' loads in flight. A row's unit of weights is loaded and decoded once for the N
+// columns (left to the compiler, the decoding was repeated for every column: the PTX of the
+// Q4_K kernel on 4 columns had the nibble masks once per column), then the columns' activations
+// are read a column at a time; one column keeps one unit of activations and a row's weights at
+// a time. A column's sums are those of a one-column launch, in the same order.
 template <GgmlType T, int R, int N>
 __device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], const int8_t* xq, const float2* xds,
                                              int cols, int u0, int step, int n_units,
                                              const SharedTables<T, kStageQ8Codebook<T>>& tab, float (&acc)[N][R]) {
   using D = Q8Dot<T>;
+  auto x_of = [&](int c, int u) { return D::load_x(xq + (size_t)c * cols, xds + (size_t)c * (cols / 32), u); };
 #pragma unroll(N == 1 ? 2 : 1)
   for (int u = u0; u < n_units; u += step) {
+    if constexpr (N == 1) {  // the one-token decode: one activation unit, a row decoded at a time
+      const typename D::X x = x_of(0, u);
 #pragma unroll
-    for (int c = 0; c < N; c++) {
-      const typename D::X x = D::load_x(xq + (size_t)c * cols, xds + (size_t)c * (cols / 32), u);
+      for (int r = 0; r < R; r++) acc[0][r] += D::dot(D::load_w(wr[r], u, tab.grid, tab.masks), x);
+    } else {
+      typename D::W w[R];
 #pragma unroll
-      for (int r = 0; r < R; r++) acc[c][r] += D::dot(wr[r], u, x, tab.grid, tab.masks);
+      for (int r = 0; r < R; r++) w[r] = D::load_w(wr[r], u, tab.grid, tab.masks);
+#pragma unroll
+      for (int c = 0; c < N; c++) {
+        const typename D::X x = x_of(c, u);
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[c][r] += D::dot(w[r], x);
+      }
     }
   }
 }
@@ -373,6 +425,8 @@ template <class Job>
 struct Q8JobList {
   Job job[kMaxMatvecJobs];
 };
+// A kernel parameter (with the width and the lane count): within the 4 KiB kernels take.
+static_assert(sizeof(Q8JobList<GateUpJob>) + 16 <= 4096 && sizeof(Q8JobList<MatvecJob>) + 16 <= 4096);
 
 // Rows a lane group computes (matvec; SwiGLU pairs: one pair): their weight loads are in flight
 // together and share the unit's activations. matvec.cu's shapes, measured there for its fast
@@ -568,12 +622,13 @@ void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaS
 }
 
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
-                       int cols, const int8_t* xq, const float2* xds, int x_rows_per_expert, float* y, int n,
+                       int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
                        cudaStream_t stream) {
+  if (experts_per_row < 0) throw_error("matvec_q8_experts: " + std::to_string(experts_per_row) + " experts an input row");
   std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
   for (int e = 0; e < n; e++) {
-    jobs[e].xq = xq + (size_t)e * x_rows_per_expert * cols;
-    jobs[e].xds = xds + (size_t)e * x_rows_per_expert * (cols / 32);
+    const size_t row = experts_per_row ? e / experts_per_row : 0;
+    jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
   launch_q8_jobs(t, cols, jobs.data(), n, stream, 1);
 }
@@ -581,19 +636,19 @@ void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_off
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
                                size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const int8_t* xq,
                                const float2* xds, float* act, float* scratch, int n, cudaStream_t stream,
-                               int x_rows_per_expert) {
-  if (x_rows_per_expert != 0 && x_rows_per_expert != 1)
-    throw_error("matvec_q8_experts_gate_up: " + std::to_string(x_rows_per_expert) + " input rows an expert (0 or 1)");
+                               int experts_per_row) {
+  if (experts_per_row < 0)
+    throw_error("matvec_q8_experts_gate_up: " + std::to_string(experts_per_row) + " experts an input row");
   if (t_gate != t_up) {  // one kernel per type, then SwiGLU
-    matvec_q8_experts(t_gate, slot_ptrs, 0, row_bytes_gate, rows, cols, xq, xds, x_rows_per_expert, act, n, stream);
-    matvec_q8_experts(t_up, slot_ptrs, up_offset, row_bytes_up, rows, cols, xq, xds, x_rows_per_expert, scratch, n,
+    matvec_q8_experts(t_gate, slot_ptrs, 0, row_bytes_gate, rows, cols, xq, xds, experts_per_row, act, n, stream);
+    matvec_q8_experts(t_up, slot_ptrs, up_offset, row_bytes_up, rows, cols, xq, xds, experts_per_row, scratch, n,
                       stream);
     swiglu(act, scratch, act, (size_t)n * rows, stream);
     return;
   }
   std::vector<GateUpJob> jobs = expert_gate_up_jobs(slot_ptrs, up_offset, row_bytes_gate, row_bytes_up, rows, act, n);
   for (size_t e = 0; e < jobs.size(); e++) {
-    const size_t row = x_rows_per_expert ? e : 0;
+    const size_t row = experts_per_row ? e / (size_t)experts_per_row : 0;
     jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
   launch_q8_jobs(t_gate, cols, jobs.data(), n, stream, 1);

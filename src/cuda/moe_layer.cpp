@@ -103,7 +103,7 @@ void run_gpu_grouped(Engine& e, int L, const LayerPlan& plan, const float* h2, i
     const uint8_t** ptrs = ws.pair_slot_ptrs.get<const uint8_t*>();
     pair_slots(ws.route_ids.get<int32_t>(), n, e.residency.residency_row(L), e.residency.slots(), ptrs,
                ws.grouped_distinct.get<int32_t>() + L, e.streams.compute);
-    e.products.expert_pairs(e.weights.layers[L].moe, plan.experts, plan.expert_down, ptrs, h2, n);
+    e.products.expert_pairs(e.weights.layers[L].moe, plan.experts, plan.expert_down, ptrs, n, plan.moe_input_q8);
     combine(e, T, {nullptr, ws.assign_identity.get<int32_t>(), ws.route_weights.f()}, x, next_norm, h_out, q8);
     e.grouped_layers.push_back(L);
     e.stats.gpu_grouped_layers++;
@@ -318,9 +318,9 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   // routing and the routed experts (the same kernels, so the same results), unless --profile
   // times the stages one after another.
   const bool shared_on_side = routing == Routing::kGpuRouted && !e.profiler.on;
-  // Decode: h2 in the Q8 form once, before the side branch forks, for every matvec-q8 product of it
-  // (by the norm that wrote h2, when it could).
-  if (plan.moe_input_q8 && !h2_q8_ready) e.products.convert_moe_input_q8(h2);
+  // Decode and short passes: h2 in the Q8 form once (before the side branch forks), for every
+  // matvec-q8 product of it and a short pass's pairs (by the norm that wrote h2, when it could).
+  if (plan.moe_input_q8 && !h2_q8_ready) e.products.convert_moe_input_q8(h2, T);
   const float* h2_q8 = plan.moe_input_q8 ? h2 : nullptr;
   if (shared_on_side) {
     e.streams.fork_side();

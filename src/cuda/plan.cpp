@@ -193,6 +193,11 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
       // h2 to X24 once for the products that read that form (a shared pair on matvec-q8 does not).
       l.moe_input_x24 = is_x24(l.shared.gate) || is_x24(l.experts.gate) || is_x24(l.experts.up);
     }
+    // Short passes: h2 to Q8 once (by the norm that writes it) for the pairs' input rows and the
+    // matvec-q8 products of it.
+    if (T > 1 && T <= kQ8PassTokens)
+      l.moe_input_q8 = l.experts.gate == Kernel::kMatvecQ8 || l.shared.gate == Kernel::kMatvecQ8 ||
+                       l.router == Kernel::kMatvecQ8 || l.shared_gate_inp == Kernel::kMatvecQ8;
     l.routing = routing;
     p.layers.push_back(l);
   }
@@ -232,7 +237,11 @@ std::string format_plan(const PassPlan& plan, const DeviceWeights& w) {
                        product_text(moe.router.type, l.router),
                        product_text(moe.shared_gate_inp.type, l.shared_gate_inp),
                        pair_text(l.shared, moe.gate_sh.type, moe.up_sh.type),
-                       product_text(moe.down_sh.type, l.shared_down), l.moe_input_x24 ? " (h2 to X24 once)" : l.moe_input_q8 ? " (h2 to Q8 once)" : "");
+                       product_text(moe.down_sh.type, l.shared_down),
+                       l.moe_input_x24 && l.moe_input_q8 ? " (h2 to X24 and Q8 once)"
+                       : l.moe_input_x24                 ? " (h2 to X24 once)"
+                       : l.moe_input_q8                  ? " (h2 to Q8 once)"
+                                                         : "");
     out += fmt::format("         experts   {} gate/up={} down={}\n", routing_name(l.routing),
                        pair_text(l.experts, moe.gate_exps.type, moe.up_exps.type),
                        product_text(moe.down_exps.type, l.expert_down));

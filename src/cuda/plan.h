@@ -27,16 +27,19 @@ enum class Kernel : uint8_t {
 };
 const char* kernel_name(Kernel k);
 // A pass of up to this many tokens takes the fast tier's matvec-q8 on token columns for its dense
-// products of Q8 types (each matrix read once for the columns), longer ones the prefill forms.
-// Measured per product (H200, 2026-12-01, PERF.md "matvec-q8 token columns"): ssm_in Q4_K 2048 ->
-// 12288 at 2 / 4 / 8 tokens 13.6 / 22.9 / 40.3 µs on columns against 20.4 on the X8 prefill
-// product, ssm_out 4096 -> 2048 6.7 / 9.2 / 14.7 against 35.6.
-constexpr int kQ8PassTokens = 4;
+// products of Q8 types (each matrix read once for up to 8 columns) and its routed experts a
+// (token, selection) pair at a time on the decode kernels; longer ones take the prefill forms.
+// Measured per product before the columns shared a unit's decoding (H200, 2026-12-01, PERF.md
+// "matvec-q8 token columns"): ssm_in Q4_K 2048 -> 12288 at 2 / 4 / 8 / 16 tokens 13.6 / 22.9 /
+// 40.3 / 78.8 µs on columns against 20.4 / 23.9 (16) on the X8 prefill product, ssm_out 4096 ->
+// 2048 6.7 / 9.2 / 14.7 / 32.9 against 35.6 / 43.5. Whole steps decide it (H200, 2026-12-02,
+// `serve --parallel N`, 128 tokens a stream, one call, docs/PERF.md): 16 streams in one step of
+// 16 run 479.8 tok/s in all against 461.5 in two steps of 8 (another call: 504.5 against 466.9),
+// 8 streams 477.2 against 465.4 (steps of 4: 426.8), 4 streams 435.6 against 426.0.
+constexpr int kQ8PassTokens = 16;
+static_assert(kQ8PassTokens <= kMaxQ8Columns);
 // A batched decode step takes at most this many sessions (a larger decode_batch runs in steps):
-// the passes whose dense products are decode launches with token columns. From 5 rows on they
-// take the prefill forms, and 8 streams in steps of 8 ran 161 tok/s in all, under one stream's 243
-// (H200, before the matvec-f32 columns; docs/PERF.md), where 4 streams in steps of 4 beat decoding
-// them one after another (403.8 against 234.2 at 462c9f0).
+// the passes whose products are decode launches with token columns.
 constexpr int kMaxBatchRows = kQ8PassTokens;
 // kMatvec or kMatvecF32, and the sums it forms.
 inline bool is_matvec(Kernel k) { return k == Kernel::kMatvec || k == Kernel::kMatvecF32; }
@@ -122,7 +125,7 @@ struct LayerPlan {
   PairPlan shared;  // ffn_gate_shexp, ffn_up_shexp
   Kernel shared_down = Kernel::kMatvec;
   bool moe_input_x24 = false;  // h2 converted to X24 once, for the shared pair and the routed gate/up
-  bool moe_input_q8 = false;   // decode: h2 converted to Q8 once, for every matvec-q8 product that reads it
+  bool moe_input_q8 = false;   // decode, short passes: h2 converted to Q8 once, for every matvec-q8 product of it
   PairPlan experts;            // ffn_gate_exps, ffn_up_exps
   Kernel expert_down = Kernel::kMatvec;
   Routing routing = Routing::kHostRouted;

@@ -18,8 +18,10 @@ void Products::convert_q8(const float* x, int T, int cols) {
   q8_held_ = nullptr;
 }
 
-void Products::convert_moe_input_q8(const float* h2) {
-  quantize_q8(h2, 1, c_.n_embd, ws_.q8_moe_input.values(), ws_.q8_moe_input.scales(), stream_);
+void Products::convert_moe_input_q8(const float* h2, int T) {
+  if (T < 1 || T > ws_.q8_moe_input.rows)
+    fail("Products: the MoE input's Q8 form of {} tokens, its buffer holds {}", T, ws_.q8_moe_input.rows);
+  quantize_q8(h2, T, c_.n_embd, ws_.q8_moe_input.values(), ws_.q8_moe_input.scales(), stream_);
 }
 
 namespace {
@@ -44,24 +46,16 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
   if (k == Kernel::kMatvecQ8) {  // y [T][rows]
     if (x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
     q8_held_ = nullptr;
-    MatvecJob j;
-    j.w = w.data;
-    j.row_bytes = w.row_bytes;
-    j.rows = w.rows;
-    j.y = y;
+    MatvecJob j = column_job(w, x, y, 0);  // the kernel writes the T columns
     read_q8(j, q8_scratch_);
     matvec_q8_jobs(w.type, w.cols, &j, 1, stream_, T);
-  } else if (k == Kernel::kMatvecF32 && T > 1) {  // a job a token column, one launch
+  } else if (is_matvec(k)) {  // a job a token column, kMaxMatvecJobs columns a launch
     MatvecJob jobs[kMaxMatvecJobs];
     for (int t0 = 0; t0 < T; t0 += kMaxMatvecJobs) {
       const int n = std::min(T - t0, kMaxMatvecJobs);
       for (int i = 0; i < n; i++) jobs[i] = column_job(w, x, y, t0 + i);
-      matvec_jobs(w.type, w.cols, jobs, n, stream_, Sums::kFast);
+      matvec_jobs(w.type, w.cols, jobs, n, stream_, sums_of(k));
     }
-  } else if (is_matvec(k)) {  // a launch a token column
-    for (int t = 0; t < T; t++)
-      matvec(w.type, w.data, w.row_bytes, w.rows, w.cols, x + (size_t)t * w.cols, y + (size_t)t * w.rows, stream_,
-             sums_of(k));
   } else if (is_x32(k)) {
     const XForm form = x32_form_of(k);
     if (!held || held->x != x || held->cols != w.cols || held->form != form) {
@@ -82,18 +76,18 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
 }
 
 void Products::project_group(std::initializer_list<Projection> list, int T, const float* moe_input) {
-  // On the decode kernels (matvec-q8 on T token columns, the fast tier's matvec-f32 a job a column,
-  // one token's exact matvec) consecutive products of one type, width and kernel share a launch;
-  // other kernels take a launch a product.
-  const bool decode_kernels = T <= q8_scratch_.rows && std::all_of(list.begin(), list.end(), [&](const Projection& p) {
-    return p.kernel == Kernel::kMatvecQ8 || p.kernel == Kernel::kMatvecF32 || (T == 1 && is_matvec(p.kernel));
+  // On the decode kernels (matvec-q8 on T token columns, matvec a job a column) consecutive
+  // products of one type, width and kernel share a launch; other kernels take a launch a product.
+  const bool decode_kernels = T <= q8_scratch_.rows && std::all_of(list.begin(), list.end(), [](const Projection& p) {
+    return p.kernel == Kernel::kMatvecQ8 || is_matvec(p.kernel);
   });
   if (!decode_kernels) {
     KqHeld held;
     for (const Projection& p : list) project(*p.w, p.kernel, p.x, T, p.y, &held);
     return;
   }
-  if (moe_input && T != 1) fail("project_group: the MoE input's Q8 form holds one token, not {}", T);
+  if (moe_input && T > ws_.q8_moe_input.rows)
+    fail("project_group: the MoE input's Q8 form holds {} tokens, not {}", ws_.q8_moe_input.rows, T);
   // A group holds a mixer's few input products, so the storage is fixed (no allocation a call on
   // the synchronous path).
   constexpr size_t kMaxGroup = 4;
@@ -157,7 +151,8 @@ void Products::project_gate_up(const DMat& gate, const DMat& up, const PairPlan&
       matvec_gate_up(gate.type, gate.cols, &j, 1, stream_, sums_of(plan.gate));
       return;
     }
-    if (x_in_moe_input && T != 1) fail("Products::project_gate_up: the MoE input's Q8 form holds one token, not {}", T);
+    if (x_in_moe_input && T > ws_.q8_moe_input.rows)
+      fail("Products::project_gate_up: the MoE input's Q8 form holds {} tokens, not {}", ws_.q8_moe_input.rows, T);
     if (!x_in_moe_input) convert_q8(x, T, gate.cols);
     read_q8(j, x_in_moe_input ? ws_.q8_moe_input : q8_scratch_);
     matvec_q8_gate_up(gate.type, gate.cols, &j, 1, stream_, T);
@@ -256,18 +251,21 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
 }
 
 void Products::expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
-                            const float* h2, int n) {
+                            int n, bool h2_in_q8) {
   const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
   const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
   if (pair.gate != Kernel::kMatvecQ8 || pair.up != Kernel::kMatvecQ8 || down != Kernel::kMatvecQ8)
     fail("Products::expert_pairs: the routed experts' pair runs on matvec-q8 only");
-  const Q8Rows &xq = ws_.q8_pair_input, &aq = ws_.q8_expert_act;
-  if (n > xq.rows || n > aq.rows) fail("Products::expert_pairs: {} pairs, the Q8 buffers hold {}", n, xq.rows);
-  gather_rows(h2, ws_.pair_tokens.get<int32_t>(), ws_.expert_in.f(), n, n_embd, stream_);
-  quantize_q8(ws_.expert_in.f(), n, n_embd, xq.values(), xq.scales(), stream_);
+  if (!h2_in_q8) fail("Products::expert_pairs: the layer's plan did not convert h2 to the Q8 form its pairs read");
+  const int K = c_.n_expert_used;
+  const Q8Rows &xq = ws_.q8_moe_input, &aq = ws_.q8_expert_act;
+  if (n % K != 0 || n / K > xq.rows || n > aq.rows)
+    fail("Products::expert_pairs: {} pairs of {} tokens, the Q8 buffers hold {} tokens and {} pairs", n, n / K,
+         xq.rows, aq.rows);
   float* act = ws_.expert_act.f();
+  // Pair i reads token i / K's row of h2's Q8 form (the plan's moe_input_q8).
   matvec_q8_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd,
-                            xq.values(), xq.scales(), act, ws_.expert_up.f(), n, stream_, 1);
+                            xq.values(), xq.scales(), act, ws_.expert_up.f(), n, stream_, K);
   quantize_q8(act, n, ff, aq.values(), aq.scales(), stream_);
   matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values(), aq.scales(), 1,
                     ws_.expert_out.f(), n, stream_);

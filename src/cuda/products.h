@@ -52,8 +52,9 @@ class Products {
   // input conversion (moe_input_x24, or q8_moe_input for matvec-q8) already holds x.
   void project_gate_up(const DMat& gate, const DMat& up, const PairPlan& plan, const float* x, int T, float* act,
                        float* up_out, bool x_in_moe_input = false);
-  // Converts one decode token's MoE input h2 to the Q8 form (Workspace::q8_moe_input).
-  void convert_moe_input_q8(const float* h2);
+  // Converts the MoE input h2 of T tokens (a decode token, a short pass) to the Q8 form
+  // (Workspace::q8_moe_input).
+  void convert_moe_input_q8(const float* h2, int T);
   // The Q8 scratch (Workspace::q8_input) where a kernel may write its output's Q8 form, and the
   // declaration that it did for x: the next one-token project_group or project on x reads it
   // instead of converting x. Any conversion into the scratch, and that product, end the
@@ -72,10 +73,11 @@ class Products {
   void expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
                       const float* x, int n, size_t row0);
   // A short pass's (2 to kQ8PassTokens tokens) routed experts on the decode kernels, a pair at a
-  // time: pair i (token i / K, selection i % K; n = T·K) reads the expert in slot ptr_d[i] on h2's
-  // row i / K, in its Q8 form, and writes expert_act / expert_out row i. The plan's matvec-q8 pair.
-  void expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
-                    const float* h2, int n);
+  // time: pair i (token i / K, selection i % K; n = T·K) reads the expert in slot ptr_d[i] on row
+  // i / K of h2's Q8 form in q8_moe_input (the plan's moe_input_q8), and writes expert_act /
+  // expert_out row i. The plan's matvec-q8 pair; h2_in_q8: the layer wrote that form (fails if not).
+  void expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d, int n,
+                    bool h2_in_q8);
   // The gathered rows of the routed experts' input (row a = token gather_d[a] of h2): of h2's X24
   // form for X24 gate/up products (bit copies: the same as converting the gathered rows), of h2
   // itself for the others.

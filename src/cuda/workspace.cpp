@@ -91,10 +91,9 @@ Workspace::Workspace(const Config& c, const NumericForms& forms, int max_tokens_
     // A pass of up to kQ8PassTokens tokens takes matvec-q8 for its dense products (plan.h).
     alloc_q8(q8_input, kQ8PassTokens, dense);
     alloc_q8(q8_side_input, 1, std::max(n_embd, ff_sh));
-    alloc_q8(q8_moe_input, 1, n_embd);
+    alloc_q8(q8_moe_input, kQ8PassTokens, n_embd);
     const size_t pairs = (size_t)kQ8PassTokens * std::max(c.n_expert_used, 1);
     alloc_q8(q8_expert_act, pairs, ff);
-    alloc_q8(q8_pair_input, pairs, n_embd);
   }
   alloc(shared_act, T * ff_sh);
   alloc(shared_up, T * ff_sh);
@@ -132,15 +131,12 @@ Workspace::Workspace(const Config& c, const NumericForms& forms, int max_tokens_
   alloc_bytes(routed_router, (size_t)c.n_layer * c.n_expert * sizeof(float));
   const size_t n_pairs = (size_t)kQ8PassTokens * c.n_expert_used;
   alloc_bytes(assign_identity, n_pairs * sizeof(int32_t));
-  alloc_bytes(pair_tokens, n_pairs * sizeof(int32_t));
   alloc_bytes(pair_slot_ptrs, n_pairs * sizeof(void*));
   alloc_bytes(routed_logits, (size_t)c.n_vocab * sizeof(float));
-  std::vector<int32_t> identity(n_pairs), tokens(n_pairs);
+  std::vector<int32_t> identity(n_pairs);
   std::iota(identity.begin(), identity.end(), 0);
-  for (size_t i = 0; i < n_pairs; i++) tokens[i] = (int32_t)(i / (size_t)c.n_expert_used);
   RL_CUDA_CHECK(cudaMemcpy(assign_identity.get(), identity.data(), identity.size() * sizeof(int32_t),
                            cudaMemcpyHostToDevice));
-  RL_CUDA_CHECK(cudaMemcpy(pair_tokens.get(), tokens.data(), tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   token_position_host.allocate(2 * sizeof(int32_t));
   routed_io_host.allocate((LK + c.n_layer) * sizeof(int32_t));
   routed_router_host.allocate((size_t)c.n_layer * c.n_expert * sizeof(float));

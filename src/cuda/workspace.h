@@ -138,9 +138,8 @@ struct Workspace {
   // The Q8 form of decode inputs (NumericForms::q8), one buffer per input that may be live at once.
   Q8Rows q8_input;       // [kQ8PassTokens][max(n_embd, value_dim, q_dim, ff_sh)] a dense product's input
   Q8Rows q8_side_input;  // [1][max(n_embd, ff_sh)] a product's input on the decode graph's side branch
-  Q8Rows q8_moe_input;   // [1][n_embd] h2, converted once a layer for every matvec-q8 product of it
+  Q8Rows q8_moe_input;   // [kQ8PassTokens][n_embd] h2, converted once a layer for every matvec-q8 product of it
   Q8Rows q8_expert_act;  // [kQ8PassTokens·K][ff] the routed experts' SwiGLU outputs, for their down products
-  Q8Rows q8_pair_input;  // [kQ8PassTokens·K][n_embd] a short pass's h2 row of each (token, selection) pair
   // The next layer's predicted selections (prefetch, decode): never the buffers the real routing uses.
   DeviceBuffer predict_input;    // [n_embd] RMSNorm(x) * the next layer's post-attention norm
   DeviceBuffer predict_logits;   // [E] the next layer's router on it
@@ -174,9 +173,8 @@ struct Workspace {
   DeviceBuffer routed_router;        // [n_layer][E] router logits, kept per layer for the trace
   PinnedBuffer routed_router_host;
   DeviceBuffer assign_identity;      // [kQ8PassTokens·K] 0, 1, ...: pair i is expert row i
-  // A short pass's routed experts as pairs (Products::expert_pairs): each (token, selection) pair's
-  // token i / K and the slot of its expert.
-  DeviceBuffer pair_tokens;          // [kQ8PassTokens·K] int32
+  // A short pass's routed experts as pairs (Products::expert_pairs): the slot of each (token,
+  // selection) pair's expert.
   DeviceBuffer pair_slot_ptrs;       // [kQ8PassTokens·K]
   // The graph's logits have a buffer of their own: `logits` is reallocated when a prefill asks
   // for all positions, and a captured graph must never see an address change.

@@ -150,11 +150,13 @@ std::optional<int32_t> Generation::next_token() {
   return token;
 }
 
-void Generation::decoded(std::vector<float> logits) {
+void Generation::decoded(std::vector<float> logits) { take_logits(logits); }
+
+void Generation::take_logits(std::vector<float>& logits) {
   if (!to_decode_) fail("Generation: logits given with no token to decode");
   g_.history_.push_back(*to_decode_);
   to_decode_.reset();
-  g_.last_logits_ = std::move(logits);
+  std::swap(g_.last_logits_, logits);
   ++r_.decode_passes;
 }
 

@@ -46,6 +46,10 @@ class Generation {
   std::optional<int32_t> next_token();
   // The logits of decoding the token next_token() returned.
   void decoded(std::vector<float> logits);
+  // As decoded(), swapping: the generation keeps these logits and gives back in `logits` the
+  // buffer of its previous ones, for the caller's next step to write into (a batched step's
+  // buffers then go round without an allocation).
+  void take_logits(std::vector<float>& logits);
 
   // Ends the generation (flushes held-back text, stores the final state in the cache).
   GenerationResult finish();

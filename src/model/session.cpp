@@ -22,13 +22,24 @@ void check_decode_batch(std::span<Session* const> sessions, std::span<const int3
   }
 }
 
-std::vector<std::vector<float>> decode_one_after_another(std::span<Session* const> sessions,
-                                                         std::span<const int32_t> tokens) {
+void check_decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                        std::span<std::vector<float>> out) {
+  if (out.size() != sessions.size())
+    fail("decode_batch: {} sessions but {} output buffers", sessions.size(), out.size());
   check_decode_batch(sessions, tokens);
-  std::vector<std::vector<float>> logits;
-  logits.reserve(sessions.size());
-  for (size_t i = 0; i < sessions.size(); i++) logits.push_back(sessions[i]->decode(tokens[i]));
-  return logits;
+}
+
+void decode_one_after_another(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                              std::span<std::vector<float>> out) {
+  check_decode_batch(sessions, tokens, out);
+  for (size_t i = 0; i < sessions.size(); i++) out[i] = sessions[i]->decode(tokens[i]);
+}
+
+std::vector<std::vector<float>> Backend::decode_batch(std::span<Session* const> sessions,
+                                                      std::span<const int32_t> tokens) {
+  std::vector<std::vector<float>> out(sessions.size());
+  decode_batch_into(sessions, tokens, out);
+  return out;
 }
 
 }  // namespace rl

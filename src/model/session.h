@@ -89,21 +89,28 @@ class Backend {
   virtual void check_session_fits(int /*n_ctx*/) const {}
 
   // Advances several sequences by one token each in one pass: sessions[i] (distinct sessions of
-  // this backend) decodes tokens[i] at its own position, and the result's [i] is its logits
-  // [n_vocab], as sessions[i]->decode(tokens[i]) would give them. Throws rl::Error, with no
-  // session changed, when a session is full, an id is out of range, a session is given twice,
-  // the spans differ in length, or (where the backend can tell: cpu) a session is another's.
-  virtual std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
-                                                       std::span<const int32_t> tokens) = 0;
+  // this backend) decodes tokens[i] at its own position, and out[i] becomes its logits [n_vocab],
+  // as sessions[i]->decode(tokens[i]) would give them (a buffer of that size is written in place,
+  // not reallocated: a caller that keeps its buffers from step to step allocates nothing). Throws
+  // rl::Error, with no session changed, when a session is full, an id is out of range, a session
+  // is given twice, the spans differ in length, or (where the backend can tell: cpu) a session is
+  // another's.
+  virtual void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                                 std::span<std::vector<float>> out) = 0;
+  // decode_batch_into with new buffers: the result's [i] is sessions[i]'s logits.
+  std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
 };
 
 // decode_batch for a backend without a batched pass: the sessions decode one after another.
 // Checks the arguments as decode_batch promises before any session runs.
-std::vector<std::vector<float>> decode_one_after_another(std::span<Session* const> sessions,
-                                                         std::span<const int32_t> tokens);
+void decode_one_after_another(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                              std::span<std::vector<float>> out);
 
 // The checks decode_batch makes on its arguments, common to every backend: equal lengths, no
 // session twice, each session with room for one more token and its id in range.
 void check_decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
+// As check_decode_batch, and one output buffer a session.
+void check_decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                        std::span<std::vector<float>> out);
 
 }  // namespace rl

@@ -312,14 +312,16 @@ void Scheduler::decode_all() {
     tokens.push_back(*token);
   }
   if (batch.empty()) return;
-  std::vector<std::vector<float>> logits;
+  // The step's logits go into step_logits_'s buffers, which the generations swap for their
+  // previous ones: after the first steps nothing is allocated.
+  step_logits_.resize(batch.size());
   try {
-    logits = backend_.decode_batch(sessions, tokens);
+    backend_.decode_batch_into(sessions, tokens, step_logits_);
   } catch (const std::exception& e) {
     for (Slot* s : batch) fail_slot(*s, e.what());
     return;
   }
-  for (size_t i = 0; i < batch.size(); i++) batch[i]->generation->decoded(std::move(logits[i]));
+  for (size_t i = 0; i < batch.size(); i++) batch[i]->generation->take_logits(step_logits_[i]);
   std::lock_guard<std::mutex> l(m_);
   stats_.batched_steps++;
   stats_.batched_tokens += batch.size();

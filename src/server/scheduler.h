@@ -100,6 +100,7 @@ class Scheduler {
   PromptCache prompt_cache_;
   size_t next_prefill_ = 0;                // round robin over prefilling slots
   int share_ctx_ = 1;                      // context of a session of memory_bytes / parallel
+  std::vector<std::vector<float>> step_logits_;  // the worker's: a decode step's logits buffers
 
   mutable std::mutex m_;  // the queue, the slots' job pointers and bytes, the stats
   std::condition_variable wake_;

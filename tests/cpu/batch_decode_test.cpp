@@ -32,9 +32,13 @@ class BatchDecodeTest : public test::ModelBTest {
 
   // Decodes `steps` tokens into every sequence, batched and one by one, and returns the largest
   // relative RMS error between the two (0 when bit-identical: compared with memcmp first).
-  double batched_vs_alone(Numerics numerics, int n_seqs, int steps) const {
+  // kept: through decode_batch_into on buffers kept from step to step (as the server's scheduler
+  // keeps them), each written in place after the first step.
+  double batched_vs_alone(Numerics numerics, int n_seqs, int steps, bool kept = false) const {
     auto backend = cpu::make_cpu_backend(model_, 2, numerics);
     auto batched = start(*backend, n_seqs), alone = start(*backend, n_seqs);
+    std::vector<std::vector<float>> kept_out(n_seqs);
+    std::vector<const float*> where(n_seqs);
     double worst = 0;
     for (int k = 0; k < steps; k++) {
       std::vector<Session*> ptrs;
@@ -43,7 +47,17 @@ class BatchDecodeTest : public test::ModelBTest {
         ptrs.push_back(batched[i].get());
         toks.push_back(feed(i, k));
       }
-      const std::vector<std::vector<float>> out = backend->decode_batch(ptrs, toks);
+      std::vector<std::vector<float>> fresh;
+      if (kept) {
+        backend->decode_batch_into(ptrs, toks, kept_out);
+        for (int i = 0; i < n_seqs; i++) {
+          if (k > 0) EXPECT_EQ(kept_out[i].data(), where[i]) << "sequence " << i << "'s buffer reallocated";
+          where[i] = kept_out[i].data();
+        }
+      } else {
+        fresh = backend->decode_batch(ptrs, toks);
+      }
+      const std::vector<std::vector<float>>& out = kept ? kept_out : fresh;
       EXPECT_EQ(out.size(), (size_t)n_seqs);
       for (int i = 0; i < n_seqs; i++) {
         const std::vector<float> one = alone[i]->decode(feed(i, k));
@@ -68,6 +82,11 @@ TEST_F(BatchDecodeTest, FastTierIsBitIdenticalToDecodingAloneToo) {
   for (int n : {2, 5}) EXPECT_EQ(batched_vs_alone(Numerics::kFast, n, 3), 0.0) << n << " sequences";
 }
 
+TEST_F(BatchDecodeTest, KeptBuffersAreWrittenInPlace) {
+  EXPECT_EQ(batched_vs_alone(Numerics::kFast, 3, 3, true), 0.0);
+  EXPECT_EQ(batched_vs_alone(Numerics::kExact, 1, 2, true), 0.0);
+}
+
 TEST_F(BatchDecodeTest, BadBatchesAreRefusedWithNoSessionChanged) {
   auto backend = cpu::make_cpu_backend(model_, 2);
   auto s = start(*backend, 2);
@@ -85,6 +104,8 @@ TEST_F(BatchDecodeTest, BadBatchesAreRefusedWithNoSessionChanged) {
   EXPECT_THROW(backend->decode_batch(foreign, two), Error);
   EXPECT_THROW(backend->decode_batch(pair, bad), Error);
   EXPECT_THROW(backend->decode_batch(pair, one), Error);
+  std::vector<std::vector<float>> three(3);
+  EXPECT_THROW(backend->decode_batch_into(pair, two, three), Error);  // an output buffer a session
   EXPECT_EQ(s[0]->position(), p0);
   EXPECT_EQ(s[1]->position(), p1);
   EXPECT_EQ(full->position(), 4);

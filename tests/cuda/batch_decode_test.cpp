@@ -1,6 +1,6 @@
 // The CUDA backend's decode_batch (the server's --parallel step) against the CPU oracle on the
-// fixture models: five sequences of different prompt lengths (so different positions and states)
-// decode together, teacher-forced on the oracle's greedy tokens, and each sequence's logits must
+// fixture models: kMaxBatchRows + 1 sequences of different prompt lengths (so different positions
+// and states) decode together, a full batched pass and one sequence alone each step, teacher-forced on the oracle's greedy tokens, and each sequence's logits must
 // meet the fast tier's bar against the oracle (the bar CudaFastTier.EachPartOnThe80BShape and the
 // recipes use: top-1 agreement >= 0.85, mean relative RMS <= 0.075); a sequence decoding on the
 // wrong state, cache row or position scores near 1. Then each sequence decodes once more alone
@@ -20,6 +20,7 @@
 #include "cuda/cuda_backend.h"
 #include "common/error.h"
 #include "cuda/cuda_check.h"
+#include "cuda/plan.h"
 #include "gpu_test_util.h"
 #include "model/parity.h"
 #include "backend_test_util.h"
@@ -30,8 +31,11 @@ namespace {
 
 const char* const kModels[] = {"tiny-qwen3next-iq2xxs.gguf", "tiny-qwen3next-q4km.gguf"};
 
-// Sequences of these prompt lengths decode together for kSteps steps.
-constexpr int kLengths[] = {7, 1, 40, 13, 26};
+// kSequences sequences decode together for kSteps steps: one more than a batched pass takes, so
+// each step is a full pass and a remainder. Sequence i's prompt holds length(i) tokens (1 to 40,
+// no two alike up to 40 sequences).
+constexpr int kSequences = cuda::kMaxBatchRows + 1;
+constexpr int length(int i) { return 1 + (7 + 13 * i) % 40; }
 constexpr int kSteps = 12;
 
 // batched_steps: the steps the backend ran as one batched graph.
@@ -43,12 +47,12 @@ void run_batch(const std::string& path, Numerics numerics, double* top1, double*
   cuda::CudaOptions o;
   o.numerics = numerics;
   auto gpu = cuda::make_cuda_backend(model, o);
-  const int n = (int)std::size(kLengths);
+  const int n = kSequences;
   std::vector<std::unique_ptr<Session>> oracle, batched, alone;
   std::vector<std::vector<float>> want(n), alone_logits(n);
   std::vector<Session*> ptrs;
   for (int i = 0; i < n; i++) {
-    const auto p = test::prompt(kLengths[i], n_vocab, 40 + i);
+    const auto p = test::prompt(length(i), n_vocab, 40 + i);
     oracle.push_back(cpu->new_session(256));
     batched.push_back(gpu->new_session(256));
     alone.push_back(gpu->new_session(256));
@@ -79,7 +83,7 @@ void run_batch(const std::string& path, Numerics numerics, double* top1, double*
       rms += relative_rms(got[i], want[i]);
       rms_alone += relative_rms(got[i], alone_logits[i]);
       *identical = *identical && got[i] == alone_logits[i];
-      EXPECT_EQ(batched[i]->position(), kLengths[i] + step + 1) << "sequence " << i;
+      EXPECT_EQ(batched[i]->position(), length(i) + step + 1) << "sequence " << i;
     }
   }
   *top1 = (double)agree / total;

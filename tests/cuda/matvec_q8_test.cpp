@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -218,6 +220,8 @@ struct ExpertSlots {
   std::vector<size_t> offsets;                          // per list, within a slot
   cuda::DeviceBuffer pool, ptrs;
   ExpertSlots(const std::vector<std::pair<GgmlType, std::pair<int, int>>>& lists, int n) {
+    // (7e + 3) mod n below is a permutation only when 7 and n are coprime.
+    if (std::gcd(7, n) != 1) throw std::invalid_argument("ExpertSlots: " + std::to_string(n) + " experts, a multiple of 7");
     size_t slot = 0;
     for (auto& [t, shape] : lists) {  // 256-byte aligned matrices, as the cache's slots hold them
       offsets.push_back(slot);
@@ -316,11 +320,13 @@ TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
 }
 
 // A short pass's (token, selection) pairs (Products::expert_pairs): every expert on its own Q8
-// input row (x_rows_per_expert 1) equals that expert alone on that row bit for bit, for a pair of
-// one type (one launch) and of two (two launches and a swiglu); expert e reading row 0 or another
-// expert's row differs. And pair_slots gives each selection its expert's slot.
+// input row (experts_per_row 1), or on row e / 3 (experts_per_row 3: three pairs a token), equals
+// that expert alone on that row bit for bit, for a pair of one type (one launch) and of two (two
+// launches and a swiglu); an expert on another expert's row differs. The pairs are more than one
+// launch's job list (a full list, then the rest). And pair_slots gives each selection its
+// expert's slot.
 TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
-  const int n = 12, n_embd = 2048, ff = 512;
+  const int n = cuda::kMaxMatvecJobs + 5, n_embd = 2048, ff = 512;
   for (auto [tg, tu] : {std::pair{GgmlType::IQ2_XS, GgmlType::IQ2_XS}, std::pair{GgmlType::IQ1_M, GgmlType::IQ2_XXS}}) {
     SCOPED_TRACE(std::string(type_name(tg)) + "/" + type_name(tu));
     const size_t rbg = row_size(tg, n_embd), rbu = row_size(tu, n_embd);
@@ -337,6 +343,22 @@ TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
                                       du1.f(), 1, nullptr);
       const auto one = to_host<float>(d1, ff);
       ASSERT_TRUE(std::equal(one.begin(), one.end(), act.begin() + (size_t)e * ff)) << "expert " << e;
+    }
+    // The first expert on the second expert's row: not what it gave on its own row.
+    cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots(), slots.offsets[1], rbg, rbu, ff, n_embd,
+                                    q8.values(n_embd), q8.scales(n_embd / 32), d1.f(), du1.f(), 1, nullptr);
+    const auto other = to_host<float>(d1, ff);
+    EXPECT_FALSE(std::equal(other.begin(), other.end(), act.begin())) << "expert 0 on row 1";
+    cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots(), slots.offsets[1], rbg, rbu, ff, n_embd, q8.values(),
+                                    q8.scales(), da.f(), du.f(), n, nullptr, 3);
+    const auto act3 = to_host<float>(da, (size_t)n * ff);
+    for (int e = 0; e < n; e++) {
+      const size_t row = (size_t)e / 3;
+      cuda::matvec_q8_experts_gate_up(tg, tu, slots.slots() + e, slots.offsets[1], rbg, rbu, ff, n_embd,
+                                      q8.values(row * n_embd), q8.scales(row * n_embd / 32), d1.f(), du1.f(), 1,
+                                      nullptr);
+      const auto one = to_host<float>(d1, ff);
+      ASSERT_TRUE(std::equal(one.begin(), one.end(), act3.begin() + (size_t)e * ff)) << "expert " << e << " on row " << row;
     }
   }
   // pair_slots: residency of 8 experts, 3 of them not resident (their selections get the fallback).
@@ -401,9 +423,10 @@ TEST_F(CudaQ8, SeveralColumnsAsOneColumnEach) {
   }
 }
 
-// The shared expert's SwiGLU pair on several columns: as one-column launches, bit for bit.
+// The shared expert's SwiGLU pair on several columns: as one-column launches, bit for bit. 15
+// columns take a launch of each size (8, 4, 2, 1).
 TEST_F(CudaQ8, SeveralColumnsOfASwigluPair) {
-  const int n_embd = 2048, ff = 512, columns = 7;
+  const int n_embd = 2048, ff = 512, columns = 15;
   for (GgmlType t : kQ8Types) {
     SCOPED_TRACE(type_name(t));
     const size_t rb = row_size(t, n_embd);

@@ -199,7 +199,7 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
     EXPECT_EQ(dn.experts.gate, K::kMatvecQ8);  // IQ2_XXS routed, grouped on the GPU: pairs on the decode kernels
     EXPECT_EQ(dn.expert_down, K::kMatvecQ8);
     EXPECT_FALSE(dn.moe_input_x24);            // nothing reads h2's X24 form
-    EXPECT_FALSE(dn.moe_input_q8);             // decode only
+    EXPECT_TRUE(dn.moe_input_q8);              // the pairs' input rows, the shared pair's input
     EXPECT_EQ(dn.routing, Routing::kGpuGrouped);
     EXPECT_EQ(p.lm_head_all, K::kMatvecQ8);
     // A bounded cache routes on the host: the routed experts keep the prefill form.
@@ -209,12 +209,28 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
     EXPECT_EQ(host.experts.gate, K::kMatmulX8);
     EXPECT_EQ(host.expert_down, K::kMatmulX8);
     EXPECT_TRUE(host.moe_input_x24);           // for the routed experts
+    EXPECT_TRUE(host.moe_input_q8);            // for the shared pair
+  }
+  {
+    // A shared pair with no Q8 form (Q5_0: a prefill product): the pairs alone ask for h2's Q8 form.
+    DeviceWeights q5 = weights();
+    q5.layers[0].moe.gate_sh = q5.layers[0].moe.up_sh = mat(GgmlType::Q5_0, kFf, kEmbd);
+    const PassPlan grouped_plan = make_pass_plan(config(), q5, forms, {}, true, 2);
+    const LayerPlan& grouped = grouped_plan.layers[0];
+    EXPECT_EQ(grouped.shared.gate, K::kMatmulBf16);
+    EXPECT_EQ(grouped.experts.gate, K::kMatvecQ8);
+    EXPECT_TRUE(grouped.moe_input_q8);
+    const PassPlan host_plan = make_pass_plan(config(), q5, forms, {}, false, 2);
+    const LayerPlan& host_q5 = host_plan.layers[0];
+    EXPECT_EQ(host_q5.experts.gate, K::kMatmulX8);
+    EXPECT_FALSE(host_q5.moe_input_q8);  // nothing reads it
   }
   EXPECT_EQ(make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1).layers[0].experts.gate, K::kMatmulX8);
   const PassPlan longer = make_pass_plan(config(), w, forms, {}, true, kQ8PassTokens + 1);
   EXPECT_NE(longer.layers[0].mixer_in[0], K::kMatvecQ8);
   EXPECT_NE(longer.layers[0].shared.gate, K::kMatvecQ8);
   EXPECT_EQ(longer.layers[0].router, K::kMatmulBf16);  // prefill forms from kQ8PassTokens + 1 on
+  EXPECT_FALSE(longer.layers[0].moe_input_q8);
   // A shared pair without X24 form and routed experts without one: nothing converts h2 to X24.
   w.layers[0].moe.gate_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
   w.layers[0].moe.up_exps = experts(GgmlType::Q5_0, kFf, kEmbd);
@@ -222,8 +238,10 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
   EXPECT_FALSE(make_pass_plan(config(), w, forms, {}, true, 4).layers[0].moe_input_x24);
   forms.fast = forms.bf16 = forms.q8 = false;
   const PassPlan exact = make_pass_plan(config(), weights(), forms, {}, true, 4);
-  for (const LayerPlan& l : exact.layers)
+  for (const LayerPlan& l : exact.layers) {
     for (K k : l.mixer_in) EXPECT_FALSE(k == K::kMatvecQ8 || is_matvec(k));
+    EXPECT_FALSE(l.moe_input_q8);
+  }
 }
 
 // The fast tier's prefill takes the X8 form where the exact tier takes X24 or X32, and the bf16

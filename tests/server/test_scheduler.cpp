@@ -61,15 +61,15 @@ class RecordingBackend final : public Backend {
     return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), log, m, chunk_);
   }
   size_t session_bytes(int n_ctx) const override { return inner_.session_bytes(n_ctx); }
-  std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions,
-                                               std::span<const int32_t> tokens) override {
+  void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                         std::span<std::vector<float>> out) override {
     std::vector<Session*> inner;
     for (Session* s : sessions) inner.push_back(static_cast<RecordingSession*>(s)->inner());
     {
       std::lock_guard<std::mutex> l(m);
       log.push_back({false, (int)sessions.size()});
     }
-    return inner_.decode_batch(inner, tokens);
+    inner_.decode_batch_into(inner, tokens, out);
   }
   std::vector<Call> calls() {
     std::lock_guard<std::mutex> l(m);
