@@ -431,9 +431,12 @@ std::vector<CaseDef> decode_cases() {
     v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, Form::kQ8, columns));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kQ8, columns));
   }
-  // A batched step of 4 sessions: its 40 (token, selection) pairs on the decode kernels.
-  v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false, Form::kQ8, 4));
-  v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true, Form::kQ8, 4));
+  // Batched steps of 4 and 16 sessions: their 40 and 160 (token, selection) pairs on the decode
+  // kernels (a launch takes kMaxMatvecJobs of them).
+  for (int tokens : {4, 16}) {
+    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, false, Form::kQ8, tokens));
+    v.push_back(experts_case(G::IQ2_XS, G::IQ2_XS, true, Form::kQ8, tokens));
+  }
   v.push_back(quantize_q8_case(n, 1));
   v.push_back(quantize_q8_case(S::n_ff_exp, S::n_expert_used));
   for (CaseDef& d : deltanet_cases()) v.push_back(std::move(d));
