@@ -6,7 +6,7 @@
 #
 #   scripts/device/ab.sh STEP...     steps, in order:
 #     build        build both (redlite; the tree's test_cuda too); SKIP_BASE=1: the tree only
-#     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX)
+#     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX); TEST_FILTER: a --gtest_filter
 #     unpack-a     fixture A and its references from .deps/fixApack (the gguf as .xz, the two
 #                  reference JSONs as refs-json.tar.xz, the last-logits files) into /tmp/rl-fix-a:
 #                  with the tree they fit a call's 64 MiB only without .deps/debs, so run it on a
@@ -123,7 +123,7 @@ for s in "$@"; do
         STEP_TIMEOUT=500 step build bash -c "ninja -C $BUILD -j16 redlite test_cuda test_cache & p=\$!; ninja -C $BASE_BUILD -j16 redlite; r=\$?; wait \$p && exit \$r" || exit 1
       fi
       ;;
-    test) REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step test_cuda "$BUILD/test_cuda" ;;
+    test) REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step test_cuda "$BUILD/test_cuda" ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} ;;
     unpack-a)
       P=$ROOT/.deps/fixApack A=/tmp/rl-fix-a
       mkdir -p $A && xz -dc $P/tiny-qwen3next-iq2xxs.gguf.xz > $A/tiny-qwen3next-iq2xxs.gguf &&
