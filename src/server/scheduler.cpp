@@ -313,15 +313,17 @@ void Scheduler::decode_all() {
   }
   if (batch.empty()) return;
   // The step's logits go into step_logits_'s buffers, which the generations swap for their
-  // previous ones: after the first steps nothing is allocated.
-  step_logits_.resize(batch.size());
+  // previous ones: after the first steps nothing is allocated (the list only grows, so a smaller
+  // batch keeps the buffers of a larger one for later).
+  if (step_logits_.size() < batch.size()) step_logits_.resize(batch.size());
+  const std::span<std::vector<float>> out = std::span(step_logits_).first(batch.size());
   try {
-    backend_.decode_batch_into(sessions, tokens, step_logits_);
+    backend_.decode_batch_into(sessions, tokens, out);
   } catch (const std::exception& e) {
     for (Slot* s : batch) fail_slot(*s, e.what());
     return;
   }
-  for (size_t i = 0; i < batch.size(); i++) batch[i]->generation->take_logits(step_logits_[i]);
+  for (size_t i = 0; i < batch.size(); i++) batch[i]->generation->take_logits(out[i]);
   std::lock_guard<std::mutex> l(m_);
   stats_.batched_steps++;
   stats_.batched_tokens += batch.size();
