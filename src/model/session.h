@@ -90,19 +90,23 @@ class Backend {
 
   // Advances several sequences by one token each in one pass: sessions[i] (distinct sessions of
   // this backend) decodes tokens[i] at its own position, and out[i] becomes its logits [n_vocab],
-  // as sessions[i]->decode(tokens[i]) would give them (a buffer of that size is written in place,
-  // not reallocated: a caller that keeps its buffers from step to step allocates nothing). Throws
-  // rl::Error, with no session changed, when a session is full, an id is out of range, a session
-  // is given twice, the spans differ in length, or (where the backend can tell: cpu) a session is
-  // another's.
+  // as sessions[i]->decode(tokens[i]) would give them. Where the step runs as one pass (the cpu
+  // backend's, the CUDA batched graph) a buffer of that size is written in place, not reallocated,
+  // so buffers kept from step to step are not allocated again; where the sessions decode one after
+  // another (decode_one_after_another: on CUDA the exact tier, a bounded cache, --profile, a traced
+  // session, a lone session or a step's remainder of one) out[i] takes the buffer decode() returns.
+  // Throws rl::Error, with no session changed, when a session is full, an id is out of range, a
+  // session is given twice, the spans or out differ in length, or (where the backend can tell:
+  // cpu, CUDA) a session is another's.
   virtual void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
                                  std::span<std::vector<float>> out) = 0;
   // decode_batch_into with new buffers: the result's [i] is sessions[i]'s logits.
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
 };
 
-// decode_batch for a backend without a batched pass: the sessions decode one after another.
-// Checks the arguments as decode_batch promises before any session runs.
+// decode_batch for a backend without a batched pass: the sessions decode one after another, out[i]
+// taking the buffer sessions[i]->decode returns (not written in place). Checks the arguments as
+// decode_batch promises before any session runs.
 void decode_one_after_another(std::span<Session* const> sessions, std::span<const int32_t> tokens,
                               std::span<std::vector<float>> out);
 
