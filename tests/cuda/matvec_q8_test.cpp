@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "cuda/kernels.h"
+#include "cuda/plan.h"
 #include "gpu_test_util.h"
 
 namespace rl {
@@ -468,11 +469,12 @@ void expect_q8_of_output(const cuda::DeviceBuffer& out, const cuda::DeviceBuffer
 
 // add_rms_norm's Q8 form (written by the norm kernel where the width allows, by quantize_q8 after
 // it elsewhere) against quantize_q8 of the same output, bit for bit: rows of 2,048 (a block a row,
-// in the kernel), 128 (a warp a row, in the kernel) and 96 (not a multiple of 128: after it), 1 to
-// 4 rows (the decode token and the Q8 column passes), one row with a NaN and one all zeros.
+// in the kernel), 128 (a warp a row, in the kernel) and 96 (not a multiple of 128: after it), 1, 4
+// and kQ8PassTokens rows (the decode token and the Q8 column passes), one row with a NaN and one
+// all zeros.
 TEST_F(CudaQ8, AddRmsNormWritesTheQ8FormOfItsOutput) {
   for (int width : {2048, 128, 96})
-    for (int rows : {1, 4}) {
+    for (int rows : {1, 4, cuda::kQ8PassTokens}) {
       SCOPED_TRACE(::testing::Message() << rows << " rows of " << width);
       auto xs = test::random_floats((size_t)rows * width, 3 + width, 2.0f), ys = test::random_floats(xs.size(), 4);
       const auto w = test::random_floats(width, 5, 1.0f);
@@ -514,12 +516,12 @@ TEST_F(CudaQ8, GatedRmsNormWritesTheQ8FormOfItsOutput) {
 }
 
 // moe_combine_norm's Q8 form of its output (the next layer's mixer input) against quantize_q8 of the
-// same output, bit for bit: rows of 2,048 (in the kernel) and 96 (after it), 1 and 3 tokens of 10
-// selections each.
+// same output, bit for bit: rows of 2,048 (in the kernel) and 96 (after it), 1, 3 and
+// kQ8PassTokens tokens of 10 selections each.
 TEST_F(CudaQ8, MoeCombineNormWritesTheQ8FormOfItsOutput) {
   const int k = 10;
   for (int width : {2048, 96})
-    for (int T : {1, 3}) {
+    for (int T : {1, 3, cuda::kQ8PassTokens}) {
       SCOPED_TRACE(::testing::Message() << T << " tokens of " << width);
       const size_t n = (size_t)T * width;
       const auto xs = test::random_floats(n, 21 + width, 2.0f), ys = test::random_floats(n * k, 22);
