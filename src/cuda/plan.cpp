@@ -177,27 +177,23 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
       const Kernel k = forms.matvec(gt) == forms.matvec(ut) ? forms.matvec(gt) : forms.matvec();
       l.experts = {k, k, true};
       l.expert_down = forms.matvec(m.down_exps.type);
-      l.moe_input_q8 = k == Kernel::kMatvecQ8 || l.shared.gate == Kernel::kMatvecQ8 ||
-                       l.router == Kernel::kMatvecQ8 || l.shared_gate_inp == Kernel::kMatvecQ8;
     } else if (pairs_on_decode_kernels(forms, m, T, routing)) {
       // A short pass grouped on the GPU: each (token, selection) pair on the decode kernels
       // (Products::expert_pairs), where the prefill forms' tiles would hold one or two rows.
       l.experts = {Kernel::kMatvecQ8, Kernel::kMatvecQ8, true};
       l.expert_down = Kernel::kMatvecQ8;
-      l.moe_input_x24 = is_x24(l.shared.gate);
     } else {
       const TensorView gv = m.gate_exps.matrix(0), uv = m.up_exps.matrix(0);
       l.experts = {expert_kernel(forms, gv.type), expert_kernel(forms, uv.type),
                    gv.type == uv.type && gv.row_bytes == uv.row_bytes};
       l.expert_down = expert_kernel(forms, m.down_exps.type);
-      // h2 to X24 once for the products that read that form (a shared pair on matvec-q8 does not).
-      l.moe_input_x24 = is_x24(l.shared.gate) || is_x24(l.experts.gate) || is_x24(l.experts.up);
     }
-    // Short passes: h2 to Q8 once (by the norm that writes it) for the pairs' input rows and the
-    // matvec-q8 products of it.
-    if (T > 1 && T <= kQ8PassTokens)
-      l.moe_input_q8 = l.experts.gate == Kernel::kMatvecQ8 || l.shared.gate == Kernel::kMatvecQ8 ||
-                       l.router == Kernel::kMatvecQ8 || l.shared_gate_inp == Kernel::kMatvecQ8;
+    // h2 converted once a layer to each form its products read: X24 (X8) for the prefill forms'
+    // shared pair and routed gate/up; Q8 (by the norm that writes h2) for the matvec-q8 products
+    // of it and a short pass's pairs (a decode token's experts: the same kernel as the pairs).
+    l.moe_input_x24 = is_x24(l.shared.gate) || is_x24(l.experts.gate) || is_x24(l.experts.up);
+    l.moe_input_q8 = l.experts.gate == Kernel::kMatvecQ8 || l.shared.gate == Kernel::kMatvecQ8 ||
+                     l.router == Kernel::kMatvecQ8 || l.shared_gate_inp == Kernel::kMatvecQ8;
     l.routing = routing;
     p.layers.push_back(l);
   }
