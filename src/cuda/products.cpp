@@ -49,13 +49,11 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
     MatvecJob j = column_job(w, x, y, 0);  // the kernel writes the T columns
     read_q8(j, q8_scratch_);
     matvec_q8_jobs(w.type, w.cols, &j, 1, stream_, T);
-  } else if (is_matvec(k)) {  // a job a token column, kMaxMatvecJobs columns a launch
-    MatvecJob jobs[kMaxMatvecJobs];
-    for (int t0 = 0; t0 < T; t0 += kMaxMatvecJobs) {
-      const int n = std::min(T - t0, kMaxMatvecJobs);
-      for (int i = 0; i < n; i++) jobs[i] = column_job(w, x, y, t0 + i);
-      matvec_jobs(w.type, w.cols, jobs, n, stream_, sums_of(k));
-    }
+  } else if (is_matvec(k)) {  // a job a token column (matvec_jobs splits a long list into launches)
+    if (T > kQ8PassTokens) fail("Products::project: a decode product on {} token columns, at most {}", T, kQ8PassTokens);
+    MatvecJob jobs[kQ8PassTokens];
+    for (int t = 0; t < T; t++) jobs[t] = column_job(w, x, y, t);
+    matvec_jobs(w.type, w.cols, jobs, T, stream_, sums_of(k));
   } else if (is_x32(k)) {
     const XForm form = x32_form_of(k);
     if (!held || held->x != x || held->cols != w.cols || held->form != form) {
