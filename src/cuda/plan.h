@@ -35,7 +35,8 @@ const char* kernel_name(Kernel k);
 // 2048 6.7 / 9.2 / 14.7 / 32.9 against 35.6 / 43.5. Whole steps decide it (H200, 2026-12-02,
 // `serve --parallel N`, 128 tokens a stream, one call, docs/PERF.md): 16 streams in one step of
 // 16 run 479.8 tok/s in all against 461.5 in two steps of 8 (another call: 504.5 against 466.9),
-// 8 streams 477.2 against 465.4 (steps of 4: 426.8), 4 streams 435.6 against 426.0.
+// 8 streams 477.2 against 465.4 (the call before, in steps of 4: 426.8), 4 streams 435.6 against
+// 426.0.
 constexpr int kQ8PassTokens = 16;
 static_assert(kQ8PassTokens <= kMaxQ8Columns);
 // A batched decode step takes at most this many sessions (a larger decode_batch runs in steps):
