@@ -97,6 +97,7 @@ void run_gpu_grouped(Engine& e, int L, const LayerPlan& plan, const float* h2, i
   Workspace& ws = e.ws;
   const int E = c.n_expert, K = c.n_expert_used, n = T * K, n_groups = expert_group_bound(n, E);
   e.profiler.mark(kExperts, e.streams.compute);
+  Assignment a{nullptr, nullptr, ws.route_weights.f()};
   if (plan.experts.gate == Kernel::kMatvecQ8) {
     // A short pass (plan.cpp): each (token, selection) pair on the decode kernels, pair i the
     // expert-output row i, as a decode token's selections are.
@@ -104,20 +105,18 @@ void run_gpu_grouped(Engine& e, int L, const LayerPlan& plan, const float* h2, i
     pair_slots(ws.route_ids.get<int32_t>(), n, e.residency.residency_row(L), e.residency.slots(), ptrs,
                ws.grouped_distinct.get<int32_t>() + L, e.streams.compute);
     e.products.expert_pairs(e.weights.layers[L].moe, plan.experts, plan.expert_down, ptrs, n, plan.moe_input_q8);
-    combine(e, T, {nullptr, ws.assign_identity.get<int32_t>(), ws.route_weights.f()}, x, next_norm, h_out, q8);
-    e.grouped_layers.push_back(L);
-    e.stats.gpu_grouped_layers++;
-    return;
+    a.assign = ws.assign_identity.get<int32_t>();
+  } else {
+    int32_t* gather = ws.grouped_gather.get<int32_t>();
+    int32_t* assign = ws.grouped_assign.get<int32_t>();
+    const uint8_t** ptrs = ws.grouped_slot_ptrs.get<const uint8_t*>();
+    int32_t* offsets = ws.grouped_groups.get<int32_t>();  // [n_groups] first rows, then [n_groups] row counts
+    group_by_expert(ws.route_ids.get<int32_t>(), n, K, E, e.residency.residency_row(L), gather, assign, ptrs,
+                    offsets, offsets + n_groups, n_groups, ws.grouped_distinct.get<int32_t>() + L, e.streams.compute);
+    a.gather = gather, a.assign = assign;
+    gather_inputs(e, plan, h2, T, a);
+    expert_products(e, L, plan, h2, T, {ptrs, offsets, n_groups, kExpertGroupRows, 0, (size_t)n});
   }
-  int32_t* gather = ws.grouped_gather.get<int32_t>();
-  int32_t* assign = ws.grouped_assign.get<int32_t>();
-  const uint8_t** ptrs = ws.grouped_slot_ptrs.get<const uint8_t*>();
-  int32_t* offsets = ws.grouped_groups.get<int32_t>();  // [n_groups] first rows, then [n_groups] row counts
-  group_by_expert(ws.route_ids.get<int32_t>(), n, K, E, e.residency.residency_row(L), gather, assign, ptrs, offsets,
-                  offsets + n_groups, n_groups, ws.grouped_distinct.get<int32_t>() + L, e.streams.compute);
-  const Assignment a{gather, assign, ws.route_weights.f()};
-  gather_inputs(e, plan, h2, T, a);
-  expert_products(e, L, plan, h2, T, {ptrs, offsets, n_groups, kExpertGroupRows, 0, (size_t)n});
   combine(e, T, a, x, next_norm, h_out, q8);
   e.grouped_layers.push_back(L);
   e.stats.gpu_grouped_layers++;
