@@ -61,6 +61,8 @@
 #                  reps: the batched step without the server (compare with step parallel)
 #     ncu-pass     GPU time and grid of the first $NCU_COUNT (default 1400) kernels of `bench --prefill-tokens
 #                  $NCU_PASS_TOKENS (default 4) --decode-tokens 2`, summed per kernel and grid ($OUT/ncu-pass.txt)
+#     ncu-batch    the same over the first batched steps of `bench --batch $NCU_BATCH` (default 16), the
+#                  prefills skipped ($NCU_SKIP launches), cut into passes ($OUT/ncu-batch.txt)
 #     parallel     issue 21's concurrent streams: bench/server_parallel.py through `redlite serve --parallel N`
 #                  on the 80B seed-mix with the carried fixture's vocabulary, --streams $STREAMS
 #                  (default 1,4,8), -n $PARALLEL_N (default 64), serve flags $PARALLEL_FLAGS (e.g.
@@ -275,7 +277,7 @@ for s in "$@"; do
     ncu-detail)
       model
       NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      STEP_TIMEOUT=400 step ncu-detail "$NCU_BIN" --set detailed --import-source no -k "regex:${NCU_RE:-attention_decode}" \
+      STEP_TIMEOUT=400 step ncu-detail "$NCU_BIN" --clock-control none --set detailed --import-source no -k "regex:${NCU_RE:-attention_decode}" \
         --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-2} --csv --page details "$BUILD/redlite" bench -m $M80 \
         --backend cuda --reps 1 --depth-decode-tokens 2 --depths "${NCU_DETAIL_DEPTH:-32768}"
       ;;
@@ -291,7 +293,7 @@ for s in "$@"; do
       model
       for n in ${BATCHES:-4 8 16}; do
         step "batch-$n" "$BUILD/redlite" bench -m $M80 --backend cuda --reps ${AB_ROUNDS:-2} --batch $n --decode-tokens 129 --json &&
-          log "batch $n: $(json_num "$OUT/batch-$n.log" decode_tok_s) tok/s in all, $(json_num "$OUT/batch-$n.log" step_ms) ms a step"
+          log "batch $n: $(json_num "$OUT/batch-$n.log" decode_tok_s) tok/s in all, $(json_num "$OUT/batch-$n.log" step_ms) ms a step (first $(json_num "$OUT/batch-$n.log" first_step_ms); later calls $(json_num "$OUT/batch-$n.log" later_step_call_ms): graph $(json_num "$OUT/batch-$n.log" batched_graph_ms), copies $(json_num "$OUT/batch-$n.log" batched_copy_ms); argmax $(json_num "$OUT/batch-$n.log" argmax_ms))"
       done
       ;;
     ncu-pass)
@@ -301,6 +303,17 @@ for s in "$@"; do
         --csv --page raw --print-units base --launch-count ${NCU_COUNT:-1400} "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 \
         --prompt-tokens ${NCU_PASS_TOKENS:-4} --prefill-tokens ${NCU_PASS_TOKENS:-4} --decode-tokens 2
       python3 "$ROOT/scripts/device/ncu_sum.py" "$OUT/ncu-pass.log" | tee "$OUT/ncu-pass.txt" | head -30
+      ;;
+    ncu-batch)
+      # The prefills of the NCU_BATCH sequences run unprofiled: NCU_SKIP launches (a 16-token
+      # prefill of the 80B is 1,397), a little short of them so the first step is whole.
+      model
+      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      nb=${NCU_BATCH:-16}
+      STEP_TIMEOUT=400 step ncu-batch "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum \
+        --csv --page raw --print-units base --launch-skip ${NCU_SKIP:-$((nb * 1397 - 100))} --launch-count ${NCU_COUNT:-3200} \
+        "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --batch $nb --decode-tokens 4
+      python3 "$ROOT/scripts/device/ncu_sum.py" "$OUT/ncu-batch.log" --passes | tee "$OUT/ncu-batch.txt" | head -40
       ;;
     parallel|base-parallel|patch-parallel)
       vocab_model

@@ -163,6 +163,9 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
   std::vector<double> rates, step_ms;
   std::vector<int32_t> next(o.batch);
   std::vector<std::vector<float>> logits(o.batch);  // kept from step to step, as the server keeps them
+  // Where a step's time goes, over every rep: the first step (a batched graph is captured there),
+  // the later steps' calls, and the greedy picks between them.
+  double first_step_s = 0, later_steps_s = 0, argmax_s = 0;
   for (int rep = 0; rep < o.reps; rep++) {
     for (int i = 0; i < o.batch; i++) {
       sessions[i]->reset();
@@ -170,14 +173,19 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; s++) {
+      const auto ts = std::chrono::steady_clock::now();
       lm.backend->decode_batch_into(ptrs, next, logits);
+      (s == 0 ? first_step_s : later_steps_s) += seconds_since(ts);
+      const auto ta = std::chrono::steady_clock::now();
       for (int i = 0; i < o.batch; i++) next[i] = argmax_token(logits[i]);
+      argmax_s += seconds_since(ta);
     }
     const double seconds = seconds_since(t0);
     rates.push_back((double)o.batch * steps / seconds);
     step_ms.push_back(1000.0 * seconds / steps);
   }
   const Summary r = summarize(rates), ms = summarize(step_ms);
+  const double later_steps = (double)o.reps * (steps - 1);
   if (o.json) {
     nlohmann::json j = run_header(o, lm);
     j["batch"] = o.batch;
@@ -188,9 +196,19 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
     j["decode_tok_s_min"] = r.min;
     j["decode_tok_s_max"] = r.max;
     j["step_ms"] = ms.median;
+    j["first_step_ms"] = 1000.0 * first_step_s / o.reps;
+    if (later_steps > 0) j["later_step_call_ms"] = 1000.0 * later_steps_s / later_steps;
+    j["argmax_ms"] = 1000.0 * argmax_s / ((double)o.reps * steps);
     j["cache_mib"] = o.common.cache_mib;
 #ifdef REDLITE_HAVE_CUDA
-    if (auto* cb = dynamic_cast<cuda::CudaBackend*>(lm.backend.get())) j["batched_steps"] = cb->stats().batched_steps;
+    if (auto* cb = dynamic_cast<cuda::CudaBackend*>(lm.backend.get())) {
+      const cuda::EngineStats st = cb->stats();
+      j["batched_steps"] = st.batched_steps;
+      if (st.batched_steps) {
+        j["batched_graph_ms"] = st.batched_graph_ms / (double)st.batched_steps;
+        j["batched_copy_ms"] = st.batched_copy_ms / (double)st.batched_steps;
+      }
+    }
 #endif
     std::printf("%s\n", j.dump(2).c_str());
   } else {

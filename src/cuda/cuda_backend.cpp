@@ -115,6 +115,7 @@ class CudaBackendImpl final : public CudaBackend {
     s.gpu_grouped_layers = 0;
     s.x32_products = 0;
     s.batched_steps = 0;
+    s.batched_graph_ms = s.batched_copy_ms = 0;
     engine_.profiler.reset();
   }
   std::string profile_report() const override { return engine_.profiler.report(); }

@@ -39,6 +39,10 @@ struct EngineStats {
   uint64_t x32_products = 0;         // prefill dense products run by matmul_x32
   uint64_t batched_steps = 0;        // decode_batch steps run as one batched graph (their tokens
                                      // are not counted in tokens_decoded)
+  // Of those steps, the GPU's milliseconds (CUDA events): the graph's replays, and the copies of
+  // the logits and counts to pinned memory after them. The step's wall time less these is the
+  // host's: staging the ids, the launch, the copies into the caller's buffers.
+  double batched_graph_ms = 0, batched_copy_ms = 0;
 };
 
 class CudaBackend : public Backend {

@@ -316,13 +316,21 @@ bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span
                                 stream));
   // A pass that threw may have left prefetch copies in flight: the graph reads the slots after them.
   RL_CUDA_CHECK(cudaStreamWaitEvent(stream, e.streams.prefetch_done, 0));
+  RL_CUDA_CHECK(cudaEventRecord(e.streams.step_begin, stream));
   RL_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
+  RL_CUDA_CHECK(cudaEventRecord(e.streams.step_graph_end, stream));
   const size_t n_out = (size_t)B * c.n_vocab;
   RL_CUDA_CHECK(cudaMemcpyAsync(ws.batch_logits_host.get(), ws.batch_logits.get(), n_out * sizeof(float),
                                 cudaMemcpyDeviceToHost, stream));
   RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
                                 (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  RL_CUDA_CHECK(cudaEventRecord(e.streams.step_end, stream));
   RL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float graph_ms = 0, copy_ms = 0;
+  RL_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, e.streams.step_begin, e.streams.step_graph_end));
+  RL_CUDA_CHECK(cudaEventElapsedTime(&copy_ms, e.streams.step_graph_end, e.streams.step_end));
+  e.stats.batched_graph_ms += graph_ms;
+  e.stats.batched_copy_ms += copy_ms;
   for (int t = 0; t < B; t++) {
     logits_out[t].resize(c.n_vocab);
     std::memcpy(logits_out[t].data(), ws.batch_logits_host.get<float>() + (size_t)t * c.n_vocab,

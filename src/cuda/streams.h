@@ -4,7 +4,8 @@
 // overwrite; copies_done: after a layer's copies; router_ready: after a layer's selections reach
 // the host; side_fork / side_join: where the side branch starts (the MoE input is ready) and ends;
 // prediction_ready: after a predicted layer's selections reach the host; prefetch_done: after the
-// copies of a prefetch (expert_prefetch.cpp).
+// copies of a prefetch (expert_prefetch.cpp). step_begin / step_graph_end / step_end (timing): a
+// batched decode step's graph and its logits' copy to the host, for EngineStats.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -24,13 +25,15 @@ struct Streams {
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&router_ready, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&prediction_ready, cudaEventDisableTiming));
     RL_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_done, cudaEventDisableTiming));
+    for (cudaEvent_t* e : {&step_begin, &step_graph_end, &step_end}) RL_CUDA_CHECK(cudaEventCreate(e));
     RL_CUDA_CHECK(cudaEventRecord(slots_free, compute));
   }
   ~Streams() {
     if (compute) cudaStreamSynchronize(compute);
     if (copy) cudaStreamSynchronize(copy);
     if (side) cudaStreamSynchronize(side);
-    for (cudaEvent_t e : {slots_free, copies_done, router_ready, side_fork, side_join, prediction_ready, prefetch_done})
+    for (cudaEvent_t e : {slots_free, copies_done, router_ready, side_fork, side_join, prediction_ready, prefetch_done,
+                          step_begin, step_graph_end, step_end})
       if (e) cudaEventDestroy(e);
     for (cudaStream_t s : {compute, copy, side})
       if (s) cudaStreamDestroy(s);
@@ -51,6 +54,7 @@ struct Streams {
   cudaEvent_t slots_free = nullptr, copies_done = nullptr, router_ready = nullptr;
   cudaEvent_t side_fork = nullptr, side_join = nullptr;
   cudaEvent_t prediction_ready = nullptr, prefetch_done = nullptr;
+  cudaEvent_t step_begin = nullptr, step_graph_end = nullptr, step_end = nullptr;
 };
 
 }  // namespace rl::cuda
