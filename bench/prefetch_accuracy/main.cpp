@@ -78,7 +78,7 @@ int run(const std::string& path, int prompt_tokens, int decode_tokens, int threa
   for (int i = 0; i < prompt_tokens; i++) prompt[i] = (int32_t)((i * 7919 + 104729) % c.n_vocab);
   std::vector<float> logits = session->prefill(prompt);
   rec.on = true;
-  for (int i = 0; i < decode_tokens; i++) logits = session->decode(argmax_token(logits));
+  for (int i = 0; i < decode_tokens; i++) logits = session->decode(argmax(logits));
   session->set_trace(nullptr);
 
   std::printf("%s: %d layers, %d experts, top %d; %d decode passes after %d prompt tokens; chance %.4f\n",

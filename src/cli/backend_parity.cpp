@@ -35,7 +35,7 @@ Run run(Session& s, const std::vector<int32_t>& prompt, int n_greedy) {
   s.set_trace(&r.topk);
   std::vector<float> last = s.prefill(prompt, &r.prompt_logits);
   for (int i = 0; i < n_greedy; i++) {
-    const int32_t next = argmax_token(last);
+    const int32_t next = argmax(last);
     r.greedy.push_back(next);
     last = s.decode(next);
     r.greedy_logits.push_back(last);
@@ -104,7 +104,7 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
         for (int i = 0; i < lengths[p]; i++, positions++) {
           std::span<const float> a(got.prompt_logits.data() + (size_t)i * n_vocab, n_vocab);
           std::span<const float> b(ref.prompt_logits.data() + (size_t)i * n_vocab, n_vocab);
-          top1 += argmax_token(a) == argmax_token(b);
+          top1 += argmax(a) == argmax(b);
           const double rr = relative_rms(a, b);
           worst = std::max(worst, rr);
           rms_sum += rr;
@@ -112,7 +112,7 @@ int run_backend_parity(const CommonOptions& common, const BackendParityOptions& 
         const int prompt_top1 = top1;
         const int common_greedy = common_prefix(got.greedy, ref.greedy);
         for (int i = 0; i < common_greedy; i++, positions++) {
-          top1 += argmax_token(got.greedy_logits[i]) == argmax_token(ref.greedy_logits[i]);
+          top1 += argmax(got.greedy_logits[i]) == argmax(ref.greedy_logits[i]);
           worst = std::max(worst, relative_rms(got.greedy_logits[i], ref.greedy_logits[i]));
         }
         const int mismatches = count_selection_mismatches(got.topk, ref.topk);

@@ -111,7 +111,7 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
       std::vector<float> logits = session->prefill(prompt);
       prefill_rates.push_back(prompt.size() / seconds_since(t0));
       const auto t1 = std::chrono::steady_clock::now();
-      for (int i = 0; i < o.depth_decode_tokens; i++) logits = session->decode(argmax_token(logits));
+      for (int i = 0; i < o.depth_decode_tokens; i++) logits = session->decode(argmax(logits));
       decode_rates.push_back(o.depth_decode_tokens / seconds_since(t1));
     }
     const Summary pre = summarize(prefill_rates), dec = summarize(decode_rates);
@@ -169,7 +169,7 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
   for (int rep = 0; rep < o.reps; rep++) {
     for (int i = 0; i < o.batch; i++) {
       sessions[i]->reset();
-      next[i] = argmax_token(sessions[i]->prefill(token_stream(o.prompt_tokens, c.n_vocab, 10 + (uint64_t)i)));
+      next[i] = argmax(sessions[i]->prefill(token_stream(o.prompt_tokens, c.n_vocab, 10 + (uint64_t)i)));
     }
     const auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; s++) {
@@ -177,7 +177,7 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
       lm.backend->decode_batch_into(ptrs, next, logits);
       (s == 0 ? first_step_s : later_steps_s) += seconds_since(ts);
       const auto ta = std::chrono::steady_clock::now();
-      for (int i = 0; i < o.batch; i++) next[i] = argmax_token(logits[i]);
+      for (int i = 0; i < o.batch; i++) next[i] = argmax(logits[i]);
       argmax_s += seconds_since(ta);
     }
     const double seconds = seconds_since(t0);
@@ -266,7 +266,7 @@ int run_bench(const BenchOptions& o) {
     if (cuda_backend) cuda_backend->reset_stats();
 #endif
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i + 1 < o.decode_tokens; i++) logits = session->decode(argmax_token(logits));
+    for (int i = 0; i + 1 < o.decode_tokens; i++) logits = session->decode(argmax(logits));
     decode_rates.push_back((o.decode_tokens - 1) / seconds_since(t0));
 #ifdef REDLITE_HAVE_CUDA
     if (cuda_backend) {

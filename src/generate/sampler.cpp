@@ -10,14 +10,6 @@
 
 namespace rl {
 
-int32_t argmax(std::span<const float> values) {
-  if (values.empty()) fail("sampler: empty logits");
-  int32_t best = 0;
-  for (size_t i = 1; i < values.size(); ++i)
-    if (values[i] > values[best]) best = (int32_t)i;
-  return best;
-}
-
 void SamplingParams::validate() const {
   if (!std::isfinite(temperature)) fail("--temp: must be a finite number, got {}", temperature);
   if (!(top_p > 0.0f) || !std::isfinite(top_p)) fail("--top-p: must be in (0, 1], got {}", top_p);
@@ -47,23 +39,26 @@ void Sampler::accept(int32_t token) { history_.push_back(token); }
 
 void Sampler::reset_history() { history_.clear(); }
 
-// Penalties touch only the tokens of the window, so the copy is the only O(n_vocab) cost.
 size_t TokenMask::count() const {
   size_t n = 0;
   for (uint64_t w : words_) n += (size_t)__builtin_popcountll(w);
   return n;
 }
 
-std::vector<float> Sampler::penalised(std::span<const float> logits, const TokenMask* mask) const {
-  std::vector<float> out(logits.begin(), logits.end());
+// Penalties touch only the tokens of the window, so the copy is the only O(n_vocab) cost.
+std::span<const float> Sampler::penalised(std::span<const float> logits, const TokenMask* mask) const {
+  const bool any = params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                   params_.frequency_penalty != 0.0f;
+  const bool penalties = any && !history_.empty() && params_.repeat_last_n != 0;
+  if (!mask && !penalties) return logits;
+  scratch_.assign(logits.begin(), logits.end());
+  std::vector<float>& out = scratch_;
   if (mask) {
     if (mask->empty()) fail("sampler: the output constraint allows no token");
     for (size_t i = 0; i < out.size(); ++i)
       if (!mask->allows((int32_t)i)) out[i] = -INFINITY;
   }
-  const bool any = params_.repeat_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                   params_.frequency_penalty != 0.0f;
-  if (!any || history_.empty() || params_.repeat_last_n == 0) return out;
+  if (!penalties) return out;
   size_t window = params_.repeat_last_n < 0 ? history_.size()
                                             : std::min(history_.size(), (size_t)params_.repeat_last_n);
   std::unordered_map<int32_t, int> counts;
@@ -77,6 +72,31 @@ std::vector<float> Sampler::penalised(std::span<const float> logits, const Token
   return out;
 }
 
+namespace {
+
+// The k tokens that come first in `before`'s order (descending logit, lower id first among equals),
+// in that order: one pass over the row with the k best so far in a heap whose top is the last of
+// them (a later token enters only with a larger logit than that one's, as it has the higher id).
+template <class Before>
+std::vector<int32_t> first_k(std::span<const float> l, size_t k, Before before) {
+  std::vector<int32_t> heap;
+  heap.reserve(k);
+  for (size_t i = 0; i < k; ++i) heap.push_back((int32_t)i);
+  std::make_heap(heap.begin(), heap.end(), before);
+  float last = l[heap.front()];
+  for (size_t i = k; i < l.size(); ++i) {
+    if (!(l[i] > last)) continue;
+    std::pop_heap(heap.begin(), heap.end(), before);
+    heap.back() = (int32_t)i;
+    std::push_heap(heap.begin(), heap.end(), before);
+    last = l[heap.front()];
+  }
+  std::sort_heap(heap.begin(), heap.end(), before);
+  return heap;
+}
+
+}  // namespace
+
 std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float> logits,
                                                            const TokenMask* mask) const {
   return filtered(logits, /*sorted=*/true, mask);
@@ -84,16 +104,17 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
 
 std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> logits, bool sorted_output,
                                                          const TokenMask* mask) const {
-  std::vector<float> l = penalised(logits, mask);
+  const std::span<const float> l = penalised(logits, mask);
   if (params_.greedy()) return {{argmax(l), 1.0f}};
 
   // Order: descending logit, lower id first among equals.
-  std::vector<int32_t> order(l.size());
-  std::iota(order.begin(), order.end(), 0);
   auto before = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
-  if (params_.top_k > 0 && (size_t)params_.top_k < order.size()) {
-    std::partial_sort(order.begin(), order.begin() + params_.top_k, order.end(), before);
-    order.resize((size_t)params_.top_k);
+  std::vector<int32_t> order;
+  if (params_.top_k > 0 && (size_t)params_.top_k < l.size()) {
+    order = first_k(l, (size_t)params_.top_k, before);
+  } else {
+    order.resize(l.size());
+    std::iota(order.begin(), order.end(), 0);
   }
   // Masked-out tokens (-infinity) have no probability: none may survive, not even as a fallback.
   if (mask) std::erase_if(order, [&](int32_t t) { return l[t] == -INFINITY; });
@@ -103,7 +124,8 @@ std::vector<std::pair<int32_t, float>> Sampler::filtered(std::span<const float> 
   const double inv_t = 1.0 / params_.temperature;
   float top_logit = l[order[0]];
   for (int32_t t : order) top_logit = std::max(top_logit, l[t]);
-  std::vector<double> w(l.size(), 0.0);  // [n_vocab], 0 outside the top-k
+  std::vector<double>& w = weights_;  // [n_vocab]; only the survivors' entries are written and read
+  w.resize(l.size());
   double norm = 0;
   for (int32_t t : order) norm += w[t] = std::exp((double)(l[t] - top_logit) * inv_t);
   auto weight = [&](int32_t t) { return w[t]; };

@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/argmax.h"  // argmax: the greedy pick
+
 namespace rl {
 
 struct SamplingParams {
@@ -79,8 +81,9 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  // The logits after the penalties; masked-out tokens at -infinity.
-  std::vector<float> penalised(std::span<const float> logits, const TokenMask* mask) const;
+  // The logits after the penalties, masked-out tokens at -infinity: `logits` itself when neither
+  // applies, else a copy in scratch_ (valid until the next call).
+  std::span<const float> penalised(std::span<const float> logits, const TokenMask* mask) const;
   // The survivors with their probabilities; most probable first when sorted_output.
   std::vector<std::pair<int32_t, float>> filtered(std::span<const float> logits, bool sorted_output,
                                                   const TokenMask* mask) const;
@@ -89,9 +92,10 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<int32_t> history_;  // tokens seen, oldest first
+  // Reused from call to call (a row of logits is ~150k values): the penalised copy, and each
+  // survivor's unnormalised probability, indexed by token (only the survivors' entries are read).
+  mutable std::vector<float> scratch_;
+  mutable std::vector<double> weights_;
 };
-
-// Index of the largest value; the lowest index among equals.
-int32_t argmax(std::span<const float> values);
 
 }  // namespace rl

@@ -156,13 +156,6 @@ double relative_rms(std::span<const float> a, std::span<const float> b) {
   return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
 }
 
-int32_t argmax_token(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); i++)
-    if (logits[i] > logits[best]) best = (int32_t)i;
-  return best;
-}
-
 int common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   size_t n = 0;
   while (n < a.size() && n < b.size() && a[n] == b[n]) n++;
@@ -178,7 +171,7 @@ std::vector<int32_t> prefill_argmax(Session& s, std::span<const int32_t> tokens,
   for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
     const size_t n = std::min(tokens.size() - begin, (size_t)chunk);
     s.prefill(tokens.subspan(begin, n), &logits);
-    for (size_t i = 0; i < n; i++) top1.push_back(argmax_token(std::span(logits).subspan(i * n_vocab, n_vocab)));
+    for (size_t i = 0; i < n; i++) top1.push_back(argmax(std::span(logits).subspan(i * n_vocab, n_vocab)));
     if (last_logits && begin + n == tokens.size())
       last_logits->assign(logits.end() - (std::ptrdiff_t)n_vocab, logits.end());
   }
@@ -189,7 +182,7 @@ std::vector<int32_t> greedy_continue(Session& s, std::span<const float> first_lo
   std::vector<int32_t> out;
   std::vector<float> logits(first_logits.begin(), first_logits.end());
   for (int i = 0; i < n; i++) {
-    out.push_back(argmax_token(logits));
+    out.push_back(argmax(logits));
     if (i + 1 < n) logits = s.decode(out.back());
   }
   return out;

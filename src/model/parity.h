@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/argmax.h"  // argmax: the references' greedy rule (ties to the lower index)
 #include "model/session.h"
 
 namespace rl {
@@ -54,8 +55,6 @@ std::vector<float> read_f32_file(const std::string& path, size_t n);
 
 // ‖a − b‖ / ‖b‖ (b is the reference), computed in double.
 double relative_rms(std::span<const float> a, std::span<const float> b);
-// Index of the largest value, ties to the lower index (as the references' greedy rule).
-int32_t argmax_token(std::span<const float> logits);
 // Length of the common prefix of two token sequences.
 int common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
 

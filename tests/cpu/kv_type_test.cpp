@@ -130,7 +130,7 @@ Agreement compare(const std::vector<float>& a, const std::vector<float>& ref, si
     const double r = relative_rms(x, y);
     g.mean_rel_rms += r / n;
     g.max_rel_rms = std::max(g.max_rel_rms, r);
-    g.top1 += (argmax_token(x) == argmax_token(y)) / (double)n;
+    g.top1 += (argmax(x) == argmax(y)) / (double)n;
   }
   return g;
 }

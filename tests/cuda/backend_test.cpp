@@ -72,11 +72,11 @@ void expect_matches_oracle(Session& cpu, Session& gpu, std::span<const int32_t> 
   auto lb = gpu.prefill(toks, &lb_all);
   EXPECT_LE(relative_rms(lb_all, la_all), max_rel_rms);
   for (size_t p = 0; p < toks.size(); p++)
-    EXPECT_EQ(argmax_token(std::span(lb_all).subspan(p * n_vocab, n_vocab)),
-              argmax_token(std::span(la_all).subspan(p * n_vocab, n_vocab))) << "position " << p;
+    EXPECT_EQ(argmax(std::span(lb_all).subspan(p * n_vocab, n_vocab)),
+              argmax(std::span(la_all).subspan(p * n_vocab, n_vocab))) << "position " << p;
   for (int step = 0; step < steps; step++) {
-    const int32_t next = argmax_token(la);
-    ASSERT_EQ(argmax_token(lb), next) << "greedy step " << step;
+    const int32_t next = argmax(la);
+    ASSERT_EQ(argmax(lb), next) << "greedy step " << step;
     la = cpu.decode(next);
     lb = gpu.decode(next);
     EXPECT_LE(relative_rms(lb, la), max_rel_rms) << "step " << step;

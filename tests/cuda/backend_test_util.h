@@ -81,7 +81,7 @@ inline void expect_identical_runs(Session& a, Session& b, std::span<const int32_
   ASSERT_EQ(la, lb);
   ASSERT_EQ(all_a, all_b);
   for (int step = 0; step < steps; step++) {
-    const int32_t next = argmax_token(lb);
+    const int32_t next = argmax(lb);
     la = a.decode(next);
     lb = b.decode(next);
     ASSERT_EQ(la, lb) << "step " << step;

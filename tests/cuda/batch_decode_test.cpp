@@ -66,7 +66,7 @@ void run_batch(const std::string& path, Numerics numerics, double* top1, double*
   *identical = true;
   for (int step = 0; step <= kSteps; step++) {
     std::vector<int32_t> next(n);
-    for (int i = 0; i < n; i++) next[i] = argmax_token(want[i]);
+    for (int i = 0; i < n; i++) next[i] = argmax(want[i]);
     // The last step: each sequence alone, from where the batch left it.
     std::vector<std::vector<float>> got(n);
     if (step < kSteps) {
@@ -78,7 +78,7 @@ void run_batch(const std::string& path, Numerics numerics, double* top1, double*
       want[i] = oracle[i]->decode(next[i]);
       alone_logits[i] = alone[i]->decode(next[i]);
       ASSERT_EQ(got[i].size(), (size_t)n_vocab);
-      agree += argmax_token(got[i]) == argmax_token(want[i]);
+      agree += argmax(got[i]) == argmax(want[i]);
       total++;
       rms += relative_rms(got[i], want[i]);
       rms_alone += relative_rms(got[i], alone_logits[i]);
@@ -154,14 +154,14 @@ TEST(CudaBatchedDecode, ABatchThatChangesGetsItsOwnGraphs) {
   int agree = 0, total = 0, steps = 0;
   double rms = 0;
   auto score = [&](int i, const std::vector<float>& got) {
-    agree += argmax_token(got) == argmax_token(want[i]);
+    agree += argmax(got) == argmax(want[i]);
     rms += relative_rms(got, want[i]);
     total++;
   };
   auto step = [&](std::vector<int> rows) {
     std::vector<Session*> batch;
     std::vector<int32_t> next;
-    for (int i : rows) batch.push_back(dev[i].get()), next.push_back(argmax_token(want[i]));
+    for (int i : rows) batch.push_back(dev[i].get()), next.push_back(argmax(want[i]));
     const auto got = gpu->decode_batch(batch, next);
     ASSERT_EQ(got.size(), rows.size());
     for (size_t r = 0; r < rows.size(); r++) {
@@ -174,7 +174,7 @@ TEST(CudaBatchedDecode, ABatchThatChangesGetsItsOwnGraphs) {
   };
   for (int s = 0; s < 3; s++) step({0, 1, 2, 3});
   {  // sequence 0 alone between batched steps
-    const int32_t next = argmax_token(want[0]);
+    const int32_t next = argmax(want[0]);
     const auto got = dev[0]->decode(next);
     want[0] = oracle[0]->decode(next);
     score(0, got);

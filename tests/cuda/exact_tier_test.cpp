@@ -112,7 +112,7 @@ TEST_F(ExactTier, MatchesTheOracleOnThe80BRoutingShapeAtEveryBudget) {
   {
     std::vector<float> last = so->prefill(toks);
     for (int i = 0; i < kDecodeSteps; i++) {
-      feed.push_back(argmax_token(last));
+      feed.push_back(argmax(last));
       last = so->decode(feed.back());
     }
     so->reset();
@@ -138,11 +138,11 @@ TEST_F(ExactTier, MatchesTheOracleOnThe80BRoutingShapeAtEveryBudget) {
     double decode_worst = 0;
     for (int i = 0; i < kDecodeSteps; i++) {
       decode_worst = std::max(decode_worst, relative_rms(got.decode_logits[i], want.decode_logits[i]));
-      EXPECT_EQ(argmax_token(got.decode_logits[i]), argmax_token(want.decode_logits[i])) << "decode step " << i;
+      EXPECT_EQ(argmax(got.decode_logits[i]), argmax(want.decode_logits[i])) << "decode step " << i;
     }
     for (int p = 0; p < kPromptTokens; p++)
-      EXPECT_EQ(argmax_token(std::span(got.prompt_logits).subspan((size_t)p * n_vocab(), n_vocab())),
-                argmax_token(std::span(want.prompt_logits).subspan((size_t)p * n_vocab(), n_vocab())))
+      EXPECT_EQ(argmax(std::span(got.prompt_logits).subspan((size_t)p * n_vocab(), n_vocab())),
+                argmax(std::span(want.prompt_logits).subspan((size_t)p * n_vocab(), n_vocab())))
           << "prompt position " << p;
     std::printf("80B routing shape, budget %.1f: logits rel rms prefill %.3e decode %.3e, router logits %.3e\n",
                 fraction, prompt_rms, decode_worst, router_worst);
@@ -179,7 +179,7 @@ TEST_F(ExactTier, InterleavedSessionsEqualRunningAlone) {
       std::vector<std::vector<float>> out;
       auto s = gpu->new_session(128);
       out.push_back(s->prefill(toks));
-      for (int i = 0; i < kSteps; i++) out.push_back(s->decode(argmax_token(out.back())));
+      for (int i = 0; i < kSteps; i++) out.push_back(s->decode(argmax(out.back())));
       return out;
     };
     const auto want_a = alone(toks_a), want_b = alone(toks_b);
@@ -188,8 +188,8 @@ TEST_F(ExactTier, InterleavedSessionsEqualRunningAlone) {
     got_a.push_back(a->prefill(toks_a));
     got_b.push_back(b->prefill(toks_b));
     for (int i = 0; i < kSteps; i++) {
-      got_b.push_back(b->decode(argmax_token(got_b.back())));
-      got_a.push_back(a->decode(argmax_token(got_a.back())));
+      got_b.push_back(b->decode(argmax(got_b.back())));
+      got_a.push_back(a->decode(argmax(got_a.back())));
     }
     ASSERT_EQ(got_a.size(), want_a.size());
     for (size_t i = 0; i < want_a.size(); i++) {
@@ -253,8 +253,8 @@ TEST_F(ExactTier, RefusalsLeaveTheSessionIntact) {
     // The refused calls changed nothing: the session goes on exactly as the clean one, to the
     // end of its context, where decode is refused too.
     for (int p = pos; p < kCtx; p++) {
-      s_last = s->decode(argmax_token(clean_last));
-      clean_last = clean->decode(argmax_token(clean_last));
+      s_last = s->decode(argmax(clean_last));
+      clean_last = clean->decode(argmax(clean_last));
       ASSERT_EQ(s_last, clean_last) << "position " << p;
     }
     EXPECT_EQ(s->position(), kCtx);

@@ -36,7 +36,7 @@ struct Scores {
   int top1 = 0, positions = 0;
   double rms_sum = 0;
   void add(std::span<const float> got, std::span<const float> want) {
-    top1 += argmax_token(got) == argmax_token(want);
+    top1 += argmax(got) == argmax(want);
     rms_sum += relative_rms(got, want);
     positions++;
   }
@@ -72,10 +72,10 @@ TEST(CudaFastTier, EachPartOnThe80BShape) {
   auto so = oracle->new_session(kPromptTokens + kDecodeSteps + 1);
   Logits want;
   const std::vector<float> last = so->prefill(toks, &want.prompt_logits);
-  std::vector<int32_t> feed{argmax_token(last)};
+  std::vector<int32_t> feed{argmax(last)};
   for (int i = 0; i < kDecodeSteps; i++) {
     want.decode_logits.push_back(so->decode(feed.back()));
-    if (i + 1 < kDecodeSteps) feed.push_back(argmax_token(want.decode_logits.back()));
+    if (i + 1 < kDecodeSteps) feed.push_back(argmax(want.decode_logits.back()));
   }
 
   struct Variant {

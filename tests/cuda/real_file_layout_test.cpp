@@ -39,8 +39,8 @@ TEST(CudaRealLayouts, F16SharedExpertGateMatchesTheOracle) {
   gpu->prefill(toks, &b);
   EXPECT_LE(relative_rms(b, a), 1e-3);
   for (size_t p = 0; p < toks.size(); p++)
-    EXPECT_EQ(argmax_token(std::span(b).subspan(p * n_vocab, n_vocab)),
-              argmax_token(std::span(a).subspan(p * n_vocab, n_vocab)))
+    EXPECT_EQ(argmax(std::span(b).subspan(p * n_vocab, n_vocab)),
+              argmax(std::span(a).subspan(p * n_vocab, n_vocab)))
         << "position " << p;
 }
 
@@ -67,7 +67,7 @@ TEST(CudaRealLayouts, SplitModelGivesTheUnsplitLogits) {
     EXPECT_EQ(all_a, all_b) << "cache_mib " << opt.cache_mib;
     ASSERT_EQ(la, lb) << "cache_mib " << opt.cache_mib;
     for (int step = 0; step < 6; step++) {
-      const int32_t next = argmax_token(la);
+      const int32_t next = argmax(la);
       la = a->decode(next);
       lb = b->decode(next);
       ASSERT_EQ(la, lb) << "step " << step;

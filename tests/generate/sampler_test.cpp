@@ -219,6 +219,76 @@ TEST(Sampler, Penalties) {
   EXPECT_NEAR(c[2].second, std::exp(-4.0) / z, 1e-6);
 }
 
+// The candidates of a top-k chain against the chain written out over a full sort of the row:
+// the k first tokens (descending logit, lower id first), softmax of l / T over them in double,
+// min-p, the shortest prefix reaching top-p, renormalised. Each sampler serves rows of both sizes
+// in turn (its buffers are reused), with penalties and a mask on some.
+TEST(Sampler, TopKCandidatesEqualTheChainOverAFullSort) {
+  struct Case {
+    float t;
+    int k;
+    float p, min_p, repeat;
+    bool mask;
+  };
+  const Case cases[] = {{0.7f, 20, 0.8f, 0.0f, 1.0f, false}, {1.0f, 50, 1.0f, 0.0f, 1.0f, false},
+                        {0.5f, 5, 1.0f, 0.1f, 1.0f, false},  {1.3f, 1000, 0.95f, 0.0f, 1.3f, false},
+                        {0.9f, 40, 0.9f, 0.05f, 1.1f, true}};
+  for (const Case& cs : cases) {
+    SamplingParams sp = plain(cs.t);
+    sp.top_k = cs.k, sp.top_p = cs.p, sp.min_p = cs.min_p, sp.repeat_penalty = cs.repeat;
+    Sampler s(sp);
+    const std::vector<int32_t> history = {3, 17, 3, 4000};
+    for (int32_t t : history) s.accept(t);
+    for (int n : {151936, 4099, 151936}) {
+      std::vector<float> l = random_logits(n, (uint32_t)(n + cs.k));
+      const int tie = n / 2;
+      l[tie] = l[tie + 1] = 25.0f;  // a tie at the top
+      TokenMask mask;
+      mask.reset(n);
+      for (int i = 0; i < n; i += 3) mask.allow(i);
+      mask.allow(tie + 1);
+      // The written-out chain.
+      std::vector<float> e(l);
+      if (cs.mask)
+        for (int i = 0; i < n; i++)
+          if (!mask.allows(i)) e[i] = -INFINITY;
+      if (cs.repeat != 1.0f)
+        for (int32_t t : std::set<int32_t>(history.begin(), history.end()))
+          e[t] = e[t] > 0 ? e[t] / cs.repeat : e[t] * cs.repeat;
+      std::vector<int32_t> ids(n);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return e[a] > e[b] || (e[a] == e[b] && a < b); });
+      ids.resize(cs.k);
+      std::erase_if(ids, [&](int32_t t) { return e[t] == -INFINITY; });
+      std::vector<double> w;
+      double norm = 0;
+      for (int32_t t : ids) norm += w.emplace_back(std::exp((double)(e[t] - e[ids[0]]) * (1.0 / cs.t)));
+      std::vector<std::pair<int32_t, double>> kept;
+      for (size_t i = 0; i < ids.size(); i++)
+        if (!(cs.min_p > 0 && w[i] < cs.min_p)) kept.push_back({ids[i], w[i]});
+      if (cs.p < 1.0f) {
+        size_t n_keep = 0;
+        double cum = 0;
+        while (n_keep < kept.size()) {
+          cum += kept[n_keep++].second / norm;
+          if (cum >= cs.p) break;
+        }
+        kept.resize(n_keep);
+      }
+      double mass = 0;
+      for (auto& [t, wt] : kept) mass += wt;
+      const auto got = s.candidates(l, cs.mask ? &mask : nullptr);
+      ASSERT_EQ(got.size(), kept.size()) << "k " << cs.k << " n " << n;
+      for (size_t i = 0; i < kept.size(); i++) {
+        EXPECT_EQ(got[i].first, kept[i].first) << "k " << cs.k << " n " << n << " rank " << i;
+        EXPECT_EQ(got[i].second, (float)(kept[i].second / mass)) << "k " << cs.k << " n " << n << " rank " << i;
+      }
+      // The tie at the top: the lower id first, unless the mask leaves it out.
+      EXPECT_EQ(got[0].first, cs.mask && !mask.allows(tie) ? tie + 1 : tie);
+    }
+  }
+}
+
 TEST(Sampler, RejectsBadParameters) {
   SamplingParams p;
   p.top_p = 0.0f;

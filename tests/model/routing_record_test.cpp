@@ -157,7 +157,7 @@ TEST(RoutingRecord, RecorderOnTheOracleMatchesTheParityTrace) {
   Tee tee(&rec, &parity);
   session->set_trace(&tee);
   std::vector<float> logits = session->prefill(std::vector<int32_t>{1, 2, 3, 4, 5});
-  for (int i = 0; i < 3; i++) logits = session->decode(argmax_token(logits));
+  for (int i = 0; i < 3; i++) logits = session->decode(argmax(logits));
   session->set_trace(nullptr);
   const RoutingRecording& r = rec.recording();
   ASSERT_EQ(r.passes.size(), 4u);

@@ -247,20 +247,20 @@ TEST_P(SynthRecipeFastTier, CpuFastTierWithinTheBarOfTheOracle) {
     auto s = oracle->new_session(kPromptTokens + kDecodeSteps + 1);
     std::vector<float> last = s->prefill(prompt, &want.prompt);
     for (int i = 0; i < kDecodeSteps; i++) {
-      last = s->decode(argmax_token(last));
+      last = s->decode(argmax(last));
       want.decode.push_back(last);
     }
   }
   std::vector<int32_t> feed;
-  feed.push_back(argmax_token(std::span(want.prompt).subspan((size_t)(kPromptTokens - 1) * n_vocab, n_vocab)));
-  for (int i = 0; i + 1 < kDecodeSteps; i++) feed.push_back(argmax_token(want.decode[i]));
+  feed.push_back(argmax(std::span(want.prompt).subspan((size_t)(kPromptTokens - 1) * n_vocab, n_vocab)));
+  for (int i = 0; i + 1 < kDecodeSteps; i++) feed.push_back(argmax(want.decode[i]));
 
   auto fast = cpu::make_cpu_backend(model, 2, Numerics::kFast);
   const Logits got = run(*fast, prompt, feed);
   int top1 = 0, positions = 0;
   double rms = 0;
   auto score = [&](std::span<const float> a, std::span<const float> b) {
-    top1 += argmax_token(a) == argmax_token(b);
+    top1 += argmax(a) == argmax(b);
     rms += relative_rms(a, b);
     positions++;
   };

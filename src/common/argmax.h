@@ -1,0 +1,12 @@
+// The index of a row's largest value (greedy sampling, top-1 agreement): the lowest index among
+// equal largest values (+0 and -0 are equal), NaNs never the largest (a row of NaNs gives 0).
+#pragma once
+#include <cstdint>
+#include <span>
+
+namespace rl {
+
+// Throws rl::Error on an empty row.
+int32_t argmax(std::span<const float> values);
+
+}  // namespace rl
