@@ -60,4 +60,21 @@ int32_t argmax(std::span<const float> values) {
   return 0;  // every value NaN
 }
 
+// Blocks of 16 compared a vector at a time until one holds a larger value (the top-k's scan: after
+// its first few hundred tokens, few are larger than its k-th).
+size_t first_above(std::span<const float> values, size_t from, float x) {
+  const float* p = values.data();
+  const size_t n = values.size();
+  constexpr size_t kStep = 16;
+  const F4 xx = F4{} + x;
+  size_t k = from;
+  for (; k + kStep <= n; k += kStep) {
+    const I4 hit = (load4(p + k) > xx) | (load4(p + k + 4) > xx) | (load4(p + k + 8) > xx) | (load4(p + k + 12) > xx);
+    if (hit[0] | hit[1] | hit[2] | hit[3]) break;
+  }
+  for (; k < n; k++)
+    if (p[k] > x) return k;
+  return n;
+}
+
 }  // namespace rl

@@ -84,8 +84,7 @@ std::vector<int32_t> first_k(std::span<const float> l, size_t k, Before before) 
   for (size_t i = 0; i < k; ++i) heap.push_back((int32_t)i);
   std::make_heap(heap.begin(), heap.end(), before);
   float last = l[heap.front()];
-  for (size_t i = k; i < l.size(); ++i) {
-    if (!(l[i] > last)) continue;
+  for (size_t i = first_above(l, k, last); i < l.size(); i = first_above(l, i + 1, last)) {
     std::pop_heap(heap.begin(), heap.end(), before);
     heap.back() = (int32_t)i;
     std::push_heap(heap.begin(), heap.end(), before);

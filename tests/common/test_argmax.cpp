@@ -61,6 +61,23 @@ TEST(Argmax, NaNsAreNeverTheLargest) {
   EXPECT_EQ(argmax(inf), 19);
 }
 
+TEST(Argmax, FirstAboveFindsTheFirstLargerValueFromWhereItStarts) {
+  std::vector<float> v(100, 0.0f);
+  v[3] = 1.0f, v[40] = 2.0f, v[47] = NAN, v[99] = 0.5f;
+  EXPECT_EQ(first_above(v, 0, 0.0f), 3u);
+  EXPECT_EQ(first_above(v, 4, 0.0f), 40u);
+  EXPECT_EQ(first_above(v, 4, 1.5f), 40u);
+  EXPECT_EQ(first_above(v, 41, 0.0f), 99u);  // the NaN at 47 is not larger; 99 is in the last, short block
+  EXPECT_EQ(first_above(v, 41, 0.5f), 100u);
+  EXPECT_EQ(first_above(v, 100, -1.0f), 100u);
+  EXPECT_EQ(first_above(v, 0, 2.0f), 100u);  // equal is not larger
+  for (size_t from = 0; from < 100; from++) {
+    size_t want = from;
+    while (want < v.size() && !(v[want] > 0.25f)) want++;
+    EXPECT_EQ(first_above(v, from, 0.25f), want) << from;
+  }
+}
+
 TEST(Argmax, AnEmptyRowIsAnError) {
   EXPECT_THROW(argmax(std::vector<float>{}), Error);
 }
