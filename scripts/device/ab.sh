@@ -74,7 +74,7 @@
 #                  4096,32768) token ids, -n 32; the model is kept for a later mask step
 #     kernels      bench_cuda_kernels of the tree (built here if needed) with $KERNELS_FLAGS (e.g.
 #                  "--filter decode/ --reps 200"); its table in $OUT/kernels.txt
-# Results: $OUT/*.log and $OUT/summary.txt. STEP_TIMEOUT (s) bounds each bench (default 240).
+# Results: $OUT/summary.txt and the steps' logs in $OUT/logs-N.tgz (N: the script's run in the call). STEP_TIMEOUT (s) bounds each bench (default 240).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-$ROOT/out}
@@ -356,6 +356,7 @@ for s in "$@"; do
     *) log "unknown step $s"; status=1 ;;
   esac
 done
-# At most 8 files come back: the logs go as one archive beside the summary.
-(cd "$OUT" && tar -czf logs.tgz --remove-files *.log 2>/dev/null)
+# At most 8 files come back: the logs go as one archive beside the summary, one archive a run of
+# this script (a call that runs it several times keeps every run's logs).
+(cd "$OUT" && n=1 && while [ -e logs-$n.tgz ]; do n=$((n + 1)); done && tar -czf logs-$n.tgz --remove-files *.log 2>/dev/null)
 exit $status
