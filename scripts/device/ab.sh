@@ -101,7 +101,7 @@ step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
 }
 configure() { rl_configure "$@"; }  # configure SRC BUILD (deps.sh)
 json_num() { grep "\"$2\"" "$1" | head -1 | tr -dc '0-9.'; }  # json_num LOG KEY: a bench --json number
-speeds() { echo "prefill $(json_num "$1" prefill_tok_s) decode $(json_num "$1" decode_tok_s)"; }  # speeds LOG
+speeds() { echo "prefill $(json_num "$1" prefill_tok_s) decode $(json_num "$1" decode_tok_s) (host argmax $(json_num "$1" decode_argmax_ms) ms a token)"; }  # speeds LOG
 model() {
   mkdir -p "$(dirname $M80)"
   [ -e $M80 ] || STEP_TIMEOUT=400 step synth-80b "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 --out $M80

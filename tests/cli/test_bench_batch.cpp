@@ -1,5 +1,6 @@
 // `redlite bench --batch N`: N sequences decoded together in decode-tokens − 1 batched steps; the
-// JSON's counts follow from the flags and its two speeds agree (N tokens a step); a batch outside
+// JSON's counts follow from the flags, its two speeds agree (N tokens a step) and the step's parts
+// lie within it; a batch outside
 // 2..16 and the other protocols' flags are refused by name.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,27 @@ TEST(BenchBatch, CountsAndSpeedsFollowTheSteps) {
   ASSERT_GT(step_ms, 0.0);
   // One rep: both come from the same time, so a step holds the batch's 3 tokens.
   EXPECT_NEAR(tok_s * step_ms / 1000.0, 3.0, 1e-6);
+  // The step's parts (the first step, the later steps' calls, the greedy picks after each) lie
+  // within the steps' wall time.
+  const double first = j["first_step_ms"], later = j["later_step_call_ms"], argmax = j["argmax_ms"];
+  EXPECT_GT(first, 0.0);
+  EXPECT_GT(later, 0.0);
+  EXPECT_GE(argmax, 0.0);
+  EXPECT_LE(first + 3 * later + 4 * argmax, 4 * step_ms * (1 + 1e-9));
+}
+
+// The one-sequence protocol's greedy picks: a part of a decode token's time.
+TEST(BenchBatch, TheDecodeTokensPickIsPartOfItsTime) {
+  const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(model);
+  const auto r = run_redlite("bench -m '" + model + "' --backend cpu --threads 1 --reps 1 --decode-tokens 9 " +
+                             "--prefill-tokens 8 --prompt-tokens 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  const double tok_s = j["decode_tok_s"], pick_ms = j["decode_argmax_ms"];
+  ASSERT_GT(tok_s, 0.0);
+  EXPECT_GE(pick_ms, 0.0);
+  EXPECT_LT(pick_ms, 1000.0 / tok_s);
 }
 
 TEST(BenchBatch, RefusesWhatItCannotRun) {
