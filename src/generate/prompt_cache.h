@@ -41,6 +41,10 @@ class PromptCache {
 
   size_t bytes() const;  // what the entries hold now
   size_t max_bytes() const { return max_bytes_; }
+  // Whether put can keep anything (a budget of 0, --prompt-cache-mib 0, keeps nothing): callers
+  // take no snapshot for a cache that would drop it (on the GPU a snapshot allocates and copies the
+  // recurrent states, and freeing it waits for the device).
+  bool keeps_snapshots() const { return max_bytes_ > 0; }
   size_t size() const { return entries_.size(); }
   uint64_t hits() const { return hits_; }
   uint64_t misses() const { return misses_; }

@@ -109,7 +109,10 @@ class FakeSession : public Session {
   int position() const override { return (int)processed.size(); }
   int n_ctx() const override { return n_ctx_; }
   int n_vocab() const override { return n_vocab_; }
-  std::unique_ptr<SessionSnapshot> snapshot() const override { return std::make_unique<FakeSnapshot>(processed); }
+  std::unique_ptr<SessionSnapshot> snapshot() const override {
+    ++snapshots;
+    return std::make_unique<FakeSnapshot>(processed);
+  }
   void restore(const SessionSnapshot& snap) override {
     auto* s = dynamic_cast<const FakeSnapshot*>(&snap);
     if (!s) fail("fake: foreign snapshot");
@@ -125,6 +128,7 @@ class FakeSession : public Session {
   std::vector<int32_t> processed;
   std::vector<int> prefill_calls;  // tokens per prefill() call
   int decode_calls = 0, restores = 0, resets = 0;
+  mutable int snapshots = 0;  // snapshot() calls
 
  private:
   std::vector<float> logits() const {

@@ -236,6 +236,23 @@ TEST(PromptCache, GeneratorRestoresAnEarlierBoundary) {
   EXPECT_EQ(gen.history(), session.processed);
 }
 
+// A generation snapshots its session at the prompt's end and at its own end for the cache; a cache
+// with no budget would drop them, so none is taken.
+TEST(PromptCache, AnEmptyBudgetTakesNoSnapshots) {
+  FakeTokenizer tok;
+  FakeSession session(tok.n_vocab(), [](const std::vector<int32_t>&) { return (int32_t)'x'; });
+  Generator gen(session, tok);
+  const std::vector<int32_t> prompt = {'a', 'b', 'c'};
+  PromptCache none(0);
+  gen.generate(prompt, greedy(3), nullptr, nullptr, &none);
+  EXPECT_EQ(session.snapshots, 0);
+  EXPECT_EQ(none.size(), 0u);
+  PromptCache some(1 << 20);
+  gen.generate(prompt, greedy(3), nullptr, nullptr, &some);
+  EXPECT_EQ(session.snapshots, 2);
+  EXPECT_EQ(some.size(), 2u);
+}
+
 TEST(Generator, RejectsPromptsThatDoNotFit) {
   FakeTokenizer tok;
   FakeSession session(tok.n_vocab(), [](const std::vector<int32_t>&) { return (int32_t)'x'; }, 8);
