@@ -71,7 +71,7 @@ void Generation::prefill_chunk() {
 
 void Generation::end_prefill() {
   r_.prefill_seconds = seconds_since(prefill_start_);
-  if (cache_ && cache_->keeps_snapshots() && r_.prefill_tokens > 0) cache_->put(g_.history_, g_.session().snapshot());
+  if (cache_ && r_.prefill_tokens > 0) cache_->put(g_.history_, g_.session());
 }
 
 void Generation::compute_mask(int budget) {
@@ -180,7 +180,7 @@ GenerationResult Generation::finish() {
     }
   }
   r_.decode_seconds = seconds_since(decode_start_);
-  if (cache_ && cache_->keeps_snapshots() && r_.decode_passes > 0) cache_->put(g_.history_, g_.session().snapshot());
+  if (cache_ && r_.decode_passes > 0) cache_->put(g_.history_, g_.session());
   return r_;
 }
 

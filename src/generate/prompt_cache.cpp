@@ -42,6 +42,10 @@ void PromptCache::put(std::span<const int32_t> tokens, std::unique_ptr<SessionSn
   evict_to(max_bytes_);
 }
 
+void PromptCache::put(std::span<const int32_t> tokens, const Session& session) {
+  if (max_bytes_ > 0) put(tokens, session.snapshot());
+}
+
 int PromptCache::restore_longest_prefix(std::span<const int32_t> prompt, size_t max_len, Session& session) {
   evict_to(max_bytes_);  // sessions written or released since the last call froze shared rows
   auto best = entries_.end();

@@ -29,6 +29,10 @@ class PromptCache {
   // equal tokens.size()). Replaces an entry with the same key; evicts the least recently used
   // entries until the budget holds; a snapshot larger than the whole budget is not kept.
   void put(std::span<const int32_t> tokens, std::unique_ptr<SessionSnapshot> snapshot);
+  // put of `session`'s snapshot, taken only where the cache can keep one: a budget of 0
+  // (--prompt-cache-mib 0) takes none (on the GPU a snapshot allocates and copies the recurrent
+  // states, and freeing it waits for the device).
+  void put(std::span<const int32_t> tokens, const Session& session);
 
   // Restores into `session` the entry with the longest key that is a prefix of `prompt` and at
   // most max_len tokens long, and returns that length; 0 (session untouched) when none fits.
@@ -41,10 +45,6 @@ class PromptCache {
 
   size_t bytes() const;  // what the entries hold now
   size_t max_bytes() const { return max_bytes_; }
-  // Whether put can keep anything (a budget of 0, --prompt-cache-mib 0, keeps nothing): callers
-  // take no snapshot for a cache that would drop it (on the GPU a snapshot allocates and copies the
-  // recurrent states, and freeing it waits for the device).
-  bool keeps_snapshots() const { return max_bytes_ > 0; }
   size_t size() const { return entries_.size(); }
   uint64_t hits() const { return hits_; }
   uint64_t misses() const { return misses_; }
