@@ -20,6 +20,23 @@ F4 load4(const float* p) {
   return v;
 }
 
+constexpr size_t kStep = 16;  // values a step of the vector loops: four vectors in flight
+
+// The first index from `from` on whose value v satisfies hit(v) (hit4: the same test on four values,
+// a lane of -1 where it holds), n when none does: blocks of kStep tested a vector at a time until
+// one holds a hit, then its values one by one.
+template <class Hit4, class Hit>
+size_t first_hit(const float* p, size_t n, size_t from, Hit4 hit4, Hit hit) {
+  size_t k = from;
+  for (; k + kStep <= n; k += kStep) {
+    const I4 h = hit4(load4(p + k)) | hit4(load4(p + k + 4)) | hit4(load4(p + k + 8)) | hit4(load4(p + k + 12));
+    if (h[0] | h[1] | h[2] | h[3]) break;
+  }
+  for (; k < n; k++)
+    if (hit(p[k])) return k;
+  return n;
+}
+
 }  // namespace
 
 // Two passes over the row: its largest value in four independent vector lanes, then the first
@@ -31,7 +48,6 @@ int32_t argmax(std::span<const float> values) {
   if (values.empty()) fail("argmax: an empty row");
   const float* p = values.data();
   const size_t n = values.size();
-  constexpr size_t kStep = 16;
   F4 m0 = F4{} - INFINITY, m1 = m0, m2 = m0, m3 = m0;
   size_t i = 0;
   // x > m is false for a NaN x: a lane keeps its maximum.
@@ -48,33 +64,16 @@ int32_t argmax(std::span<const float> values) {
   float m = -INFINITY;
   for (int j = 0; j < 4; j++) m = m0[j] > m ? m0[j] : m;
   for (; i < n; i++) m = p[i] > m ? p[i] : m;
-  // The first block of kStep that holds m, then the first index in it.
+  // The first index holding m (none: every value NaN).
   const F4 mm = F4{} + m;
-  size_t k = 0;
-  for (; k + kStep <= n; k += kStep) {
-    const I4 hit = (load4(p + k) == mm) | (load4(p + k + 4) == mm) | (load4(p + k + 8) == mm) | (load4(p + k + 12) == mm);
-    if (hit[0] | hit[1] | hit[2] | hit[3]) break;
-  }
-  for (; k < n; k++)
-    if (p[k] == m) return (int32_t)k;
-  return 0;  // every value NaN
+  const size_t at = first_hit(p, n, 0, [&](F4 v) { return v == mm; }, [&](float v) { return v == m; });
+  return at < n ? (int32_t)at : 0;
 }
 
-// Blocks of 16 compared a vector at a time until one holds a larger value (the top-k's scan: after
-// its first few hundred tokens, few are larger than its k-th).
+// The top-k's scan: after its first few hundred tokens, few are larger than its k-th.
 size_t first_above(std::span<const float> values, size_t from, float x) {
-  const float* p = values.data();
-  const size_t n = values.size();
-  constexpr size_t kStep = 16;
   const F4 xx = F4{} + x;
-  size_t k = from;
-  for (; k + kStep <= n; k += kStep) {
-    const I4 hit = (load4(p + k) > xx) | (load4(p + k + 4) > xx) | (load4(p + k + 8) > xx) | (load4(p + k + 12) > xx);
-    if (hit[0] | hit[1] | hit[2] | hit[3]) break;
-  }
-  for (; k < n; k++)
-    if (p[k] > x) return k;
-  return n;
+  return first_hit(values.data(), values.size(), from, [&](F4 v) { return v > xx; }, [&](float v) { return v > x; });
 }
 
 }  // namespace rl
