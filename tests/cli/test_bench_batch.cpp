@@ -1,7 +1,7 @@
 // `redlite bench --batch N`: N sequences decoded together in decode-tokens − 1 batched steps; the
 // JSON's counts follow from the flags, its two speeds agree (N tokens a step) and the step's parts
-// lie within it; a batch outside
-// 2..16 and the other protocols' flags are refused by name.
+// lie within it (as a decode token's pick lies within the token's time in the one-sequence
+// protocol); a batch outside 2..16 and the other protocols' flags are refused by name.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -13,13 +13,20 @@ namespace {
 
 using rl::test::run_redlite;
 
+// `redlite bench --json` of model B on the CPU, one thread and one rep, with `flags`: its JSON (a
+// null one, the failure recorded, when it exits non-zero).
+nlohmann::json bench_json(const std::string& model, const std::string& flags) {
+  const auto r = run_redlite("bench -m '" + model + "' --backend cpu --threads 1 --reps 1 --json " + flags);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  if (r.exit_code != 0) return {};
+  return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+}
+
 TEST(BenchBatch, CountsAndSpeedsFollowTheSteps) {
   const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
   RL_REQUIRE_FIXTURE(model);
-  const auto r = run_redlite("bench -m '" + model + "' --backend cpu --threads 1 --reps 1 --batch 3 " +
-                             "--decode-tokens 5 --prompt-tokens 6 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  const auto j = bench_json(model, "--batch 3 --decode-tokens 5 --prompt-tokens 6");
+  ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["batch"], 3);
   EXPECT_EQ(j["steps"], 4);
   EXPECT_EQ(j["tokens"], 12);
@@ -42,10 +49,8 @@ TEST(BenchBatch, CountsAndSpeedsFollowTheSteps) {
 TEST(BenchBatch, TheDecodeTokensPickIsPartOfItsTime) {
   const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
   RL_REQUIRE_FIXTURE(model);
-  const auto r = run_redlite("bench -m '" + model + "' --backend cpu --threads 1 --reps 1 --decode-tokens 9 " +
-                             "--prefill-tokens 8 --prompt-tokens 4 --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  const auto j = bench_json(model, "--decode-tokens 9 --prefill-tokens 8 --prompt-tokens 4");
+  ASSERT_FALSE(j.is_null());
   const double tok_s = j["decode_tok_s"], pick_ms = j["decode_argmax_ms"];
   ASSERT_GT(tok_s, 0.0);
   EXPECT_GE(pick_ms, 0.0);
