@@ -50,9 +50,10 @@ struct GateUpJob {
   int slot = 0;
   int rows = 0;
 };
-// Jobs a launch (longer lists take several launches): a short pass's routed experts, 4 tokens × 10
-// selections of the 80B (Products::expert_pairs), are one launch (16 tokens: four). Its job list is a kernel
-// parameter: 40 SwiGLU pairs' jobs fit the 4 KiB that every architecture takes.
+// Jobs a launch (longer lists take several launches): its job list is a kernel parameter, and 40
+// SwiGLU pairs' jobs fit the 4 KiB that every architecture takes. A short pass's routed experts
+// (Products::expert_pairs: 16 tokens × 10 selections of the 80B) are one launch however many:
+// matvec_q8_experts and matvec_q8_experts_gate_up derive each pair's job from the first.
 constexpr int kMaxMatvecJobs = 40;
 
 // How a decode product forms its sums: kExact in double, each output the fp32 rounding of the
@@ -104,7 +105,10 @@ void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStre
 void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream, int columns = 1);
 // As matvec_experts / matvec_experts_gate_up on Q8 inputs: expert e's input is the Q8 row
 // e / experts_per_row of (xq, xds) (1: each its own row; K: a short pass's pairs, K a token),
-// the one row 0 for all when experts_per_row is 0.
+// the one row 0 for all when experts_per_row is 0. With experts_per_row > 0, more than
+// kMaxMatvecJobs experts are one launch whose blocks derive their job from the first (one lane
+// group a row); each expert's products are those of a launch of it alone, bit for bit (H200,
+// 2026-12-02: a 16-row batched step's graph 20.50 ms against 20.88 in launches of 40, PERF.md).
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
                        int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
                        cudaStream_t stream);

@@ -18,6 +18,7 @@
 // IqChunk), whose bias term takes Σq over each 8 values (one dp4a with ones, shared by the rows).
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -421,9 +422,27 @@ __device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], cons
   }
 }
 
+__device__ __forceinline__ float*& output_of(MatvecJob& j) { return j.y; }
+__device__ __forceinline__ float*& output_of(GateUpJob& j) { return j.act; }
+
+// A launch's jobs, job y for blockIdx.y: the listed ones, or (per_input > 0) the jobs of routed
+// experts' products derived from job[0] as expert_matvec_jobs / expert_gate_up_jobs make them —
+// job y reads slot y and the Q8 input row y / per_input, and writes its output y · rows after
+// job[0]'s — so that a batched step's 160 (token, selection) pairs are one launch, not four.
 template <class Job>
 struct Q8JobList {
   Job job[kMaxMatvecJobs];
+  int per_input = 0;
+  // Job y of a derived list (per_input > 0; the kernels' kDerived instantiations, so that the
+  // listed ones keep reading their job in place).
+  __device__ Job derived(int y, int cols) const {
+    Job j = job[0];
+    const size_t row = (size_t)(y / per_input);
+    j.slot = y;
+    j.xq += row * cols, j.xds += row * (cols / 32);
+    output_of(j) += (size_t)y * j.rows;
+    return j;
+  }
 };
 // A kernel parameter (with the width and the lane count): within the 4 KiB kernels take.
 static_assert(sizeof(Q8JobList<GateUpJob>) + 16 <= 4096 && sizeof(Q8JobList<MatvecJob>) + 16 <= 4096);
@@ -442,10 +461,17 @@ constexpr int kQ8Rows = kIntegerForm<T> ? 4 : 2;
 template <GgmlType T, int N>
 constexpr int kQ8RowsN = kQ8Rows<T> / N > 1 ? kQ8Rows<T> / N : 1;
 
-template <GgmlType T, int W, int N>
+// The job of this block: listed, or derived from job[0] (kDerived).
+template <bool kDerived, class Job>
+__device__ __forceinline__ decltype(auto) job_of(const Q8JobList<Job>& jobs, int cols) {
+  if constexpr (kDerived) return jobs.derived(blockIdx.y, cols);
+  else return (const Job&)jobs.job[blockIdx.y];
+}
+
+template <GgmlType T, int W, int N, bool kDerived = false>
 __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<MatvecJob> jobs, int cols, int G) {
   constexpr int R = kQ8RowsN<T, N>;
-  const MatvecJob& jb = jobs.job[blockIdx.y];
+  const MatvecJob& jb = job_of<kDerived>(jobs, cols);
   LaneSlot<W, R> s(G);
   const SharedTables<T, kStageQ8Codebook<T>> tab;
   pdl_wait();  // inputs and slot pointers come from the previous kernel
@@ -467,9 +493,9 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<
       if (s.reduce(acc[c][r], active, G) && s.row + r < jb.rows) jb.y[c * ys + s.row + r] = acc[c][r];
 }
 
-template <GgmlType T, int W, int N>
+template <GgmlType T, int W, int N, bool kDerived = false>
 __global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList<GateUpJob> jobs, int cols, int G) {
-  const GateUpJob& jb = jobs.job[blockIdx.y];
+  const GateUpJob& jb = job_of<kDerived>(jobs, cols);
   LaneSlot<W, 1> s(G);
   const SharedTables<T, kStageQ8Codebook<T>> tab;
   pdl_wait();
@@ -494,10 +520,10 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-template <GgmlType T, int W, int N>
-auto q8_kernel_of(const MatvecJob*) { return matvec_q8_kernel<T, W, N>; }
-template <GgmlType T, int W, int N>
-auto q8_kernel_of(const GateUpJob*) { return gate_up_q8_kernel<T, W, N>; }
+template <GgmlType T, int W, int N, bool kDerived = false>
+auto q8_kernel_of(const MatvecJob*) { return matvec_q8_kernel<T, W, N, kDerived>; }
+template <GgmlType T, int W, int N, bool kDerived = false>
+auto q8_kernel_of(const GateUpJob*) { return gate_up_q8_kernel<T, W, N, kDerived>; }
 template <GgmlType T, int N>
 constexpr int q8_rows_of(const MatvecJob*) { return kQ8RowsN<T, N>; }
 template <GgmlType T, int N>
@@ -527,9 +553,11 @@ bool inputs_aligned(const Job& j) {
   return j.xq && j.xds && reinterpret_cast<uintptr_t>(j.xq) % 16 == 0;
 }
 
-// One launch of m ≤ kMaxMatvecJobs jobs on N columns.
+// One launch of m ≤ kMaxMatvecJobs jobs on N columns; per_input > 0: of m jobs derived from
+// jobs[0] (Q8JobList::derived), m up to 65,535.
 template <int N, class Job>
-void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_rows, int total_rows, cudaStream_t stream) {
+void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_rows, int total_rows, cudaStream_t stream,
+                       int per_input = 0) {
   const bool ok = dispatch_q8(t, [&]<GgmlType T>() {
     constexpr const Job* kind = nullptr;
     constexpr int R = q8_rows_of<T, N>(kind);
@@ -544,8 +572,12 @@ void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_row
     const int rows_per_block = kWarps / W * (32 / G) * R;
     const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
     Q8JobList<Job> list{};
-    std::copy(jobs, jobs + m, list.job);
-    if constexpr (N == 1) {
+    std::copy(jobs, jobs + (per_input ? 1 : m), list.job);
+    list.per_input = per_input;
+    if (N == 1 && per_input) {  // one lane group a row (the pairs' rows fill the GPU)
+      const dim3 grid1((unsigned)((max_rows + kWarps * (32 / G) * R - 1) / (kWarps * (32 / G) * R)), (unsigned)m);
+      launch_dependent(q8_kernel_of<T, 1, 1, true>(kind), grid1, dim3(32 * kWarps), stream, list, cols, G);
+    } else if constexpr (N == 1) {
       auto kernel = W == 1 ? q8_kernel_of<T, 1, 1>(kind) : W == 2 ? q8_kernel_of<T, 2, 1>(kind) : q8_kernel_of<T, 4, 1>(kind);
       launch_dependent(kernel, grid, dim3(32 * kWarps), stream, list, cols, G);
     } else {
@@ -556,14 +588,45 @@ void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_row
   RL_CUDA_LAUNCH_CHECK();
 }
 
+// Whether every job e of `jobs` is the one Q8JobList::derived makes of jobs[0] with per_input (the
+// slot, input row and output of expert_matvec_jobs / expert_gate_up_jobs).
 template <class Job>
-void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream, int columns) {
+bool derived_from_first(const Job* jobs, int n, int per_input, int cols) {
+  auto out = [](const Job& j) -> const float* {
+    if constexpr (std::is_same_v<Job, MatvecJob>) return j.y;
+    else return j.act;
+  };
+  for (int e = 0; e < n; e++) {
+    const Job& j = jobs[e];
+    const size_t row = (size_t)(e / per_input);
+    if (j.slot != e || j.slot_ptrs != jobs[0].slot_ptrs || j.rows != jobs[0].rows ||
+        j.xq != jobs[0].xq + row * cols || j.xds != jobs[0].xds + row * (cols / 32) ||
+        out(j) != out(jobs[0]) + (size_t)e * jobs[0].rows)
+      return false;
+  }
+  return true;
+}
+
+template <class Job>
+void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream, int columns,
+                    int per_input = 0) {
   if (cols % 32 != 0 || (q8_supported(t) && cols % quant_type(t).block_size != 0))
     throw_error("matvec_q8: " + std::to_string(cols) + " columns is not a whole number of " + type_name(t) +
                 " blocks");
   if (columns < 1 || columns > kMaxQ8Columns)
     throw_error("matvec_q8: " + std::to_string(columns) + " token columns, want 1 to " +
                 std::to_string(kMaxQ8Columns));
+  // A long list of routed experts' jobs (a batched step's pairs) in one launch.
+  if (per_input > 0 && columns == 1 && n > kMaxMatvecJobs && n <= 65535) {
+    if (!derived_from_first(jobs, n, per_input, cols))
+      throw_error("matvec_q8: a list of expert jobs that its first job does not describe");
+    if (!inputs_aligned(jobs[0])) throw_error("matvec_q8: a job's Q8 input is missing or not 16-byte aligned");
+    if ((t == GgmlType::Q4_K || t == GgmlType::Q5_K) && !aligned16(jobs[0]))
+      throw_error(std::string("matvec_q8: ") + type_name(t) + " weights must be 16-byte aligned");
+    if (jobs[0].rows > 0)
+      launch_q8_columns<1>(t, cols, jobs, n, jobs[0].rows, n * jobs[0].rows, stream, per_input);
+    return;
+  }
   for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
     const int m = std::min(n - j0, kMaxMatvecJobs);
     int max_rows = 0, total_rows = 0;
@@ -630,7 +693,7 @@ void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_off
     const size_t row = experts_per_row ? e / experts_per_row : 0;
     jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
-  launch_q8_jobs(t, cols, jobs.data(), n, stream, 1);
+  launch_q8_jobs(t, cols, jobs.data(), n, stream, 1, experts_per_row);
 }
 
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
@@ -651,7 +714,7 @@ void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* co
     const size_t row = experts_per_row ? e / (size_t)experts_per_row : 0;
     jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
-  launch_q8_jobs(t_gate, cols, jobs.data(), n, stream, 1);
+  launch_q8_jobs(t_gate, cols, jobs.data(), n, stream, 1, experts_per_row);
 }
 
 }  // namespace rl::cuda

@@ -323,15 +323,15 @@ TEST_F(CudaQ8, ExpertPairOfTwoTypes) {
 // A short pass's (token, selection) pairs (Products::expert_pairs): every expert on its own Q8
 // input row (experts_per_row 1), or on row e / 3 (experts_per_row 3: three pairs a token), equals
 // that expert alone on that row bit for bit, for a pair of one type (one launch) and of two (two
-// launches and a swiglu); an expert on another expert's row differs. The pairs are more than one
-// launch's job list (a full list, then the rest). And pair_slots gives each selection its
-// expert's slot.
+// launches and a swiglu), and so does each down product on its pair's row; an expert on another
+// expert's row differs. The pairs are more than one launch's job list holds (one launch of jobs
+// derived from the first). And pair_slots gives each selection its expert's slot.
 TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
   const int n = cuda::kMaxMatvecJobs + 5, n_embd = 2048, ff = 512;
   for (auto [tg, tu] : {std::pair{GgmlType::IQ2_XS, GgmlType::IQ2_XS}, std::pair{GgmlType::IQ1_M, GgmlType::IQ2_XXS}}) {
     SCOPED_TRACE(std::string(type_name(tg)) + "/" + type_name(tu));
     const size_t rbg = row_size(tg, n_embd), rbu = row_size(tu, n_embd);
-    ExpertSlots slots({{tg, {ff, n_embd}}, {tu, {ff, n_embd}}}, n);
+    ExpertSlots slots({{tg, {ff, n_embd}}, {tu, {ff, n_embd}}, {tu, {n_embd, ff}}}, n);
     auto dx = to_device(random_floats((size_t)n * n_embd, 31));
     Q8Device q8(dx, n, n_embd);
     cuda::DeviceBuffer da((size_t)n * ff * 4), du((size_t)n * ff * 4), d1(ff * 4), du1(ff * 4);
@@ -360,6 +360,20 @@ TEST_F(CudaQ8, ExpertPairsReadTheirOwnInputRows) {
                                       nullptr);
       const auto one = to_host<float>(d1, ff);
       ASSERT_TRUE(std::equal(one.begin(), one.end(), act3.begin() + (size_t)e * ff)) << "expert " << e << " on row " << row;
+    }
+    // The down products, pair e on row e of the pairs' outputs.
+    auto dd = to_device(random_floats((size_t)n * ff, 32));
+    Q8Device q8d(dd, n, ff);
+    const size_t rbd = row_size(tu, ff);
+    cuda::DeviceBuffer dy((size_t)n * n_embd * 4), dy1(n_embd * 4);
+    cuda::matvec_q8_experts(tu, slots.slots(), slots.offsets[2], rbd, n_embd, ff, q8d.values(), q8d.scales(), 1, dy.f(),
+                            n, nullptr);
+    const auto y = to_host<float>(dy, (size_t)n * n_embd);
+    for (int e = 0; e < n; e++) {
+      cuda::matvec_q8_experts(tu, slots.slots() + e, slots.offsets[2], rbd, n_embd, ff, q8d.values((size_t)e * ff),
+                              q8d.scales((size_t)e * ff / 32), 1, dy1.f(), 1, nullptr);
+      const auto one = to_host<float>(dy1, n_embd);
+      ASSERT_TRUE(std::equal(one.begin(), one.end(), y.begin() + (size_t)e * n_embd)) << "down of expert " << e;
     }
   }
   // pair_slots: residency of 8 experts, 3 of them not resident (their selections get the fallback).
