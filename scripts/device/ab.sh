@@ -50,6 +50,8 @@
 #                  tree, e.g. carried in .deps) applied to the tree in turn and built incrementally
 #                  in the tree's build as /tmp/rl-bin-NAME (NAME: the file name less .patch), then
 #                  reverted; the tree's redlite is rebuilt last. Several experiments, one call
+#     patch-test   each patch of $PATCHES applied in turn, the tree's test_cuda rebuilt and run
+#                  (TEST_FILTER), then reverted; the tree's test_cuda is rebuilt last
 #     ncu-detail   Nsight Compute's detailed sections for the first $NCU_COUNT (default 2) kernels
 #                  matching $NCU_RE after the prefill of depth $NCU_DETAIL_DEPTH (default 32768)
 #     ncu          GPU time of each kernel matching $NCU_RE (default: attention) over 2 decode tokens
@@ -274,6 +276,16 @@ for s in "$@"; do
         (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
       done
       STEP_TIMEOUT=400 step build-tree-again ninja -C $BUILD -j16 redlite || exit 1
+      ;;
+    patch-test)
+      for p in ${PATCHES:-}; do
+        n=$(basename "$p" .patch)
+        (cd "$ROOT" && patch -p1 --forward < "$ROOT/$p") > "$OUT/patch-test-$n.log" 2>&1 || { log "patch $n: does not apply"; status=1; continue; }
+        STEP_TIMEOUT=400 step "build-test-$n" ninja -C $BUILD -j16 test_cuda &&
+          REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step "test_cuda-$n" "$BUILD/test_cuda" ${TEST_FILTER:+--gtest_filter=$TEST_FILTER}
+        (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-test-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
+      done
+      STEP_TIMEOUT=400 step build-test-tree-again ninja -C $BUILD -j16 test_cuda || exit 1
       ;;
     variant-depths) model; step depths-variant /tmp/rl-build-variant/redlite bench -m $M80 --backend cuda --reps 1 --depths "$DEPTHS" ;;
     ncu-detail)
