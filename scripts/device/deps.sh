@@ -1,8 +1,13 @@
 # Sourced by the GPU host's scripts: unpacks the carried Debian packages (.deps/debs: PCRE2,
 # cpp-httplib and the headers it needs, ../shared/DEVICE.md) into a prefix once and points the
-# build at it. Sets RL_DEPS_LIBDIR.
+# build at it. Sets RL_DEPS_LIBDIR; ROOT (the tree) defaults to the one holding this script.
+ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 RL_DEPS_PREFIX=/tmp/rl-prefix
 if [ ! -d $RL_DEPS_PREFIX/usr ]; then
+  if ! ls "$ROOT"/.deps/debs/*.deb > /dev/null 2>&1; then
+    echo "deps.sh: no Debian packages in $ROOT/.deps/debs (carry .deps/debs, ../shared/DEVICE.md)" >&2
+    return 1 2> /dev/null || exit 1
+  fi
   for f in "$ROOT"/.deps/debs/*.deb; do dpkg -x "$f" $RL_DEPS_PREFIX; done
   sed -i "s#^prefix=/usr#prefix=$RL_DEPS_PREFIX/usr#" $RL_DEPS_PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
 fi
