@@ -108,7 +108,8 @@ void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaS
 // the one row 0 for all when experts_per_row is 0. With experts_per_row > 0, more than
 // kMaxMatvecJobs experts are one launch whose blocks derive their job from the first (one lane
 // group a row); each expert's products are those of a launch of it alone, bit for bit (H200,
-// 2026-12-02: a 16-row batched step's graph 20.50 ms against 20.88 in launches of 40, PERF.md).
+// 2026-12-02, one call: a 16-row batched step's graph 19.96 ms against 20.88 in launches of 40,
+// PERF.md).
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
                        int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
                        cudaStream_t stream);

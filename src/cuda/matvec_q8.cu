@@ -18,7 +18,6 @@
 // IqChunk), whose bias term takes Σq over each 8 values (one dp4a with ones, shared by the rows).
 #include <algorithm>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -567,16 +566,17 @@ void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_row
     // a lane enough work).
     int G = 8;
     while (G < 32 && n_units > G) G *= 2;
+    // (Derived jobs, per_input: one lane group a row; the pairs' rows fill the GPU.)
     int W = 1;
-    while (N == 1 && G == 32 && W < 4 && total_rows / R * W < 4096 && n_units >= 2 * 32 * 2 * W) W *= 2;
+    while (N == 1 && !per_input && G == 32 && W < 4 && total_rows / R * W < 4096 && n_units >= 2 * 32 * 2 * W)
+      W *= 2;
     const int rows_per_block = kWarps / W * (32 / G) * R;
     const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
     Q8JobList<Job> list{};
     std::copy(jobs, jobs + (per_input ? 1 : m), list.job);
     list.per_input = per_input;
-    if (N == 1 && per_input) {  // one lane group a row (the pairs' rows fill the GPU)
-      const dim3 grid1((unsigned)((max_rows + kWarps * (32 / G) * R - 1) / (kWarps * (32 / G) * R)), (unsigned)m);
-      launch_dependent(q8_kernel_of<T, 1, 1, true>(kind), grid1, dim3(32 * kWarps), stream, list, cols, G);
+    if (N == 1 && per_input) {
+      launch_dependent(q8_kernel_of<T, 1, 1, true>(kind), grid, dim3(32 * kWarps), stream, list, cols, G);
     } else if constexpr (N == 1) {
       auto kernel = W == 1 ? q8_kernel_of<T, 1, 1>(kind) : W == 2 ? q8_kernel_of<T, 2, 1>(kind) : q8_kernel_of<T, 4, 1>(kind);
       launch_dependent(kernel, grid, dim3(32 * kWarps), stream, list, cols, G);
@@ -588,25 +588,9 @@ void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_row
   RL_CUDA_LAUNCH_CHECK();
 }
 
-// Whether every job e of `jobs` is the one Q8JobList::derived makes of jobs[0] with per_input (the
-// slot, input row and output of expert_matvec_jobs / expert_gate_up_jobs).
-template <class Job>
-bool derived_from_first(const Job* jobs, int n, int per_input, int cols) {
-  auto out = [](const Job& j) -> const float* {
-    if constexpr (std::is_same_v<Job, MatvecJob>) return j.y;
-    else return j.act;
-  };
-  for (int e = 0; e < n; e++) {
-    const Job& j = jobs[e];
-    const size_t row = (size_t)(e / per_input);
-    if (j.slot != e || j.slot_ptrs != jobs[0].slot_ptrs || j.rows != jobs[0].rows ||
-        j.xq != jobs[0].xq + row * cols || j.xds != jobs[0].xds + row * (cols / 32) ||
-        out(j) != out(jobs[0]) + (size_t)e * jobs[0].rows)
-      return false;
-  }
-  return true;
-}
-
+// per_input > 0 (the routed experts' launchers only): the jobs are those Q8JobList::derived makes
+// of the first (expert_matvec_jobs / expert_gate_up_jobs with input row e / per_input), and more
+// than a list's worth are one launch.
 template <class Job>
 void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t stream, int columns,
                     int per_input = 0) {
@@ -616,15 +600,14 @@ void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t s
   if (columns < 1 || columns > kMaxQ8Columns)
     throw_error("matvec_q8: " + std::to_string(columns) + " token columns, want 1 to " +
                 std::to_string(kMaxQ8Columns));
-  // A long list of routed experts' jobs (a batched step's pairs) in one launch.
-  if (per_input > 0 && columns == 1 && n > kMaxMatvecJobs && n <= 65535) {
-    if (!derived_from_first(jobs, n, per_input, cols))
-      throw_error("matvec_q8: a list of expert jobs that its first job does not describe");
-    if (!inputs_aligned(jobs[0])) throw_error("matvec_q8: a job's Q8 input is missing or not 16-byte aligned");
-    if ((t == GgmlType::Q4_K || t == GgmlType::Q5_K) && !aligned16(jobs[0]))
+  auto check = [&](const Job& jb) {
+    if (!inputs_aligned(jb)) throw_error("matvec_q8: a job's Q8 input is missing or not 16-byte aligned");
+    if ((t == GgmlType::Q4_K || t == GgmlType::Q5_K) && !aligned16(jb))
       throw_error(std::string("matvec_q8: ") + type_name(t) + " weights must be 16-byte aligned");
-    if (jobs[0].rows > 0)
-      launch_q8_columns<1>(t, cols, jobs, n, jobs[0].rows, n * jobs[0].rows, stream, per_input);
+  };
+  if (per_input > 0 && columns == 1 && n > kMaxMatvecJobs && n <= 65535) {
+    check(jobs[0]);
+    if (jobs[0].rows > 0) launch_q8_columns<1>(t, cols, jobs, n, jobs[0].rows, n * jobs[0].rows, stream, per_input);
     return;
   }
   for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
@@ -633,9 +616,7 @@ void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t s
     for (int j = 0; j < m; j++) {
       const Job& jb = jobs[j0 + j];
       max_rows = std::max(max_rows, jb.rows), total_rows += jb.rows;
-      if (!inputs_aligned(jb)) throw_error("matvec_q8: a job's Q8 input is missing or not 16-byte aligned");
-      if ((t == GgmlType::Q4_K || t == GgmlType::Q5_K) && !aligned16(jb))
-        throw_error(std::string("matvec_q8: ") + type_name(t) + " weights must be 16-byte aligned");
+      check(jb);
     }
     if (max_rows == 0) continue;
     // The columns in launches of 8, 4, 2 and 1 (each reads the matrices once).
