@@ -117,6 +117,21 @@ vocab_model() {
   [ -e $MV ] || STEP_TIMEOUT=400 step synth-80b-vocab "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 \
     --vocab-from "$(ls "$FIX"/*.gguf | head -1)" --out $MV
 }
+# each_patch TARGET FN: each patch of $PATCHES applied to the tree in turn (-p1), TARGET rebuilt in the
+# tree's build and `FN NAME` run (NAME: the file name less .patch), then the patch reverted;
+# TARGET is rebuilt for the tree last.
+each_patch() {
+  local target=$1 fn=$2 p n
+  for p in ${PATCHES:-}; do
+    n=$(basename "$p" .patch)
+    (cd "$ROOT" && patch -p1 --forward < "$ROOT/$p") > "$OUT/patch-$target-$n.log" 2>&1 || { log "patch $n: does not apply"; status=1; continue; }
+    STEP_TIMEOUT=400 step "build-$target-$n" ninja -C $BUILD -j16 $target && $fn "$n"
+    (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-$target-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
+  done
+  STEP_TIMEOUT=400 step "build-$target-tree-again" ninja -C $BUILD -j16 $target || exit 1
+}
+keep_patch_bin() { cp $BUILD/redlite "/tmp/rl-bin-$1"; }
+test_patch() { REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step "test_cuda-$1" "$BUILD/test_cuda" ${TEST_FILTER:+--gtest_filter=$TEST_FILTER}; }
 for s in "$@"; do
   case "$s" in
     build)
@@ -268,25 +283,10 @@ for s in "$@"; do
       configure /tmp/rl-variant-src /tmp/rl-build-variant && STEP_TIMEOUT=400 step build-variant ninja -C /tmp/rl-build-variant -j16 redlite
       ;;
     patches)
-      for p in ${PATCHES:-}; do
-        n=$(basename "$p" .patch)
-        rm -f "/tmp/rl-bin-$n"
-        (cd "$ROOT" && patch -p1 --forward < "$ROOT/$p") > "$OUT/patch-$n.log" 2>&1 || { log "patch $n: does not apply"; status=1; continue; }
-        STEP_TIMEOUT=400 step "build-$n" ninja -C $BUILD -j16 redlite && cp $BUILD/redlite "/tmp/rl-bin-$n"
-        (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
-      done
-      STEP_TIMEOUT=400 step build-tree-again ninja -C $BUILD -j16 redlite || exit 1
+      for p in ${PATCHES:-}; do rm -f "/tmp/rl-bin-$(basename "$p" .patch)"; done
+      each_patch redlite keep_patch_bin
       ;;
-    patch-test)
-      for p in ${PATCHES:-}; do
-        n=$(basename "$p" .patch)
-        (cd "$ROOT" && patch -p1 --forward < "$ROOT/$p") > "$OUT/patch-test-$n.log" 2>&1 || { log "patch $n: does not apply"; status=1; continue; }
-        STEP_TIMEOUT=400 step "build-test-$n" ninja -C $BUILD -j16 test_cuda &&
-          REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step "test_cuda-$n" "$BUILD/test_cuda" ${TEST_FILTER:+--gtest_filter=$TEST_FILTER}
-        (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-test-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
-      done
-      STEP_TIMEOUT=400 step build-test-tree-again ninja -C $BUILD -j16 test_cuda || exit 1
-      ;;
+    patch-test) each_patch test_cuda test_patch ;;
     variant-depths) model; step depths-variant /tmp/rl-build-variant/redlite bench -m $M80 --backend cuda --reps 1 --depths "$DEPTHS" ;;
     ncu-detail)
       model
