@@ -22,8 +22,11 @@ const char* tier_name(cuda::Sums sums) { return sums == cuda::Sums::kFast ? "fas
 // A decode product's numeric form: the exact tier's matvec, the fast tier's matvec-f32 or its
 // matvec-q8 (fp32 sums, dp4a on the Q8 form), named "exact", "fast", "fast-q8", so that a filter
 // on "fast" times both fast forms side by side.
-enum class Form { kExact, kFast, kQ8 };
-const char* form_name(Form f) { return f == Form::kExact ? "exact" : f == Form::kFast ? "fast" : "fast-q8"; }
+// kMma: mma-q8 (the int8 tensor cores on the Q8 form, token columns of Q4_K / Q5_K), "fast-mma".
+enum class Form { kExact, kFast, kQ8, kMma };
+const char* form_name(Form f) {
+  return f == Form::kExact ? "exact" : f == Form::kFast ? "fast" : f == Form::kQ8 ? "fast-q8" : "fast-mma";
+}
 cuda::Sums sums_of(Form f) { return f == Form::kExact ? cuda::Sums::kExact : cuda::Sums::kFast; }
 
 // The Q8 form of `rows` inputs of `cols` values. A fast-q8 case converts its input in every run,
@@ -59,7 +62,7 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
             c.copies = w->n();
             c.bytes = (double)row_size(t, cols) * n_rows + (double)columns * (cols + n_rows) * kF;
             c.run = [=](int copy, cudaStream_t s) {
-              if (form == Form::kQ8) xq.convert(x->f(), columns, cols, s);
+              if (form == Form::kQ8 || form == Form::kMma) xq.convert(x->f(), columns, cols, s);
               std::vector<cuda::MatvecJob> jobs(rows.size());
               float* out = y->f();
               for (size_t i = 0; i < rows.size(); i++) {
@@ -74,6 +77,8 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
               }
               if (form == Form::kQ8)
                 cuda::matvec_q8_jobs(t, cols, jobs.data(), (int)jobs.size(), s, columns);
+              else if (form == Form::kMma)
+                cuda::matmul_q8_jobs(t, cols, jobs.data(), (int)jobs.size(), s, columns);
               else
                 cuda::matvec_jobs(t, cols, jobs.data(), (int)jobs.size(), s, sums_of(form));
             };
@@ -428,8 +433,16 @@ std::vector<CaseDef> decode_cases() {
   for (int columns : {2, 4, 8, 16}) {
     v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}, Form::kQ8, columns));
     v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}, Form::kQ8, columns));
+    v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}, Form::kQ8,
+                            columns));
     v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, Form::kQ8, columns));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kQ8, columns));
+    // The same Q4_K / Q5_K products on mma-q8.
+    v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}, Form::kMma, columns));
+    v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}, Form::kMma, columns));
+    v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}, Form::kMma,
+                            columns));
+    v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kMma, columns));
   }
   // Batched steps of 4 and 16 sessions: their 40 and 160 (token, selection) pairs on the decode
   // kernels (a launch takes kMaxMatvecJobs of them).

@@ -79,27 +79,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// D = A·B for a 16×32 u8 A (a[0]: row g, columns 4q..4q+3; a[1]: row g + 8; a[2], a[3]: the same
-// rows, columns 16 + 4q..) and a 32×8 B (b0: rows 4q..4q+3 of column g, b1: rows 16 + 4q..), B s8
-// or u8; d0, d1: row g, columns 2q, 2q + 1; d2, d3: row g + 8.
-template <bool kSigned>
-__device__ __forceinline__ void imma_16x8x32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
-  if constexpr (kSigned)
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-  else
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-#else
-  __trap();  // the launcher refuses devices below compute capability 8.0
-#endif
-}
-
 // The 6-bit scale (kMin false) or min (true) of sub-block j from a Q4_K block's scale words
 // s0, s1, s2 (its bytes 4..15), as ggml packs them: j < 4 in the low 6 bits of byte j (scale) and
 // j + 4 (min); j ≥ 4 in the nibbles of byte j + 4 with the top bits of byte j − 4 (scale) or j (min).

@@ -16,6 +16,7 @@ NumericForms NumericForms::choose(const Config& c, const DeviceWeights& w, const
   f.fast = opts.numerics == Numerics::kFast && opts.fast_products;
   f.bf16 = f.fast && device_info().cc_major >= 8;
   f.q8 = f.fast && opts.q8_decode && device_info().cc_major >= 7;
+  f.mma_q8 = f.q8 && device_info().cc_major >= 8;
   const bool fast_tier = opts.numerics == Numerics::kFast;
   f.fast_routing = fast_tier && opts.fast_routing;
   f.fast_attention = fast_tier && opts.fast_attention;
@@ -74,6 +75,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::kMatmulX8Q4K: return "x8-q4k";
     case Kernel::kMatmulX32: return "x32";
     case Kernel::kMatmulBf16: return "bf16";
+    case Kernel::kMatmulQ8: return "mma-q8";
   }
   return "?";
 }
@@ -101,7 +103,11 @@ Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   // gates) the fp32 decode product once a column: the prefill forms' grids at these widths are a
   // few blocks (the 512-row router 4, the shared gate 1), ~110 and ~54 µs a launch on the H200
   // against ~5 for a decode launch (Nsight Compute, docs/PERF.md).
-  if (q8_columns(forms, w.type, rows)) return Kernel::kMatvecQ8;
+  if (q8_columns(forms, w.type, rows)) {
+    const bool mma = forms.mma_q8 && rows >= kMmaQ8FromTokens && mma_q8_supported(w.type) && w.cols % 256 == 0 &&
+                     reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0;
+    return mma ? Kernel::kMatmulQ8 : Kernel::kMatvecQ8;
+  }
   if (forms.fast && rows <= kQ8PassTokens) return forms.matvec();
   return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();
 }
@@ -214,7 +220,8 @@ std::string product_text(GgmlType t, Kernel k) { return fmt::format("{} {}", typ
 std::string format_plan(const PassPlan& plan, const DeviceWeights& w) {
   std::string out = fmt::format(
       "{} ({} token{}): matrix type and kernel (matvec: fp32 activations, double sums; matvec-q8: dp4a on 8-bit "
-      "activations; f64: fp64 tensor cores; x24 / x32: 8-bit tensor cores on X24 / X32 activations)\n",
+      "activations; mma-q8: int8 tensor cores on them; f64: fp64 tensor cores; x24 / x32: 8-bit tensor cores on "
+      "X24 / X32 activations)\n",
       plan.T == 1 ? "decode" : "prefill chunk", plan.T, plan.T == 1 ? "" : "s");
   for (size_t L = 0; L < plan.layers.size(); L++) {
     const LayerPlan& l = plan.layers[L];

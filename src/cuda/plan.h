@@ -24,6 +24,7 @@ enum class Kernel : uint8_t {
   kMatmulX8Q4K,  // prefill, fast tier: the X32 kernel (Q4_K) on X8 activations
   kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
   kMatmulBf16, // prefill, fast tier: bf16 tensor cores on dequantised tiles, fp32 sums (matmul_bf16)
+  kMatmulQ8,   // fast tier, 2 to kQ8PassTokens rows of Q4_K / Q5_K: int8 tensor cores on the Q8 form (matmul_q8)
 };
 const char* kernel_name(Kernel k);
 // A pass of up to this many tokens takes the fast tier's matvec-q8 on token columns for its dense
@@ -38,6 +39,9 @@ const char* kernel_name(Kernel k);
 // 8 streams 477.2 against 465.4 (the call before, in steps of 4: 426.8), 4 streams 435.6 against
 // 426.0.
 constexpr int kQ8PassTokens = 16;
+// From this many tokens a short pass's Q4_K / Q5_K dense products take mma-q8 (the int8 tensor
+// cores on the same Q8 form) instead of matvec-q8 columns, where the device has them.
+constexpr int kMmaQ8FromTokens = 2;
 static_assert(kQ8PassTokens <= kMaxQ8Columns);
 // A batched decode step takes at most this many sessions (a larger decode_batch runs in steps):
 // the passes whose products are decode launches with token columns.
@@ -65,6 +69,7 @@ struct NumericForms {
   bool fast = false;        // the fast tier (CudaOptions::numerics): fp32-sum kernels where it has them
   bool bf16 = false;        // the fast tier's bf16 prefill products allowed: compute capability 8.0
   bool q8 = false;          // the fast tier's Q8 decode products allowed (--fast-decode q8): compute capability 7.0
+  bool mma_q8 = false;      // and their int8 tensor-core form for a few tokens (mma-q8): compute capability 8.0
   // The fast tier's routing, attention and DeltaNet kernels (fp32; CudaOptions::fast_*): the
   // plan's, the session's split buffers and the forward pass's one choice.
   bool fast_routing = false, fast_attention = false, fast_deltanet = false;

@@ -9,6 +9,15 @@ namespace rl::cuda {
 
 namespace {
 Sums sums_of(Kernel k) { return k == Kernel::kMatvecF32 ? Sums::kFast : Sums::kExact; }
+// The products that read their input's Q8 form (q8_scratch_, or a form a kernel wrote).
+bool reads_q8(Kernel k) { return k == Kernel::kMatvecQ8 || k == Kernel::kMatmulQ8; }
+// A launch of Q8 jobs on T token columns by kernel k.
+void q8_launch(Kernel k, GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t s, int T) {
+  if (k == Kernel::kMatmulQ8)
+    matmul_q8_jobs(t, cols, jobs, n, s, T);
+  else
+    matvec_q8_jobs(t, cols, jobs, n, s, T);
+}
 }  // namespace
 
 void Products::convert_q8(const float* x, int T, int cols) {
@@ -43,12 +52,12 @@ void read_q8(Job& j, const Q8Rows& rows) {
 }  // namespace
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
-  if (k == Kernel::kMatvecQ8) {  // y [T][rows]
+  if (reads_q8(k)) {  // y [T][rows]
     if (x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
     q8_held_ = nullptr;
     MatvecJob j = column_job(w, x, y, 0);  // the kernel writes the T columns
     read_q8(j, q8_scratch_);
-    matvec_q8_jobs(w.type, w.cols, &j, 1, stream_, T);
+    q8_launch(k, w.type, w.cols, &j, 1, stream_, T);
   } else if (is_matvec(k)) {  // a job a token column (matvec_jobs splits a long list into launches)
     if (T > kQ8PassTokens) fail("Products::project: a decode product on {} token columns, at most {}", T, kQ8PassTokens);
     MatvecJob jobs[kQ8PassTokens];
@@ -77,7 +86,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
   // On the decode kernels (matvec-q8 on T token columns, matvec a job a column) consecutive
   // products of one type, width and kernel share a launch; other kernels take a launch a product.
   const bool decode_kernels = T <= q8_scratch_.rows && std::all_of(list.begin(), list.end(), [](const Projection& p) {
-    return p.kernel == Kernel::kMatvecQ8 || is_matvec(p.kernel);
+    return reads_q8(p.kernel) || is_matvec(p.kernel);
   });
   if (!decode_kernels) {
     KqHeld held;
@@ -102,7 +111,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
     const Projection* f = n_launches ? launches[n_launches - 1].first : nullptr;
     if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel) launches[n_launches++].first = &p;
     Launch& l = launches[n_launches - 1];
-    if (p.kernel != Kernel::kMatvecQ8) {
+    if (!reads_q8(p.kernel)) {
       for (int t = 0; t < T; t++) l.jobs[l.n++] = column_job(*p.w, p.x, p.y, t);
       continue;
     }
@@ -123,8 +132,8 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
   for (size_t i = 0; i < n_launches; i++) {
     const Launch& l = launches[i];
     const cudaStream_t s = branch && i > 0 ? side_->side : stream_;
-    if (l.first->kernel == Kernel::kMatvecQ8)
-      matvec_q8_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s, T);
+    if (reads_q8(l.first->kernel))
+      q8_launch(l.first->kernel, l.first->w->type, l.first->w->cols, l.jobs, l.n, s, T);
     else
       matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s, sums_of(l.first->kernel));
   }

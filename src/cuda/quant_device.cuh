@@ -150,10 +150,9 @@ struct Dequant<GgmlType::Q2_K> {
   }
 };
 
-// The 6-bit (scale, min) pair j of Q4_K and Q5_K, packed in 12 bytes at q (4-byte aligned), read
-// as three words.
-__device__ __forceinline__ void k4_scale_min_w(int j, const uint8_t* q, int& sc, int& m) {
-  const uint32_t w0 = load_u32(q), w1 = load_u32(q + 4), w2 = load_u32(q + 8);
+// The 6-bit (scale, min) pair j of Q4_K and Q5_K, packed in 12 bytes, from those bytes as three
+// words w0..w2, or at q (4-byte aligned).
+__device__ __forceinline__ void k4_scale_min_w(int j, uint32_t w0, uint32_t w1, uint32_t w2, int& sc, int& m) {
   auto byte = [&](int i) { return (int)(((i < 4 ? w0 : (i < 8 ? w1 : w2)) >> (8 * (i & 3))) & 0xFF); };
   if (j < 4) {
     sc = byte(j) & 63;
@@ -162,6 +161,9 @@ __device__ __forceinline__ void k4_scale_min_w(int j, const uint8_t* q, int& sc,
     sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4);
     m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
   }
+}
+__device__ __forceinline__ void k4_scale_min_w(int j, const uint8_t* q, int& sc, int& m) {
+  k4_scale_min_w(j, load_u32(q), load_u32(q + 4), load_u32(q + 8), sc, m);
 }
 
 // 8 sub-blocks of 32: x = d*sc*q - dmin*m. Value v: pair p = v/64, high nibble when (v%64) >= 32.

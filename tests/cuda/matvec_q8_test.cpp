@@ -438,6 +438,64 @@ TEST_F(CudaQ8, SeveralColumnsAsOneColumnEach) {
   }
 }
 
+// mma-q8 (matmul_q8_jobs: the int8 tensor cores on the Q8 form) against matvec-q8 on the same
+// token columns, the same numeric form summed in another order: within 1e-10 of it (a wrong
+// fragment layout, scale or min term is O(1)) and within the tier's bound of the double product,
+// for Q4_K and Q5_K, a job list of two (a shared input, outputs at a stride with gaps left
+// untouched), rows that are not whole 16-row tiles, one and two 8-token tiles, widths of 1 to 16
+// super-blocks (a warp of the block with none, with several).
+TEST_F(CudaQ8, MmaProductsEqualTheColumnsForm) {
+  if (cuda::device_info().cc_major < 8) GTEST_SKIP() << "mma-q8 needs compute capability 8.0";
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K}) {
+    for (auto [rows, cols] : {std::pair{16, 256}, std::pair{77, 2048}, std::pair{300, 4096}}) {
+      const size_t rb = row_size(t, cols);
+      const int rows2 = 21, stride = rows + rows2 + 5;
+      const auto w = random_rows(t, rows, cols, 900 + rows), w2 = random_rows(t, rows2, cols, 901 + rows);
+      auto dw = to_device(w), dw2 = to_device(w2);
+      for (int columns : {2, 5, 8, 9, 16}) {
+        SCOPED_TRACE(std::string(type_name(t)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                     " columns " + std::to_string(columns));
+        const auto x = random_floats((size_t)columns * cols, 60 + columns);
+        auto dx = to_device(x);
+        Q8Device q8(dx, columns, cols);
+        const float kUntouched = -12345.0f;
+        std::vector<float> got[2];
+        for (int mma = 0; mma < 2; mma++) {
+          auto dy = to_device(std::vector<float>((size_t)columns * stride, kUntouched));
+          cuda::MatvecJob j[2];
+          j[0].w = dw.get<uint8_t>(), j[0].rows = rows, j[0].y = dy.f();
+          j[1].w = dw2.get<uint8_t>(), j[1].rows = rows2, j[1].y = dy.f() + rows;
+          for (cuda::MatvecJob& k : j) k.row_bytes = rb, k.y_stride = stride, k.xq = q8.values(), k.xds = q8.scales();
+          if (mma)
+            cuda::matmul_q8_jobs(t, cols, j, 2, nullptr, columns);
+          else
+            cuda::matvec_q8_jobs(t, cols, j, 2, nullptr, columns);
+          got[mma] = to_host<float>(dy, (size_t)columns * stride);
+        }
+        Nmse against_columns, against_ref;
+        for (int c = 0; c < columns; c++) {
+          const float* xc = x.data() + (size_t)c * cols;
+          for (int r = 0; r < rows + rows2; r++) {
+            const size_t at = (size_t)c * stride + r;
+            against_columns.add(got[1][at], got[0][at]);
+            const uint8_t* row = r < rows ? w.data() + r * rb : w2.data() + (r - rows) * rb;
+            against_ref.add(got[1][at], reference_dot(t, row, xc, cols));
+          }
+          for (int r = rows + rows2; r < stride; r++)
+            ASSERT_EQ(got[1][(size_t)c * stride + r], kUntouched) << "gap of column " << c;
+        }
+        EXPECT_LE(against_columns.value(), 1e-10);
+        EXPECT_LE(against_ref.value(), kMaxNmse);
+      }
+    }
+  }
+  // What it cannot run: another type, a width of part of a block, more columns than it takes.
+  cuda::MatvecJob j;
+  EXPECT_THROW(cuda::matmul_q8_jobs(GgmlType::Q6_K, 256, &j, 1, nullptr, 2), Error);
+  EXPECT_THROW(cuda::matmul_q8_jobs(GgmlType::Q4_K, 288, &j, 1, nullptr, 2), Error);
+  EXPECT_THROW(cuda::matmul_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr, cuda::kMaxQ8Columns + 1), Error);
+}
+
 // The shared expert's SwiGLU pair on several columns: as one-column launches, bit for bit. 15
 // columns take a launch of each size (8, 4, 2, 1).
 TEST_F(CudaQ8, SeveralColumnsOfASwigluPair) {

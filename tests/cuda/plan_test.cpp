@@ -244,6 +244,37 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
   }
 }
 
+// Where the device has the int8 tensor cores (mma_q8), a short pass's Q4_K and Q5_K products of
+// whole 256-column blocks take mma-q8 from kMmaQ8FromTokens tokens, the other Q8 types stay on
+// matvec-q8 columns, and a decode token keeps matvec-q8.
+TEST(CudaPlan, FewTokensOfQ4KAndQ5KTakeMmaQ8) {
+  NumericForms forms = both_forms();
+  forms.fast = forms.bf16 = forms.q8 = forms.mma_q8 = true;
+  DeviceWeights w = weights();
+  w.output = mat(GgmlType::Q5_K, kVocab, kEmbd);
+  for (int T : {kMmaQ8FromTokens, 7, kQ8PassTokens}) {
+    SCOPED_TRACE(T);
+    const PassPlan p = make_pass_plan(config(), w, forms, {}, true, T);
+    const LayerPlan &dn = p.layers[0], &at = p.layers[1];
+    EXPECT_EQ(dn.mixer_in[0], K::kMatmulQ8);  // Q4_K qkv
+    EXPECT_EQ(dn.mixer_in[1], K::kMatmulQ8);  // Q4_K z
+    EXPECT_EQ(dn.mixer_in[2], K::kMatvecQ8);  // Q8_0 ba
+    EXPECT_EQ(dn.mixer_out, K::kMatmulQ8);
+    EXPECT_EQ(at.mixer_in[2], K::kMatvecQ8);  // Q6_K v
+    EXPECT_EQ(at.mixer_out, K::kMatvecQ8);    // Q6_K o
+    EXPECT_EQ(dn.shared_down, K::kMatmulQ8);  // Q4_K
+    EXPECT_TRUE(dn.shared.fused);             // the Q8_0 pair: matvec-q8 with its SwiGLU
+    EXPECT_EQ(dn.shared.gate, K::kMatvecQ8);
+    EXPECT_EQ(dn.experts.gate, K::kMatvecQ8);  // the routed pairs: one token each
+    EXPECT_EQ(p.lm_head_all, K::kMatmulQ8);    // Q5_K
+  }
+  const PassPlan one = make_pass_plan(config(), w, forms, {}, true, 1);
+  EXPECT_EQ(one.layers[0].mixer_in[0], K::kMatvecQ8);
+  EXPECT_EQ(one.lm_head_last, K::kMatvecQ8);
+  forms.mma_q8 = false;
+  EXPECT_EQ(make_pass_plan(config(), w, forms, {}, true, 4).layers[0].mixer_in[0], K::kMatvecQ8);
+}
+
 // The fast tier's prefill takes the X8 form where the exact tier takes X24 or X32, and the bf16
 // products where it takes fp64 (the same model as PrefillFormsByType).
 TEST(CudaPlan, FastPrefillFormsByType) {
