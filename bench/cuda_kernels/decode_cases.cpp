@@ -44,7 +44,8 @@ struct Q8Input {
 
 // The decode products of one launch (matvec_jobs): matrices of type t and width cols with the
 // given row counts, as project_group makes them (one job each, a shared input). columns > 1
-// (matvec-q8 only): that many token columns in one call, as a batched decode step takes them.
+// (matvec-q8, and matvec-f32 of F32 weights: matvec_f32_columns): that many token columns in one
+// call, as a batched decode step takes them.
 CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<int> rows, Form form, int columns = 1) {
   std::string shape;
   for (int r : rows) shape += fmt::format("{}{}", shape.empty() ? "" : "+", r);
@@ -79,6 +80,8 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
                 cuda::matvec_q8_jobs(t, cols, jobs.data(), (int)jobs.size(), s, columns);
               else if (form == Form::kMma)
                 cuda::matmul_q8_jobs(t, cols, jobs.data(), (int)jobs.size(), s, columns);
+              else if (columns > 1)
+                cuda::matvec_f32_columns(cols, jobs.data(), (int)jobs.size(), columns, s);
               else
                 cuda::matvec_jobs(t, cols, jobs.data(), (int)jobs.size(), s, sums_of(form));
             };
@@ -443,6 +446,7 @@ std::vector<CaseDef> decode_cases() {
     v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}, Form::kMma,
                             columns));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kMma, columns));
+    v.push_back(matvec_case("router+shexp_gate_inp", G::F32, n, {S::n_expert, 1}, Form::kFast, columns));
   }
   // Batched steps of 4 and 16 sessions: their 40 and 160 (token, selection) pairs on the decode
   // kernels (a launch takes kMaxMatvecJobs of them).

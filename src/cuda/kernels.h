@@ -65,6 +65,12 @@ enum class Sums : uint8_t { kExact, kFast };
 void matvec_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, Sums sums = Sums::kExact);
 void matvec_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream,
                     Sums sums = Sums::kExact);
+// The fast tier's products of F32 weights on token columns (matvec_columns.cu): each job's matrix
+// read once for `columns` (1 to kMaxQ8Columns) columns, column c reading x + c·cols and writing
+// y + c·y_stride (0: rows), with fp32 sums. Weights (w or the slot pointer, w_offset, row_bytes)
+// and x 16-byte aligned, cols a multiple of 4: f32_columns_supported.
+bool f32_columns_supported(const MatvecJob& j, int cols);
+void matvec_f32_columns(int cols, const MatvecJob* jobs, int n, int columns, cudaStream_t stream);
 // y[r] = W[r,:] · x,  W [rows][cols] of type t with rows `row_bytes` apart, x [cols], y [rows].
 void matvec(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x,
             float* y, cudaStream_t stream, Sums sums = Sums::kExact);

@@ -44,6 +44,12 @@ MatvecJob column_job(const DMat& w, const float* x, float* y, int t) {
   j.y = y + (size_t)t * w.rows;
   return j;
 }
+// A matvec-f32 product of F32 weights on 2 or more token columns (the routers and shared gates of
+// a batched step): matvec_f32_columns, one job for the T columns, the matrix read once.
+bool on_f32_columns(const DMat& w, Kernel k, const float* x, int T) {
+  return k == Kernel::kMatvecF32 && w.type == GgmlType::F32 && T >= 2 &&
+         f32_columns_supported(column_job(w, x, nullptr, 0), w.cols);
+}
 // A decode job (MatvecJob, GateUpJob) on the Q8 form held in `rows`.
 template <class Job>
 void read_q8(Job& j, const Q8Rows& rows) {
@@ -60,6 +66,11 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
     q8_launch(k, w.type, w.cols, &j, 1, stream_, T);
   } else if (is_matvec(k)) {  // a job a token column (matvec_jobs splits a long list into launches)
     if (T > kQ8PassTokens) fail("Products::project: a decode product on {} token columns, at most {}", T, kQ8PassTokens);
+    if (on_f32_columns(w, k, x, T)) {
+      const MatvecJob j = column_job(w, x, y, 0);
+      matvec_f32_columns(w.cols, &j, 1, T, stream_);
+      return;
+    }
     MatvecJob jobs[kQ8PassTokens];
     for (int t = 0; t < T; t++) jobs[t] = column_job(w, x, y, t);
     matvec_jobs(w.type, w.cols, jobs, T, stream_, sums_of(k));
@@ -103,14 +114,24 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
     const Projection* first = nullptr;
     MatvecJob jobs[kMaxGroup * kQ8PassTokens];  // matvec-f32: a job a product and token column
     int n = 0;
+    bool f32_columns = false;  // matvec-f32 on F32 weights: a job a product, on T columns
   };
   Launch launches[kMaxGroup];
   size_t n_launches = 0;
   const float* converted = nullptr;  // the input held in q8_scratch_
   for (const Projection& p : list) {
     const Projection* f = n_launches ? launches[n_launches - 1].first : nullptr;
-    if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel) launches[n_launches++].first = &p;
+    const bool f32_columns = on_f32_columns(*p.w, p.kernel, p.x, T);
+    if (!f || p.w->type != f->w->type || p.w->cols != f->w->cols || p.kernel != f->kernel ||
+        f32_columns != launches[n_launches - 1].f32_columns) {
+      launches[n_launches].first = &p;
+      launches[n_launches++].f32_columns = f32_columns;
+    }
     Launch& l = launches[n_launches - 1];
+    if (f32_columns) {
+      l.jobs[l.n++] = column_job(*p.w, p.x, p.y, 0);
+      continue;
+    }
     if (!reads_q8(p.kernel)) {
       for (int t = 0; t < T; t++) l.jobs[l.n++] = column_job(*p.w, p.x, p.y, t);
       continue;
@@ -134,6 +155,8 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
     const cudaStream_t s = branch && i > 0 ? side_->side : stream_;
     if (reads_q8(l.first->kernel))
       q8_launch(l.first->kernel, l.first->w->type, l.first->w->cols, l.jobs, l.n, s, T);
+    else if (l.f32_columns)
+      matvec_f32_columns(l.first->w->cols, l.jobs, l.n, T, s);
     else
       matvec_jobs(l.first->w->type, l.first->w->cols, l.jobs, l.n, s, sums_of(l.first->kernel));
   }

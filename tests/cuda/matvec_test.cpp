@@ -138,6 +138,43 @@ TEST_F(CudaKernels, FastMatvecWithinTheTierBoundForEveryTypeAndShape) {
   }
 }
 
+// F32 weights on token columns (matvec_f32_columns: the routers and shared gates of a batched
+// step): a job list of a matrix and a one-row neighbour writing one output of rows + 1 a column
+// (y_stride), every column within the tier's bound of its double product; a misaligned input is
+// refused.
+TEST_F(CudaKernels, F32ColumnsWithinTheTierBound) {
+  const Shape shapes[] = {{512, 2048}, {37, 260}, {1, 256}};
+  for (const Shape& s : shapes) {
+    for (int T : {2, 5, 16}) {
+      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + " on " + std::to_string(T) + " columns");
+      const size_t rb = (size_t)s.cols * sizeof(float);
+      const auto w = random_floats((size_t)s.rows * s.cols, 40 + s.rows);
+      const auto g = random_floats(s.cols, 41);
+      const auto x = random_floats((size_t)T * s.cols, 42 + T);
+      auto dw = to_device(w), dg = to_device(g), dx = to_device(x);
+      const int stride = s.rows + 1;
+      cuda::DeviceBuffer dy((size_t)T * stride * sizeof(float));
+      RL_CUDA_CHECK(cudaMemset(dy.get(), 0xff, (size_t)T * stride * sizeof(float)));  // NaN where unwritten
+      cuda::MatvecJob jobs[2];
+      for (cuda::MatvecJob& j : jobs) j.row_bytes = rb, j.x = dx.f(), j.y_stride = stride;
+      jobs[0].w = dw.get<uint8_t>(), jobs[0].rows = s.rows, jobs[0].y = dy.f();
+      jobs[1].w = dg.get<uint8_t>(), jobs[1].rows = 1, jobs[1].y = dy.f() + s.rows;
+      cuda::matvec_f32_columns(s.cols, jobs, 2, T, nullptr);
+      const auto y = to_host<float>(dy, (size_t)T * stride);
+      for (int c = 0; c < T; c++) {
+        Nmse col;
+        const float* xc = x.data() + (size_t)c * s.cols;
+        for (int r = 0; r < s.rows; r++)
+          col.add(y[(size_t)c * stride + r], test::exact_dot(w.data() + (size_t)r * s.cols, xc, s.cols).first);
+        col.add(y[(size_t)c * stride + s.rows], test::exact_dot(g.data(), xc, s.cols).first);
+        EXPECT_LE(col.value(), kFastNmse) << "column " << c;
+      }
+      jobs[0].x = dx.f() + 1;  // 4-byte aligned only
+      EXPECT_THROW(cuda::matvec_f32_columns(s.cols, jobs, 2, T, nullptr), Error);
+    }
+  }
+}
+
 TEST_F(CudaKernels, FastExpertSwigluWithinTheTierBound) {
   for (GgmlType t : kTypes) {
     SCOPED_TRACE(type_name(t));
