@@ -1,6 +1,6 @@
-# Sourced by the GPU host's scripts: unpacks the carried Debian packages (.deps/debs: PCRE2,
-# cpp-httplib and the headers it needs, ../shared/DEVICE.md) into a prefix once and points the
-# build at it. Sets RL_DEPS_LIBDIR; ROOT (the tree) defaults to the one holding this script.
+# Sourced by the GPU host's scripts: unpacks the carried Debian packages (.deps/debs, made by
+# fetch-deps.sh: PCRE2, cpp-httplib and the headers it needs, ../shared/DEVICE.md; ccache) into a
+# prefix once and points the build at it. Sets RL_DEPS_LIBDIR; ROOT (the tree) defaults to the one holding this script.
 ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 RL_DEPS_PREFIX=/tmp/rl-prefix
 if [ ! -d $RL_DEPS_PREFIX/usr ]; then
@@ -16,7 +16,8 @@ export CMAKE_PREFIX_PATH=$RL_DEPS_PREFIX/usr
 export PKG_CONFIG_PATH=$RL_DEPS_LIBDIR/pkgconfig
 export LD_LIBRARY_PATH=$RL_DEPS_LIBDIR:${LD_LIBRARY_PATH:-}
 export CPATH=$RL_DEPS_PREFIX/usr/include:$RL_DEPS_PREFIX/usr/include/x86_64-linux-gnu
-export PATH=/usr/local/cuda/bin:$PATH
+# The carried ccache (.deps/debs, scripts/device/fetch-deps.sh) where the host has none.
+export PATH=/usr/local/cuda/bin:$PATH:$RL_DEPS_PREFIX/usr/bin
 # rl_configure SRC BUILD: the GPU host's Release build of SRC for the H200 (sm_90a) against the
 # unpacked packages, through ccache where the host has it (its cache in /tmp, which is writable).
 export CCACHE_DIR=${CCACHE_DIR:-/tmp/rl-ccache}
