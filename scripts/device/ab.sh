@@ -36,7 +36,7 @@
 #                  (budgets 1, 0.5, 0.1; PASS/FAIL) and fast (report: teacher-forced figures)
 #     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill);
 #                  CPU_THREADS (default 16) may list several counts, e.g. "16 8 4"; $OUT/cpu-fast-N.log
-#     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary, alternating
+#     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary (the base's where built), alternating
 #                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier);
 #                  AB_VARIANT=1 adds the variant's binary (step variant) to each round; the
 #                  binaries of step patches ($PATCHES) join each round too
@@ -262,6 +262,7 @@ for s in "$@"; do
       model
       for r in $(seq "${AB_ROUNDS:-2}"); do
         order="tree base"; [ $((r % 2)) = 0 ] && order="base tree"
+        [ -x $BASE_BUILD/redlite ] || order=tree  # SKIP_BASE=1: the tree and the patches only
         [ "${AB_VARIANT:-0}" = 1 ] && order="$order variant"
         for p in ${PATCHES:-}; do [ -x "/tmp/rl-bin-$(basename "$p" .patch)" ] && order="$order $(basename "$p" .patch)"; done
         for b in $order; do
