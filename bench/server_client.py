@@ -39,7 +39,8 @@ def wait_healthy(port, srv, timeout_s=60):
 
 def stream_completion(port, prompt, n, timeout_s=600):
     """A greedy streamed /v1/completions of n tokens: start and end times, time to first token,
-    completion tokens (from the usage chunk) and client-side tok/s from the first token on."""
+    completion tokens (from the usage chunk), client-side tok/s from the first token on, and the
+    arrival time of each event that carried text (a token's, or a few held back together)."""
     body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
@@ -48,7 +49,7 @@ def stream_completion(port, prompt, n, timeout_s=600):
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    first, usage, buf = None, None, b""
+    first, usage, buf, text_times = None, None, b"", []
     while True:
         chunk = resp.read1(65536)
         if not chunk:
@@ -61,11 +62,13 @@ def stream_completion(port, prompt, n, timeout_s=600):
             j = json.loads(event[6:])
             if j.get("usage"):
                 usage = j["usage"]
-            if first is None and any(c.get("text") for c in j.get("choices", [])):
-                first = time.perf_counter()
+            if any(c.get("text") for c in j.get("choices", [])):
+                text_times.append(time.perf_counter())
+                if first is None:
+                    first = text_times[-1]
     end = time.perf_counter()
     conn.close()
     tokens = usage["completion_tokens"] if usage else 0
     first = first or end
-    return {"start": t0, "end": end, "ttft_s": first - t0, "tokens": tokens,
+    return {"start": t0, "end": end, "first": first, "ttft_s": first - t0, "tokens": tokens, "text_times": text_times,
             "client_tok_s": (tokens - 1) / (end - first) if tokens > 1 and end > first else 0.0}

@@ -4,8 +4,11 @@
 For each N of --streams, starts the server with `--parallel N` on a free loopback port, sends N
 greedy streamed completions at once (stdlib HTTP client, SSE, one thread per stream, each with its
 own prompt so no state is shared), and reports: aggregate tok/s (all streams' generated tokens over
-the wall time from the first request to the last stream's end), per-stream tok/s (client side,
-first token to last) and time to first token (min, median, max). Bounded: every request has a
+the wall time from the first request to the last stream's end, the prompts' prefills included),
+the decode window's aggregate (the tokens that arrived while every stream was decoding, from the
+last stream's first token to the first stream's end, over that time: the batched decode alone;
+a stream's tokens counted by its text events, scaled by its tokens per event), per-stream tok/s
+(client side, first token to last) and time to first token (min, median, max). Bounded: every request has a
 socket timeout and the whole run a deadline (--deadline-s); the server is always stopped.
 Prints one JSON object per N, and their list at the end.
 
@@ -46,12 +49,27 @@ def run_streams(a, n_streams, deadline):
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     ttft = [r["ttft_s"] for r in results]
+    window = decode_window(results)
     return {"streams": n_streams, "parallel": a.parallel or n_streams, "tokens_requested": a.n, "tokens_generated": tokens,
             "wall_s": round(wall, 3), "aggregate_tok_s": round(tokens / wall, 2),
             "per_stream_tok_s_median": round(statistics.median(r["client_tok_s"] for r in results), 2),
             "per_stream_tok_s_min": round(min(r["client_tok_s"] for r in results), 2),
             "ttft_ms_min": round(1000 * min(ttft), 1), "ttft_ms_median": round(1000 * statistics.median(ttft), 1),
-            "ttft_ms_max": round(1000 * max(ttft), 1)}
+            "ttft_ms_max": round(1000 * max(ttft), 1), **window}
+
+
+def decode_window(results):
+    """The tokens that arrived while every stream was decoding (the last first token to the first
+    end), over that time; empty when no such window exists."""
+    a, b = max(r["first"] for r in results), min(r["end"] for r in results)
+    if b <= a:
+        return {}
+    tokens = 0.0
+    for r in results:
+        events = r["text_times"]
+        if events:
+            tokens += sum(a <= t <= b for t in events) * r["tokens"] / len(events)
+    return {"decode_window_s": round(b - a, 3), "decode_window_tok_s": round(tokens / (b - a), 2)}
 
 
 def main():
@@ -84,6 +102,8 @@ def main():
     if base:
         for r in out:
             r["aggregate_vs_one_stream"] = round(r["aggregate_tok_s"] / base["aggregate_tok_s"], 2)
+            if "decode_window_tok_s" in r and "decode_window_tok_s" in base:
+                r["decode_window_vs_one_stream"] = round(r["decode_window_tok_s"] / base["decode_window_tok_s"], 2)
     print(json.dumps(out, indent=1))
 
 

@@ -348,7 +348,7 @@ for s in "$@"; do
       for i in "${!bins[@]}"; do
         STEP_TIMEOUT=${PARALLEL_TIMEOUT_S:-300} step "${names[$i]}" python3 "$ROOT/bench/server_parallel.py" --bin "${bins[$i]}" \
           -m $MV --backend cuda --streams "${STREAMS:-1,4,8}" -n "${PARALLEL_N:-64}" ${PARALLEL_FLAGS:+-- $PARALLEL_FLAGS}
-        grep -E '^[{]"streams"' "$OUT/${names[$i]}.log" | sed "s/^/${names[$i]}: /" | cut -c1-260 | tee -a "$OUT/summary.txt"
+        grep -E '^[{]"streams"' "$OUT/${names[$i]}.log" | sed "s/^/${names[$i]}: /" | cut -c1-420 | tee -a "$OUT/summary.txt"
       done
       ;;
     ttft)
