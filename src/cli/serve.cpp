@@ -87,6 +87,10 @@ Registrar reg("serve", "OpenAI-compatible HTTP server (chat, completions, SSE st
                  "request that does not fit waits, one larger than it all gets 400 (default: --parallel full "
                  "contexts)")
       ->check(CLI::Range((size_t)1, (size_t)1 << 30));
+  app.add_option("--step-prefill-tokens", a->server.step_prefill_tokens,
+                 "prompt tokens a step may prefill across waiting requests, a chunk of each in turn (a burst of "
+                 "short prompts starts in one step); 0: one chunk of one request a step (default)")
+      ->check(CLI::Range(0, SchedulerConfig::kMaxStepPrefillTokens));
   app.add_option("--max-queue", a->server.max_queue,
                  "requests that may wait for a free sequence; more get 503")
       ->check(CLI::Range(0, ServerConfig::kMaxQueue));

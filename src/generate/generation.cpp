@@ -50,13 +50,13 @@ Generation::Generation(Generator& generator, std::span<const int32_t> prompt, co
 
 Generation::~Generation() = default;  // mask_worker_ goes first: it waits for a mask in flight
 
-void Generation::prefill_chunk() {
-  if (!prefilling()) return;
+int Generation::prefill_chunk() {
+  if (!prefilling()) return 0;
   if (cancelled()) {
     r_.finish = FinishReason::Cancelled;
     r_.prefill_seconds = seconds_since(prefill_start_);
     ended_ = true;
-    return;
+    return 0;
   }
   // A backend pass at a time: a cancel request lands between them, and in the server one sequence's
   // prefill holds up the others' decode steps by at most one pass.
@@ -67,6 +67,7 @@ void Generation::prefill_chunk() {
   r_.prefill_tokens += (int)chunk.size();
   next_prompt_ += chunk.size();
   if (!prefilling()) end_prefill();
+  return (int)chunk.size();
 }
 
 void Generation::end_prefill() {

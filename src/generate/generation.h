@@ -37,8 +37,8 @@ class Generation {
   // Whether prompt tokens are not yet in the session (false once the prompt is in, or it ended).
   bool prefilling() const { return !ended_ && next_prompt_ < prompt_.size(); }
   // Prefills the next chunk of at most session().prefill_chunk() prompt tokens (a cancel request ends the
-  // generation instead).
-  void prefill_chunk();
+  // generation instead); returns the tokens it prefilled.
+  int prefill_chunk();
 
   // Samples the next token. Returns it when the session must decode it next (then decoded() is
   // called with its logits); nullopt when the generation has ended (end of generation, a stop

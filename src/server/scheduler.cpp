@@ -47,6 +47,9 @@ Scheduler::Scheduler(Backend& backend, const Tokenizer& tokenizer, SchedulerConf
     : backend_(backend), tokenizer_(tokenizer), cfg_(config), prompt_cache_(config.prompt_cache_bytes) {
   if (cfg_.parallel < 1 || cfg_.parallel > SchedulerConfig::kMaxParallel)
     fail("--parallel: must be between 1 and {}, got {}", SchedulerConfig::kMaxParallel, cfg_.parallel);
+  if (cfg_.step_prefill_tokens < 0 || cfg_.step_prefill_tokens > SchedulerConfig::kMaxStepPrefillTokens)
+    fail("--step-prefill-tokens: must be between 0 and {}, got {}", SchedulerConfig::kMaxStepPrefillTokens,
+         cfg_.step_prefill_tokens);
   if (cfg_.memory_bytes == 0) cfg_.memory_bytes = (size_t)cfg_.parallel * backend_.session_bytes(cfg_.n_ctx);
   if (cfg_.memory_bytes < backend_.session_bytes(2))
     fail("--kv-mib: {:.1f} MiB holds no session (the smallest needs {:.2f} MiB)", mib(cfg_.memory_bytes),
@@ -267,25 +270,29 @@ void Scheduler::start_job(Slot& slot, const std::shared_ptr<Job>& job, int new_c
 }
 
 void Scheduler::step() {
-  prefill_one();
+  prefill_step();
   decode_all();
 }
 
-// One chunk of one sequence's prompt, the sequences taking turns; a cancelled one ends here at once.
-void Scheduler::prefill_one() {
+// One chunk of one sequence's prompt, the sequences taking turns; with step_prefill_tokens, more
+// chunks of the next sequences while the step has prefilled fewer tokens. A cancelled one ends
+// here at once.
+void Scheduler::prefill_step() {
   const size_t n = slots_.size();
   for (auto& s : slots_)
     if (s->generation && s->generation->prefilling() && s->generation->cancelled()) s->generation->prefill_chunk();
+  int tokens = 0;
+  const size_t first = next_prefill_;
   for (size_t k = 0; k < n; k++) {
-    Slot& s = *slots_[(next_prefill_ + k) % n];
+    Slot& s = *slots_[(first + k) % n];
     if (!s.generation || !s.generation->prefilling()) continue;
-    next_prefill_ = (next_prefill_ + k + 1) % n;
+    next_prefill_ = (first + k + 1) % n;  // the next step starts after the last one served
     try {
-      s.generation->prefill_chunk();
+      tokens += s.generation->prefill_chunk();
     } catch (const std::exception& e) {
       fail_slot(s, e.what());
     }
-    return;
+    if (tokens >= cfg_.step_prefill_tokens) return;
   }
 }
 

@@ -4,7 +4,11 @@
 // slots, runs one prefill chunk (at most Session::prefill_chunk() tokens) of one sequence still
 // reading its prompt (round robin), then advances every sequence that is generating by one token
 // in one batched pass (Backend::decode_batch). So a new request starts while others generate, and
-// a long prompt delays the others by at most one chunk per step. Sampling, stop conditions,
+// a long prompt delays the others by at most one chunk per step. With --step-prefill-tokens N a
+// step prefills chunks of several sequences in turn while it has prefilled fewer than N tokens
+// (the last may take it past N by up to a chunk): a burst of short prompts all start in one step,
+// and the running sequences wait for their prefills once instead of the batch changing at every
+// step (on the GPU each new set of sequences is a new captured step). Sampling, stop conditions,
 // constraints, streaming, cancellation and the deadline are per sequence (Generation).
 //
 // Memory: a slot's session is created (and its context reserved) when a request is admitted to
@@ -42,6 +46,10 @@ struct SchedulerConfig {
   int max_queue = 16;         // requests waiting beyond those admitted
   size_t memory_bytes = 0;    // the sessions' budget; 0: `parallel` sessions of n_ctx
   size_t prompt_cache_bytes = 1024u << 20;
+  // Prompt tokens a step may prefill across the waiting sequences (a chunk each, in turn, while
+  // the step has prefilled fewer); 0: one chunk of one sequence a step.
+  int step_prefill_tokens = 0;
+  static constexpr int kMaxStepPrefillTokens = 1 << 20;
 };
 
 // Counters for /metrics (a copy, taken under the scheduler's lock).
@@ -83,7 +91,7 @@ class Scheduler {
   bool admit(std::unique_lock<std::mutex>& l);
   void start_job(Slot& slot, const std::shared_ptr<Job>& job, int job_ctx);
   void step();
-  void prefill_one();
+  void prefill_step();
   void decode_all();
   void complete(Slot& slot);
   void fail_slot(Slot& slot, const std::string& what);

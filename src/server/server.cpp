@@ -102,6 +102,7 @@ struct Server::Impl {
       sc.max_queue = cfg.max_queue;
       sc.memory_bytes = cfg.kv_mib * (size_t)1048576;
       sc.prompt_cache_bytes = cfg.prompt_cache_bytes;
+      sc.step_prefill_tokens = cfg.step_prefill_tokens;
       {
         std::lock_guard<std::mutex> l(stop_m);
         if (stopping) return;
@@ -753,6 +754,9 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
   if (impl_->cfg.parallel < 1 || impl_->cfg.parallel > SchedulerConfig::kMaxParallel)
     fail("--parallel: must be between 1 and {}, got {}", SchedulerConfig::kMaxParallel, impl_->cfg.parallel);
   if (impl_->cfg.max_queue > kMaxQueue) fail("--max-queue: at most {}, got {}", kMaxQueue, impl_->cfg.max_queue);
+  if (impl_->cfg.step_prefill_tokens < 0 || impl_->cfg.step_prefill_tokens > SchedulerConfig::kMaxStepPrefillTokens)
+    fail("--step-prefill-tokens: must be between 0 and {}, got {}", SchedulerConfig::kMaxStepPrefillTokens,
+         impl_->cfg.step_prefill_tokens);
   if (impl_->cfg.max_connections < 1 || impl_->cfg.max_connections > kMaxConnections)
     fail("--max-connections: must be between 1 and {}, got {}", kMaxConnections, impl_->cfg.max_connections);
   impl_->origins = OriginPolicy::parse(impl_->cfg.allowed_origins);

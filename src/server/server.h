@@ -55,6 +55,7 @@ struct ServerConfig {
   double request_timeout_s = 600;  // a generation that runs longer ends with an error (<= kMaxTimeoutSeconds)
   size_t max_body_bytes = 8u << 20;
   size_t prompt_cache_bytes = 1024u << 20;  // snapshots kept for state reuse
+  int step_prefill_tokens = 0;     // prompt tokens a scheduler step may prefill across sequences (scheduler.h)
   // --chat-template, --chat-template-file's text, --chatml-fallback (generate/chat_choice.h).
   ChatTemplateChoice chat_template;
   int http_threads = 0;            // handler threads; 0: max(16, max_queue + parallel + 8)

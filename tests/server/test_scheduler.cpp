@@ -2,11 +2,14 @@
 // backend of fixture model B): a long prompt arriving while another sequence generates is
 // prefilled in chunks of the session's pass size (Session::prefill_chunk: 512 on the CPU, or what
 // the recording session reports in its place) with a decode step of the running sequence between
-// every two chunks, and decode passes never hold more sequences than --parallel.
+// every two chunks, and decode passes never hold more sequences than --parallel; with
+// --step-prefill-tokens a burst of short prompts is prefilled in one step.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <mutex>
 
+#include "common/error.h"
 #include "model/session.h"
 #include "server/scheduler.h"
 #include "server_test_util.h"
@@ -22,12 +25,35 @@ struct Call {
   int tokens;
 };
 
+// Holds the worker inside a prefill while closed (the test then queues more requests).
+struct Gate {
+  std::mutex m;
+  std::condition_variable cv;
+  bool closed = false, entered = false;
+  void pass() {
+    std::unique_lock<std::mutex> l(m);
+    entered = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return !closed; });
+  }
+  bool wait_entered() {
+    std::unique_lock<std::mutex> l(m);
+    return cv.wait_for(l, std::chrono::seconds(60), [&] { return entered; });
+  }
+  void open() {
+    std::lock_guard<std::mutex> l(m);
+    closed = false;
+    cv.notify_all();
+  }
+};
+
 class RecordingSession final : public Session {
  public:
-  RecordingSession(std::unique_ptr<Session> inner, std::vector<Call>& log, std::mutex& m, int chunk)
-      : inner_(std::move(inner)), log_(log), m_(m), chunk_(chunk) {}
+  RecordingSession(std::unique_ptr<Session> inner, std::vector<Call>& log, std::mutex& m, int chunk, Gate& gate)
+      : inner_(std::move(inner)), log_(log), m_(m), chunk_(chunk), gate_(gate) {}
   int prefill_chunk() const override { return chunk_ > 0 ? chunk_ : inner_->prefill_chunk(); }
   std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all) override {
+    gate_.pass();
     {
       std::lock_guard<std::mutex> l(m_);
       log_.push_back({true, (int)tokens.size()});
@@ -50,6 +76,7 @@ class RecordingSession final : public Session {
   std::vector<Call>& log_;
   std::mutex& m_;
   int chunk_;
+  Gate& gate_;
 };
 
 class RecordingBackend final : public Backend {
@@ -58,7 +85,7 @@ class RecordingBackend final : public Backend {
   RecordingBackend(Backend& inner, int chunk) : inner_(inner), chunk_(chunk) {}
   std::string name() const override { return "recording"; }
   std::unique_ptr<Session> new_session(int n_ctx) override {
-    return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), log, m, chunk_);
+    return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), log, m, chunk_, gate);
   }
   size_t session_bytes(int n_ctx) const override { return inner_.session_bytes(n_ctx); }
   void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
@@ -78,6 +105,7 @@ class RecordingBackend final : public Backend {
 
   std::vector<Call> log;
   std::mutex m;
+  Gate gate;
 
  private:
   Backend& inner_;
@@ -155,6 +183,52 @@ TEST_F(SchedulerTest, ThePrefillChunkIsTheSessionsPassSize) {
   const ServedModel model = fixture_loader(server_model())([](float) {});
   check_chunked_prefill(model, 300, {300, 300, 300, 300, 300});
   check_chunked_prefill(model, 1024, {1024, 476});
+}
+
+// Three requests queued while the worker is inside the first one's prefill are admitted together
+// at the next step: with --step-prefill-tokens 64 their three 6-token prompts are prefilled one
+// after another in that step, then the four decode in one pass; with 0 a prompt takes a step, a
+// decode pass of the sequences already past theirs between every two.
+void check_burst(const ServedModel& model, int step_prefill_tokens, const std::vector<Call>& want) {
+  RecordingBackend backend(*model.backend, 0);
+  backend.gate.closed = true;
+  SchedulerConfig cfg;
+  cfg.parallel = 4;
+  cfg.step_prefill_tokens = step_prefill_tokens;
+  Scheduler scheduler(backend, *model.tokenizer, cfg);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 4; i++) jobs.push_back(greedy_job({(int32_t)(50 + i), 6, 7, 8, 9, 10}, 8));
+  scheduler.submit(jobs[0]);
+  ASSERT_TRUE(backend.gate.wait_entered());
+  for (int i = 1; i < 4; i++) scheduler.submit(jobs[i]);
+  backend.gate.open();
+  for (auto& j : jobs) ASSERT_TRUE(wait_done(*j));
+  for (auto& j : jobs) ASSERT_TRUE(j->result && (int)j->result->tokens.size() == 8);
+  const std::vector<Call> calls = backend.calls();
+  ASSERT_GE(calls.size(), want.size());
+  for (size_t i = 0; i < want.size(); i++) {
+    EXPECT_EQ(calls[i].prefill, want[i].prefill) << "call " << i;
+    EXPECT_EQ(calls[i].tokens, want[i].tokens) << "call " << i;
+  }
+}
+
+TEST_F(SchedulerTest, StepPrefillTokensPrefillsABurstOfPromptsInOneStep) {
+  const ServedModel model = fixture_loader(server_model())([](float) {});
+  check_burst(model, 64, {{true, 6}, {false, 1}, {true, 6}, {true, 6}, {true, 6}, {false, 4}, {false, 4}});
+}
+
+TEST_F(SchedulerTest, WithoutStepPrefillTokensAPromptTakesAStep) {
+  const ServedModel model = fixture_loader(server_model())([](float) {});
+  check_burst(model, 0, {{true, 6}, {false, 1}, {true, 6}, {false, 2}, {true, 6}, {false, 3}, {true, 6}, {false, 4}});
+}
+
+TEST_F(SchedulerTest, StepPrefillTokensOutOfRangeIsRefused) {
+  const ServedModel model = fixture_loader(server_model())([](float) {});
+  SchedulerConfig cfg;
+  cfg.step_prefill_tokens = -1;
+  EXPECT_THROW(Scheduler(*model.backend, *model.tokenizer, cfg), Error);
+  cfg.step_prefill_tokens = SchedulerConfig::kMaxStepPrefillTokens + 1;
+  EXPECT_THROW(Scheduler(*model.backend, *model.tokenizer, cfg), Error);
 }
 
 }  // namespace
