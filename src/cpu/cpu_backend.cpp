@@ -157,6 +157,7 @@ class CpuSession final : public Session {
   }
 
   const Shared* shared() const { return shared_.get(); }
+  bool traced() const { return trace_ != nullptr; }
   // The state, for a pass that writes KV rows from position() on: every snapshot still
   // referencing those rows gets its own copy of them first (the one way to the state that writes).
   State& state_to_advance() {
@@ -229,20 +230,58 @@ class CpuBackend final : public Backend {
   void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
                          std::span<std::vector<float>> out) override {
     check_decode_batch(sessions, tokens, out);
-    if (sessions.empty()) return;
     if (sessions.size() > (size_t)kMaxBatch) fail("decode_batch: {} sessions, at most {}", sessions.size(), kMaxBatch);
-    std::vector<SequenceTokens> seqs;
+    std::vector<std::span<const int32_t>> one(sessions.size());
+    for (size_t i = 0; i < sessions.size(); i++) one[i] = tokens.subspan(i, 1);
+    run_together("decode_batch", sessions, one, out);
+  }
+
+  // The chunks in passes of up to kMaxBatch tokens in all (consecutive sequences together; a chunk
+  // longer than that, or one of a traced session, alone through its session's prefill).
+  void prefill_batch_into(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
+                          std::span<std::vector<float>> out) override {
+    check_prefill_batch(sessions, chunks, out);
+    own_sessions("prefill_batch", sessions, chunks);
+    auto alone = [&](size_t i) {
+      return chunks[i].size() > (size_t)kMaxBatch || static_cast<const CpuSession*>(sessions[i])->traced();
+    };
+    for (size_t first = 0; first < sessions.size();) {
+      if (alone(first)) {
+        out[first] = sessions[first]->prefill(chunks[first]);
+        first++;
+        continue;
+      }
+      size_t end = first, tokens = 0;
+      while (end < sessions.size() && !alone(end) && tokens + chunks[end].size() <= (size_t)kMaxBatch)
+        tokens += chunks[end++].size();
+      run_together("prefill_batch", sessions.subspan(first, end - first), std::span(chunks).subspan(first, end - first),
+                   out.subspan(first, end - first));
+      first = end;
+    }
+  }
+
+ private:
+  // Every session is this backend's and takes its chunk (checked before any state changes).
+  void own_sessions(const char* what, std::span<Session* const> sessions,
+                    std::span<const std::span<const int32_t>> chunks) const {
     for (size_t i = 0; i < sessions.size(); i++) {
       auto* s = dynamic_cast<CpuSession*>(sessions[i]);
-      if (!s || s->shared() != shared_.get())
-        fail("decode_batch: session {} does not belong to this cpu backend", i);
-      s->check_tokens(tokens.subspan(i, 1));
-      seqs.push_back({nullptr, tokens.subspan(i, 1)});
+      if (!s || s->shared() != shared_.get()) fail("{}: session {} does not belong to this cpu backend", what, i);
+      s->check_tokens(chunks[i]);
     }
+  }
+
+  // One forward pass of every session's chunk (at most kMaxBatch tokens in all), out[i] the logits
+  // of session i's last token.
+  void run_together(const char* what, std::span<Session* const> sessions,
+                    std::span<const std::span<const int32_t>> chunks, std::span<std::vector<float>> out) {
+    if (sessions.empty()) return;
+    own_sessions(what, sessions, chunks);
     // Every session checked: now their snapshots' rows are frozen where the pass writes.
+    std::vector<SequenceTokens> seqs;
     for (size_t i = 0; i < sessions.size(); i++)
-      seqs[i].state = &static_cast<CpuSession*>(sessions[i])->state_to_advance();
-    // The LM head writes the batch's logits as one [n_seqs][n_vocab] block (its weights read once
+      seqs.push_back({&static_cast<CpuSession*>(sessions[i])->state_to_advance(), chunks[i]});
+    // The LM head writes the pass's logits as one [n_seqs][n_vocab] block (its weights read once
     // for every sequence); each sequence's row is then copied out once. The block is not
     // zero-filled first: the product writes every value.
     const size_t n_vocab = (size_t)shared_->weights.model->config().n_vocab;
@@ -252,7 +291,6 @@ class CpuBackend final : public Backend {
     for (size_t i = 0; i < seqs.size(); i++) out[i].assign(all.get() + i * n_vocab, all.get() + (i + 1) * n_vocab);
   }
 
- private:
   std::shared_ptr<Shared> shared_;
 };
 

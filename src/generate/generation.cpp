@@ -51,23 +51,34 @@ Generation::Generation(Generator& generator, std::span<const int32_t> prompt, co
 Generation::~Generation() = default;  // mask_worker_ goes first: it waits for a mask in flight
 
 int Generation::prefill_chunk() {
-  if (!prefilling()) return 0;
+  const std::span<const int32_t> chunk = next_prefill_chunk();
+  if (chunk.empty()) return 0;
+  prefilled(chunk, g_.session().prefill(chunk));
+  return (int)chunk.size();
+}
+
+std::span<const int32_t> Generation::next_prefill_chunk() {
+  if (!prefilling()) return {};
   if (cancelled()) {
     r_.finish = FinishReason::Cancelled;
     r_.prefill_seconds = seconds_since(prefill_start_);
     ended_ = true;
-    return 0;
+    return {};
   }
   // A backend pass at a time: a cancel request lands between them, and in the server one sequence's
   // prefill holds up the others' decode steps by at most one pass.
   const size_t piece = (size_t)g_.session().prefill_chunk();
-  auto chunk = std::span(prompt_).subspan(next_prompt_, std::min(piece, prompt_.size() - next_prompt_));
-  g_.last_logits_ = g_.session().prefill(chunk);
+  return std::span<const int32_t>(prompt_).subspan(next_prompt_, std::min(piece, prompt_.size() - next_prompt_));
+}
+
+void Generation::prefilled(std::span<const int32_t> chunk, std::vector<float> logits) {
+  if (!prefilling() || chunk.data() != prompt_.data() + next_prompt_)
+    fail("Generation: prefilled() takes the chunk next_prefill_chunk() gave");
+  g_.last_logits_ = std::move(logits);
   g_.history_.insert(g_.history_.end(), chunk.begin(), chunk.end());
   r_.prefill_tokens += (int)chunk.size();
   next_prompt_ += chunk.size();
   if (!prefilling()) end_prefill();
-  return (int)chunk.size();
 }
 
 void Generation::end_prefill() {

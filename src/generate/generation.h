@@ -39,6 +39,11 @@ class Generation {
   // Prefills the next chunk of at most session().prefill_chunk() prompt tokens (a cancel request ends the
   // generation instead); returns the tokens it prefilled.
   int prefill_chunk();
+  // prefill_chunk() in two halves, for a caller that prefills several sequences' chunks in one call
+  // (Backend::prefill_batch_into): the next chunk (empty when the prompt is in, or a cancel request
+  // ended the generation here), then prefilled() with that chunk's logits once the session holds it.
+  std::span<const int32_t> next_prefill_chunk();
+  void prefilled(std::span<const int32_t> chunk, std::vector<float> logits);
 
   // Samples the next token. Returns it when the session must decode it next (then decoded() is
   // called with its logits); nullopt when the generation has ended (end of generation, a stop

@@ -102,6 +102,17 @@ class Backend {
                                  std::span<std::vector<float>> out) = 0;
   // decode_batch_into with new buffers: the result's [i] is sessions[i]'s logits.
   std::vector<std::vector<float>> decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
+
+  // Prefills several sequences' prompt pieces: sessions[i] (distinct sessions of this backend)
+  // reads chunks[i] at its own position, and out[i] becomes the logits of its last token, as
+  // sessions[i]->prefill(chunks[i]) would give them. This default prefills them one after another;
+  // the cpu backend runs them together in passes of up to prefill_chunk() tokens in all, each
+  // weight read once a pass (the server's scheduler with --step-prefill-tokens). Throws rl::Error,
+  // with no session changed, when a chunk is empty or runs past its session's context, an id is out
+  // of range, a session is given twice, the spans or out differ in length, or (cpu) a session is
+  // another's.
+  virtual void prefill_batch_into(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
+                                  std::span<std::vector<float>> out);
 };
 
 // decode_batch for a backend without a batched pass: the sessions decode one after another, out[i]
@@ -116,5 +127,8 @@ void check_decode_batch(std::span<Session* const> sessions, std::span<const int3
 // As check_decode_batch, and one output buffer a session.
 void check_decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens,
                         std::span<std::vector<float>> out);
+// The checks prefill_batch_into makes on its arguments, common to every backend.
+void check_prefill_batch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
+                         std::span<std::vector<float>> out);
 
 }  // namespace rl

@@ -281,18 +281,38 @@ void Scheduler::prefill_step() {
   const size_t n = slots_.size();
   for (auto& s : slots_)
     if (s->generation && s->generation->prefilling() && s->generation->cancelled()) s->generation->prefill_chunk();
+  // The step's chunks, one a sequence in turn, in one Backend::prefill_batch_into call (one pass
+  // over them all on the CPU; one after another on the GPU so far).
+  std::vector<Slot*> batch;
+  std::vector<Session*> sessions;
+  std::vector<std::span<const int32_t>> chunks;
   int tokens = 0;
   const size_t first = next_prefill_;
-  for (size_t k = 0; k < n; k++) {
+  for (size_t k = 0; k < n && (batch.empty() || tokens < cfg_.step_prefill_tokens); k++) {
     Slot& s = *slots_[(first + k) % n];
     if (!s.generation || !s.generation->prefilling()) continue;
     next_prefill_ = (first + k + 1) % n;  // the next step starts after the last one served
+    const std::span<const int32_t> chunk = s.generation->next_prefill_chunk();
+    if (chunk.empty()) continue;
+    batch.push_back(&s);
+    sessions.push_back(s.session.get());
+    chunks.push_back(chunk);
+    tokens += (int)chunk.size();
+  }
+  if (batch.empty()) return;
+  std::vector<std::vector<float>> out(batch.size());
+  try {
+    backend_.prefill_batch_into(sessions, chunks, out);
+  } catch (const std::exception& e) {
+    for (Slot* s : batch) fail_slot(*s, e.what());
+    return;
+  }
+  for (size_t i = 0; i < batch.size(); i++) {
     try {
-      tokens += s.generation->prefill_chunk();
+      batch[i]->generation->prefilled(chunks[i], std::move(out[i]));
     } catch (const std::exception& e) {
-      fail_slot(s, e.what());
+      fail_slot(*batch[i], e.what());
     }
-    if (tokens >= cfg_.step_prefill_tokens) return;
   }
 }
 

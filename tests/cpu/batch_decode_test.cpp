@@ -1,6 +1,7 @@
 // Backend::decode_batch on the CPU backend: several sessions, each at its own position, advance by
 // one token each in one pass. Each one's logits are bit-identical to decoding it alone, in both
-// tiers: every product keeps each row's sum order whatever the other columns are.
+// tiers: every product keeps each row's sum order whatever the other columns are. The same holds
+// for Backend::prefill_batch_into, several sessions' prompt pieces in passes of up to 512 tokens.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -109,6 +110,84 @@ TEST_F(BatchDecodeTest, BadBatchesAreRefusedWithNoSessionChanged) {
   EXPECT_EQ(s[0]->position(), p0);
   EXPECT_EQ(s[1]->position(), p1);
   EXPECT_EQ(full->position(), 4);
+}
+
+// prefill_batch_into against each session's own prefill of the same piece, bit for bit (logits,
+// and the next decode step's logits, which read the state and KV rows the piece left): pieces of
+// 1 to 200 tokens, 5 sessions (in passes of up to 512 tokens: 200 + 150 + 120 take two), then one
+// piece longer than a pass (alone, through its session's prefill).
+double prefill_batched_vs_alone(const std::shared_ptr<const Model>& model, const std::vector<int32_t>& tokens,
+                                Numerics numerics) {
+  auto backend = cpu::make_cpu_backend(model, 2, numerics);
+  const int lens[] = {1, 200, 150, 120, 9};
+  const int n = std::size(lens);
+  std::vector<std::unique_ptr<Session>> batched, alone;
+  std::vector<Session*> ptrs;
+  std::vector<std::span<const int32_t>> chunks;
+  std::vector<int32_t> prompt;
+  for (size_t i = 0; i < 800; i++) prompt.push_back(tokens[(7 * i) % tokens.size()]);
+  for (int i = 0; i < n; i++) {
+    batched.push_back(backend->new_session(1024));
+    alone.push_back(backend->new_session(1024));
+    const auto start = std::span(tokens).first(3 + i);  // each at its own position
+    batched.back()->prefill(start);
+    alone.back()->prefill(start);
+    ptrs.push_back(batched.back().get());
+    chunks.push_back(std::span(prompt).subspan(10 * i, lens[i]));
+  }
+  double worst = 0;
+  auto compare = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return (double)INFINITY;
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0 ? 0.0 : relative_rms(a, b);
+  };
+  std::vector<std::vector<float>> out(n);
+  backend->prefill_batch_into(ptrs, chunks, out);
+  for (int i = 0; i < n; i++) {
+    worst = std::max(worst, compare(out[i], alone[i]->prefill(chunks[i])));
+    EXPECT_EQ(batched[i]->position(), alone[i]->position());
+    worst = std::max(worst, compare(batched[i]->decode(5), alone[i]->decode(5)));
+  }
+  Session* first[] = {ptrs[0], ptrs[1]};
+  const std::span<const int32_t> long_chunks[] = {std::span(prompt).first(600), chunks[1].first(4)};
+  std::vector<std::vector<float>> two(2);
+  backend->prefill_batch_into(first, long_chunks, two);
+  worst = std::max(worst, compare(two[0], alone[0]->prefill(long_chunks[0])));
+  worst = std::max(worst, compare(two[1], alone[1]->prefill(long_chunks[1])));
+  return worst;
+}
+
+TEST_F(BatchDecodeTest, PrefillBatchIsBitIdenticalToEachSessionsOwnPrefill) {
+  EXPECT_EQ(prefill_batched_vs_alone(model_, tokens_, Numerics::kExact), 0.0);
+  EXPECT_EQ(prefill_batched_vs_alone(model_, tokens_, Numerics::kFast), 0.0);
+}
+
+TEST_F(BatchDecodeTest, BadPrefillBatchesAreRefusedWithNoSessionChanged) {
+  auto backend = cpu::make_cpu_backend(model_, 2);
+  auto s = start(*backend, 2);
+  auto other = cpu::make_cpu_backend(model_, 1)->new_session(16);
+  const int p0 = s[0]->position(), p1 = s[1]->position();
+  const int32_t ok[] = {1, 2, 3}, bad[] = {1, 1 << 20};
+  std::vector<int32_t> too_long(200, 1);
+  Session* pair[] = {s[0].get(), s[1].get()};
+  Session* twice[] = {s[0].get(), s[0].get()};
+  Session* foreign[] = {s[0].get(), other.get()};
+  std::vector<std::vector<float>> out(2), three(3);
+  auto call = [&](std::span<Session* const> ss, std::span<const int32_t> a, std::span<const int32_t> b,
+                  std::span<std::vector<float>> o) {
+    const std::span<const int32_t> chunks[] = {a, b};
+    backend->prefill_batch_into(ss, chunks, o);
+  };
+  EXPECT_THROW(call(twice, ok, ok, out), Error);
+  EXPECT_THROW(call(foreign, ok, ok, out), Error);
+  EXPECT_THROW(call(pair, ok, bad, out), Error);                    // an id out of range
+  EXPECT_THROW(call(pair, ok, {}, out), Error);                     // an empty chunk
+  EXPECT_THROW(call(pair, ok, too_long, out), Error);               // past session 1's context of 128
+  EXPECT_THROW(call(pair, ok, ok, three), Error);                   // an output buffer a session
+  EXPECT_EQ(s[0]->position(), p0);
+  EXPECT_EQ(s[1]->position(), p1);
+  call(pair, ok, ok, out);
+  EXPECT_EQ(s[0]->position(), p0 + 3);
+  EXPECT_EQ(s[1]->position(), p1 + 3);
 }
 
 TEST_F(BatchDecodeTest, SessionBytesIsWhatAReservedFullSessionHolds) {

@@ -19,10 +19,12 @@ using namespace rl::test;
 
 namespace {
 
-// One call the scheduler made: a prefill of `tokens` tokens, or a decode pass of `tokens` sequences.
+// One call the scheduler made: a prefill of `tokens` tokens of `sequences` sequences
+// (Backend::prefill_batch_into), or a decode pass of `tokens` sequences.
 struct Call {
   bool prefill;
   int tokens;
+  int sequences = 1;
 };
 
 // Holds the worker inside a prefill while closed (the test then queues more requests).
@@ -49,15 +51,10 @@ struct Gate {
 
 class RecordingSession final : public Session {
  public:
-  RecordingSession(std::unique_ptr<Session> inner, std::vector<Call>& log, std::mutex& m, int chunk, Gate& gate)
-      : inner_(std::move(inner)), log_(log), m_(m), chunk_(chunk), gate_(gate) {}
+  // The scheduler prefills through the backend's prefill_batch_into, which records the call.
+  RecordingSession(std::unique_ptr<Session> inner, int chunk) : inner_(std::move(inner)), chunk_(chunk) {}
   int prefill_chunk() const override { return chunk_ > 0 ? chunk_ : inner_->prefill_chunk(); }
   std::vector<float> prefill(std::span<const int32_t> tokens, std::vector<float>* all) override {
-    gate_.pass();
-    {
-      std::lock_guard<std::mutex> l(m_);
-      log_.push_back({true, (int)tokens.size()});
-    }
     return inner_->prefill(tokens, all);
   }
   std::vector<float> decode(int32_t token) override { return inner_->decode(token); }
@@ -73,10 +70,7 @@ class RecordingSession final : public Session {
 
  private:
   std::unique_ptr<Session> inner_;
-  std::vector<Call>& log_;
-  std::mutex& m_;
   int chunk_;
-  Gate& gate_;
 };
 
 class RecordingBackend final : public Backend {
@@ -85,7 +79,7 @@ class RecordingBackend final : public Backend {
   RecordingBackend(Backend& inner, int chunk) : inner_(inner), chunk_(chunk) {}
   std::string name() const override { return "recording"; }
   std::unique_ptr<Session> new_session(int n_ctx) override {
-    return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), log, m, chunk_, gate);
+    return std::make_unique<RecordingSession>(inner_.new_session(n_ctx), chunk_);
   }
   size_t session_bytes(int n_ctx) const override { return inner_.session_bytes(n_ctx); }
   void decode_batch_into(std::span<Session* const> sessions, std::span<const int32_t> tokens,
@@ -97,6 +91,21 @@ class RecordingBackend final : public Backend {
       log.push_back({false, (int)sessions.size()});
     }
     inner_.decode_batch_into(inner, tokens, out);
+  }
+  void prefill_batch_into(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
+                          std::span<std::vector<float>> out) override {
+    gate.pass();
+    std::vector<Session*> inner;
+    int tokens = 0;
+    for (size_t i = 0; i < sessions.size(); i++) {
+      inner.push_back(static_cast<RecordingSession*>(sessions[i])->inner());
+      tokens += (int)chunks[i].size();
+    }
+    {
+      std::lock_guard<std::mutex> l(m);
+      log.push_back({true, tokens, (int)sessions.size()});
+    }
+    inner_.prefill_batch_into(inner, chunks, out);
   }
   std::vector<Call> calls() {
     std::lock_guard<std::mutex> l(m);
@@ -186,9 +195,10 @@ TEST_F(SchedulerTest, ThePrefillChunkIsTheSessionsPassSize) {
 }
 
 // Three requests queued while the worker is inside the first one's prefill are admitted together
-// at the next step: with --step-prefill-tokens 64 their three 6-token prompts are prefilled one
-// after another in that step, then the four decode in one pass; with 0 a prompt takes a step, a
-// decode pass of the sequences already past theirs between every two.
+// at the next step: with --step-prefill-tokens 64 their three 6-token prompts are prefilled in that
+// step, in one Backend::prefill_batch_into call (one pass on the CPU backend), then the four decode
+// in one pass; with 0 a prompt takes a step, a decode pass of the sequences already past theirs
+// between every two.
 void check_burst(const ServedModel& model, int step_prefill_tokens, const std::vector<Call>& want) {
   RecordingBackend backend(*model.backend, 0);
   backend.gate.closed = true;
@@ -209,12 +219,13 @@ void check_burst(const ServedModel& model, int step_prefill_tokens, const std::v
   for (size_t i = 0; i < want.size(); i++) {
     EXPECT_EQ(calls[i].prefill, want[i].prefill) << "call " << i;
     EXPECT_EQ(calls[i].tokens, want[i].tokens) << "call " << i;
+    EXPECT_EQ(calls[i].sequences, want[i].sequences) << "call " << i;
   }
 }
 
 TEST_F(SchedulerTest, StepPrefillTokensPrefillsABurstOfPromptsInOneStep) {
   const ServedModel model = fixture_loader(server_model())([](float) {});
-  check_burst(model, 64, {{true, 6}, {false, 1}, {true, 6}, {true, 6}, {true, 6}, {false, 4}, {false, 4}});
+  check_burst(model, 64, {{true, 6}, {false, 1}, {true, 18, 3}, {false, 4}, {false, 4}});
 }
 
 TEST_F(SchedulerTest, WithoutStepPrefillTokensAPromptTakesAStep) {
