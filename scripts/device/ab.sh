@@ -60,8 +60,8 @@
 #                  fixture model (synth --vocab-from), `redlite run --backend cuda --chat -n 256` with no
 #                  constraint and with each schema of bench/schemas (seeds 1 and 2, --temp 0.7)
 #     batch        `bench --batch N` on the tree for each N of $BATCHES (default "4 8 16"), 128 steps, $AB_ROUNDS
-#                  reps, $BATCH_ROUNDS (default 1) rounds: the batched step without the server (compare with
-#                  step parallel)
+#                  reps, $BATCH_ROUNDS (default 1) rounds, $BATCH_FLAGS added (e.g. --batch-prefill): the batched
+#                  step without the server (compare with step parallel)
 #     patch-batch  the same on the tree and each binary of step patches ($PATCHES), in turn each round
 #     ncu-pass     GPU time and grid of the first $NCU_COUNT (default 1400) kernels of `bench --prefill-tokens
 #                  $NCU_PASS_TOKENS (default 4) --decode-tokens 2`, summed per kernel and grid ($OUT/ncu-pass.txt)
@@ -312,8 +312,8 @@ for s in "$@"; do
           bin=/tmp/rl-bin-$b; [ $b = tree ] && bin=$BUILD/redlite
           for n in ${BATCHES:-4 8 16}; do
             L=$OUT/batch-$b-$n-$r.log
-            step "batch-$b-$n-$r" "$bin" bench -m $M80 --backend cuda --reps ${AB_ROUNDS:-2} --batch $n --decode-tokens 129 --json &&
-              log "batch $b $n: $(json_num $L decode_tok_s) tok/s in all, $(json_num $L step_ms) ms a step (first $(json_num $L first_step_ms); later calls $(json_num $L later_step_call_ms): graph $(json_num $L batched_graph_ms), copies $(json_num $L batched_copy_ms); argmax $(json_num $L argmax_ms))"
+            step "batch-$b-$n-$r" "$bin" bench -m $M80 --backend cuda --reps ${AB_ROUNDS:-2} --batch $n --decode-tokens 129 --json ${BATCH_FLAGS:-} &&
+              log "batch $b $n: $(json_num $L decode_tok_s) tok/s in all, $(json_num $L step_ms) ms a step (first $(json_num $L first_step_ms); later calls $(json_num $L later_step_call_ms): graph $(json_num $L batched_graph_ms), copies $(json_num $L batched_copy_ms); argmax $(json_num $L argmax_ms)); prompts $(json_num $L prefill_ms) ms"
           done
         done
       done

@@ -39,6 +39,7 @@ struct BenchOptions {
   int prompt_tokens = 16;
   std::vector<int> depths;  // --depths: the protocol at depth instead (DESIGN.md §6)
   int batch = 0;            // --batch: batched decode steps of this many sequences instead
+  bool batch_prefill = false;  // --batch-prefill: the batch's prompts in one prefill_batch_into call
   int depth_decode_tokens = 128;
   bool json = false;
   std::string record_routing;  // --record-routing: every pass's selections to this file
@@ -147,9 +148,11 @@ int run_depth_bench(const BenchOptions& o, LoadedModel& lm) {
 }
 
 // Batched decoding without a server: `batch` sequences, each prefilled with its own prompt of
-// prompt_tokens tokens, then decode_tokens - 1 steps of Backend::decode_batch over all of them
-// (each sequence's next token its greedy one), timed; median of --reps. The engine's step as the
-// server's scheduler calls it, without the HTTP, sampling and streaming around it.
+// prompt_tokens tokens (one after another, or with batch_prefill in one Backend::prefill_batch_into
+// call, as serve --step-prefill-tokens does), then decode_tokens - 1 steps of Backend::decode_batch
+// over all of them (each sequence's next token its greedy one), timed; median of --reps. The
+// engine's step as the server's scheduler calls it, without the HTTP, sampling and streaming
+// around it.
 int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
   const Config& c = lm.model->config();
   const int n_ctx = o.prompt_tokens + o.decode_tokens;
@@ -160,17 +163,26 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
     ptrs.push_back(sessions.back().get());
   }
   const int steps = o.decode_tokens - 1;
-  std::vector<double> rates, step_ms;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::span<const int32_t>> chunks;
+  for (int i = 0; i < o.batch; i++) prompts.push_back(token_stream(o.prompt_tokens, c.n_vocab, 10 + (uint64_t)i));
+  for (const auto& p : prompts) chunks.push_back(p);
+  std::vector<double> rates, step_ms, prefill_ms;
   std::vector<int32_t> next(o.batch);
   std::vector<std::vector<float>> logits(o.batch);  // kept from step to step, as the server keeps them
   // Where a step's time goes, over every rep: the first step (a batched graph is captured there),
   // the later steps' calls, and the greedy picks between them.
   double first_step_s = 0, later_steps_s = 0, argmax_s = 0;
   for (int rep = 0; rep < o.reps; rep++) {
-    for (int i = 0; i < o.batch; i++) {
-      sessions[i]->reset();
-      next[i] = argmax(sessions[i]->prefill(token_stream(o.prompt_tokens, c.n_vocab, 10 + (uint64_t)i)));
+    for (int i = 0; i < o.batch; i++) sessions[i]->reset();
+    const auto tp = std::chrono::steady_clock::now();
+    if (o.batch_prefill) {
+      lm.backend->prefill_batch_into(ptrs, chunks, logits);
+    } else {
+      for (int i = 0; i < o.batch; i++) logits[i] = sessions[i]->prefill(chunks[i]);
     }
+    prefill_ms.push_back(1000.0 * seconds_since(tp));
+    for (int i = 0; i < o.batch; i++) next[i] = argmax(logits[i]);
     const auto t0 = std::chrono::steady_clock::now();
     for (int s = 0; s < steps; s++) {
       const auto ts = std::chrono::steady_clock::now();
@@ -184,12 +196,14 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
     rates.push_back((double)o.batch * steps / seconds);
     step_ms.push_back(1000.0 * seconds / steps);
   }
-  const Summary r = summarize(rates), ms = summarize(step_ms);
+  const Summary r = summarize(rates), ms = summarize(step_ms), pms = summarize(prefill_ms);
   const double later_steps = (double)o.reps * (steps - 1);
   if (o.json) {
     nlohmann::json j = run_header(o, lm);
     j["batch"] = o.batch;
     j["prompt_tokens"] = o.prompt_tokens;
+    j["batch_prefill"] = o.batch_prefill;
+    j["prefill_ms"] = pms.median;  // the batch's prompts, all of them
     j["steps"] = steps;
     j["tokens"] = (int64_t)o.batch * steps;
     j["decode_tok_s"] = r.median;
@@ -212,10 +226,11 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
 #endif
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%s on %s (%s numerics): %d sequences, decode %.1f tok/s in all (min %.1f, max %.1f), %.2f ms a "
-                "step, median of %d\n",
+    std::printf("%s on %s (%s numerics): %d sequences, prompts prefilled in %.1f ms (%s), decode %.1f tok/s in all "
+                "(min %.1f, max %.1f), %.2f ms a step, median of %d\n",
                 o.common.model_path.c_str(), lm.backend->name().c_str(), numerics_name(lm.numerics), o.batch,
-                r.median, r.min, r.max, ms.median, o.reps);
+                pms.median, o.batch_prefill ? "one call" : "one after another", r.median, r.min, r.max, ms.median,
+                o.reps);
   }
   return 0;
 }
@@ -223,6 +238,7 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
 int run_bench(const BenchOptions& o) {
   if (!o.record_routing.empty() && !o.depths.empty())
     fail("--record-routing records the main protocol; it does not combine with --depths");
+  if (o.batch_prefill && !o.batch) fail("--batch-prefill goes with --batch N");
   if (o.batch && (!o.depths.empty() || !o.record_routing.empty()))
     fail("--batch is a protocol of its own; it does not combine with --depths or --record-routing");
   if (!o.record_routing.empty()) check_writable(o.record_routing);  // before a run of minutes, not after
@@ -410,6 +426,9 @@ const Registrar registrar("bench", "decode and prefill throughput (DESIGN.md §6
                  "--decode-tokens - 1 batched steps (Backend::decode_batch, as serve --parallel N): aggregate tok/s "
                  "and ms a step; instead of the main protocol")
       ->check(CLI::Range(2, 16));
+  sub.add_flag("--batch-prefill", o->batch_prefill,
+               "with --batch: the N prompts prefilled in one Backend::prefill_batch_into call (as serve "
+               "--step-prefill-tokens), not one after another; prefill_ms times them either way");
   sub.add_flag("--json", o->json, "print the result as JSON");
   sub.add_option("--record-routing", o->record_routing,
                  "write every pass's router selections (prefill chunks and decode tokens, in order) to FILE, "

@@ -45,6 +45,24 @@ TEST(BenchBatch, CountsAndSpeedsFollowTheSteps) {
   EXPECT_LE(first + 3 * later + 4 * argmax, 4 * step_ms * (1 + 1e-9));
 }
 
+// --batch-prefill: the prompts in one prefill_batch_into call, timed as prefill_ms (as the prompts
+// one after another are without it); alone, without --batch, it is refused by name.
+TEST(BenchBatch, PromptsPrefilledInOneCallAreTimed) {
+  const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(model);
+  for (const bool one_call : {false, true}) {
+    const auto j = bench_json(model, std::string("--batch 3 --decode-tokens 3 --prompt-tokens 7") +
+                                         (one_call ? " --batch-prefill" : ""));
+    ASSERT_FALSE(j.is_null());
+    EXPECT_EQ(j["batch_prefill"], one_call);
+    EXPECT_GT(j["prefill_ms"].get<double>(), 0.0);
+    EXPECT_EQ(j["tokens"], 6);
+  }
+  const auto r = run_redlite("bench -m '" + model + "' --backend cpu --batch-prefill");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--batch-prefill goes with --batch"), std::string::npos) << r.out;
+}
+
 // The one-sequence protocol's greedy picks: a part of a decode token's time.
 TEST(BenchBatch, TheDecodeTokensPickIsPartOfItsTime) {
   const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
