@@ -231,9 +231,10 @@ class CpuBackend final : public Backend {
                          std::span<std::vector<float>> out) override {
     check_decode_batch(sessions, tokens, out);
     if (sessions.size() > (size_t)kMaxBatch) fail("decode_batch: {} sessions, at most {}", sessions.size(), kMaxBatch);
+    own_sessions("decode_batch", sessions);
     std::vector<std::span<const int32_t>> one(sessions.size());
     for (size_t i = 0; i < sessions.size(); i++) one[i] = tokens.subspan(i, 1);
-    run_together("decode_batch", sessions, one, out);
+    run_together(sessions, one, out);
   }
 
   // The chunks in passes of up to kMaxBatch tokens in all (consecutive sequences together; a chunk
@@ -241,7 +242,7 @@ class CpuBackend final : public Backend {
   void prefill_batch_into(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
                           std::span<std::vector<float>> out) override {
     check_prefill_batch(sessions, chunks, out);
-    own_sessions("prefill_batch", sessions, chunks);
+    own_sessions("prefill_batch", sessions);
     auto alone = [&](size_t i) {
       return chunks[i].size() > (size_t)kMaxBatch || static_cast<const CpuSession*>(sessions[i])->traced();
     };
@@ -254,30 +255,28 @@ class CpuBackend final : public Backend {
       size_t end = first, tokens = 0;
       while (end < sessions.size() && !alone(end) && tokens + chunks[end].size() <= (size_t)kMaxBatch)
         tokens += chunks[end++].size();
-      run_together("prefill_batch", sessions.subspan(first, end - first), std::span(chunks).subspan(first, end - first),
+      run_together(sessions.subspan(first, end - first), std::span(chunks).subspan(first, end - first),
                    out.subspan(first, end - first));
       first = end;
     }
   }
 
  private:
-  // Every session is this backend's and takes its chunk (checked before any state changes).
-  void own_sessions(const char* what, std::span<Session* const> sessions,
-                    std::span<const std::span<const int32_t>> chunks) const {
+  // Every session is this backend's (their tokens check_decode_batch / check_prefill_batch checked),
+  // before any state changes.
+  void own_sessions(const char* what, std::span<Session* const> sessions) const {
     for (size_t i = 0; i < sessions.size(); i++) {
       auto* s = dynamic_cast<CpuSession*>(sessions[i]);
       if (!s || s->shared() != shared_.get()) fail("{}: session {} does not belong to this cpu backend", what, i);
-      s->check_tokens(chunks[i]);
     }
   }
 
-  // One forward pass of every session's chunk (at most kMaxBatch tokens in all), out[i] the logits
-  // of session i's last token.
-  void run_together(const char* what, std::span<Session* const> sessions,
-                    std::span<const std::span<const int32_t>> chunks, std::span<std::vector<float>> out) {
+  // One forward pass of every session's chunk (at most kMaxBatch tokens in all; the sessions and
+  // chunks checked), out[i] the logits of session i's last token.
+  void run_together(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
+                    std::span<std::vector<float>> out) {
     if (sessions.empty()) return;
-    own_sessions(what, sessions, chunks);
-    // Every session checked: now their snapshots' rows are frozen where the pass writes.
+    // Now their snapshots' rows are frozen where the pass writes.
     std::vector<SequenceTokens> seqs;
     for (size_t i = 0; i < sessions.size(); i++)
       seqs.push_back({&static_cast<CpuSession*>(sessions[i])->state_to_advance(), chunks[i]});
