@@ -43,13 +43,15 @@ struct Scheduler::Slot {
   }
 };
 
+void SchedulerConfig::check_limits() const {
+  if (parallel < 1 || parallel > kMaxParallel) fail("--parallel: must be between 1 and {}, got {}", kMaxParallel, parallel);
+  if (step_prefill_tokens < 0 || step_prefill_tokens > kMaxStepPrefillTokens)
+    fail("--step-prefill-tokens: must be between 0 and {}, got {}", kMaxStepPrefillTokens, step_prefill_tokens);
+}
+
 Scheduler::Scheduler(Backend& backend, const Tokenizer& tokenizer, SchedulerConfig config)
     : backend_(backend), tokenizer_(tokenizer), cfg_(config), prompt_cache_(config.prompt_cache_bytes) {
-  if (cfg_.parallel < 1 || cfg_.parallel > SchedulerConfig::kMaxParallel)
-    fail("--parallel: must be between 1 and {}, got {}", SchedulerConfig::kMaxParallel, cfg_.parallel);
-  if (cfg_.step_prefill_tokens < 0 || cfg_.step_prefill_tokens > SchedulerConfig::kMaxStepPrefillTokens)
-    fail("--step-prefill-tokens: must be between 0 and {}, got {}", SchedulerConfig::kMaxStepPrefillTokens,
-         cfg_.step_prefill_tokens);
+  cfg_.check_limits();
   if (cfg_.memory_bytes == 0) cfg_.memory_bytes = (size_t)cfg_.parallel * backend_.session_bytes(cfg_.n_ctx);
   if (cfg_.memory_bytes < backend_.session_bytes(2))
     fail("--kv-mib: {:.1f} MiB holds no session (the smallest needs {:.2f} MiB)", mib(cfg_.memory_bytes),

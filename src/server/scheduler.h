@@ -50,6 +50,9 @@ struct SchedulerConfig {
   // the step has prefilled fewer); 0: one chunk of one sequence a step.
   int step_prefill_tokens = 0;
   static constexpr int kMaxStepPrefillTokens = 1 << 20;
+  // Throws rl::Error naming the flag when parallel or step_prefill_tokens is out of range (the
+  // server checks at start, before its model loads; the scheduler again when it is made).
+  void check_limits() const;
 };
 
 // Counters for /metrics (a copy, taken under the scheduler's lock).

@@ -751,12 +751,11 @@ Server::Server(ServerConfig config, ModelLoader loader) : impl_(std::make_unique
   impl_->cfg.chat_template.validate();
   if (!(impl_->cfg.request_timeout_s > 0) || impl_->cfg.request_timeout_s > kMaxTimeoutSeconds)
     fail("--timeout: must be between 0 and {} seconds, got {}", kMaxTimeoutSeconds, impl_->cfg.request_timeout_s);
-  if (impl_->cfg.parallel < 1 || impl_->cfg.parallel > SchedulerConfig::kMaxParallel)
-    fail("--parallel: must be between 1 and {}, got {}", SchedulerConfig::kMaxParallel, impl_->cfg.parallel);
+  SchedulerConfig limits;
+  limits.parallel = impl_->cfg.parallel;
+  limits.step_prefill_tokens = impl_->cfg.step_prefill_tokens;
+  limits.check_limits();
   if (impl_->cfg.max_queue > kMaxQueue) fail("--max-queue: at most {}, got {}", kMaxQueue, impl_->cfg.max_queue);
-  if (impl_->cfg.step_prefill_tokens < 0 || impl_->cfg.step_prefill_tokens > SchedulerConfig::kMaxStepPrefillTokens)
-    fail("--step-prefill-tokens: must be between 0 and {}, got {}", SchedulerConfig::kMaxStepPrefillTokens,
-         impl_->cfg.step_prefill_tokens);
   if (impl_->cfg.max_connections < 1 || impl_->cfg.max_connections > kMaxConnections)
     fail("--max-connections: must be between 1 and {}, got {}", kMaxConnections, impl_->cfg.max_connections);
   impl_->origins = OriginPolicy::parse(impl_->cfg.allowed_origins);

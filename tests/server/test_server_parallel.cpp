@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "server/scheduler.h"
 #include "server_test_util.h"
 
 using nlohmann::json;
@@ -198,6 +199,20 @@ TEST_F(ServerParallelTest, RequestLargerThanTheBudgetGets400AndOnesThatFitStillR
 TEST_F(ServerParallelTest, ParallelOutOfRangeIsRefused) {
   EXPECT_THROW(Server(parallel_config(0), fixture_loader(server_model())), Error);
   EXPECT_THROW(Server(parallel_config(17), fixture_loader(server_model())), Error);
+}
+
+// --step-prefill-tokens is checked when the server starts, before its model loads.
+TEST_F(ServerParallelTest, StepPrefillTokensOutOfRangeIsRefusedAtStart) {
+  for (int bad : {-1, SchedulerConfig::kMaxStepPrefillTokens + 1}) {
+    ServerConfig cfg = parallel_config(2);
+    cfg.step_prefill_tokens = bad;
+    try {
+      Server server(cfg, fixture_loader(server_model()));
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--step-prefill-tokens"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
