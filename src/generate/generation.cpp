@@ -50,11 +50,9 @@ Generation::Generation(Generator& generator, std::span<const int32_t> prompt, co
 
 Generation::~Generation() = default;  // mask_worker_ goes first: it waits for a mask in flight
 
-int Generation::prefill_chunk() {
+void Generation::prefill_chunk() {
   const std::span<const int32_t> chunk = next_prefill_chunk();
-  if (chunk.empty()) return 0;
-  prefilled(chunk, g_.session().prefill(chunk));
-  return (int)chunk.size();
+  if (!chunk.empty()) prefilled(chunk, g_.session().prefill(chunk));
 }
 
 std::span<const int32_t> Generation::next_prefill_chunk() {

@@ -37,8 +37,8 @@ class Generation {
   // Whether prompt tokens are not yet in the session (false once the prompt is in, or it ended).
   bool prefilling() const { return !ended_ && next_prompt_ < prompt_.size(); }
   // Prefills the next chunk of at most session().prefill_chunk() prompt tokens (a cancel request ends the
-  // generation instead); returns the tokens it prefilled.
-  int prefill_chunk();
+  // generation instead).
+  void prefill_chunk();
   // prefill_chunk() in two halves, for a caller that prefills several sequences' chunks in one call
   // (Backend::prefill_batch_into): the next chunk (empty when the prompt is in, or a cancel request
   // ended the generation here), then prefilled() with that chunk's logits once the session holds it.
