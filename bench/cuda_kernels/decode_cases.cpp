@@ -90,21 +90,22 @@ CaseDef matvec_case(const std::string& what, GgmlType t, int cols, std::vector<i
           }};
 }
 
-// The shared expert's gate/up pair in one launch (matvec_gate_up).
-CaseDef gate_up_case(GgmlType t, Form form) {
+// The shared expert's gate/up pair in one launch (matvec_gate_up); columns > 1 (matvec-q8 only):
+// that many token columns, as a batched decode step takes them.
+CaseDef gate_up_case(GgmlType t, Form form, int columns = 1) {
   return {fmt::format("decode/matvec/shexp_gate_up {} {}->{}x2 {}", type_name(t), S::n_embd, S::n_ff_shexp,
-                      form_name(form)),
+                      form_name(form)) + (columns > 1 ? fmt::format(" x{} columns", columns) : ""),
           [=] {
             Case c;
             Image img;
             const size_t g = img.add(random_weights(t, S::n_ff_shexp, S::n_embd, 21));
             const size_t u = img.add(random_weights(t, S::n_ff_shexp, S::n_embd, 22));
             auto w = make_copies(img.bytes.data(), img.bytes.size(), copies_for(img.bytes.size()));
-            auto x = device_vector(random_values(S::n_embd, 2));
-            auto act = device_buffer(S::n_ff_shexp * kF);
-            const Q8Input xq(1, S::n_embd);
+            auto x = device_vector(random_values((size_t)columns * S::n_embd, 2));
+            auto act = device_buffer((size_t)columns * S::n_ff_shexp * kF);
+            const Q8Input xq(columns, S::n_embd);
             c.copies = w->n();
-            c.bytes = 2.0 * row_size(t, S::n_embd) * S::n_ff_shexp + (S::n_embd + S::n_ff_shexp) * kF;
+            c.bytes = 2.0 * row_size(t, S::n_embd) * S::n_ff_shexp + (double)columns * (S::n_embd + S::n_ff_shexp) * kF;
             c.run = [=](int copy, cudaStream_t s) {
               cuda::GateUpJob j;
               j.gate = w->at(copy) + g;
@@ -114,9 +115,9 @@ CaseDef gate_up_case(GgmlType t, Form form) {
               j.x = x->f();
               j.act = act->f();
               if (form == Form::kQ8) {
-                xq.convert(x->f(), 1, S::n_embd, s);
+                xq.convert(x->f(), columns, S::n_embd, s);
                 j.xq = xq.values(), j.xds = xq.scales();
-                cuda::matvec_q8_gate_up(t, S::n_embd, &j, 1, s);
+                cuda::matvec_q8_gate_up(t, S::n_embd, &j, 1, s, columns);
               } else {
                 cuda::matvec_gate_up(t, S::n_embd, &j, 1, s, sums_of(form));
               }
@@ -447,6 +448,7 @@ std::vector<CaseDef> decode_cases() {
                             columns));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kMma, columns));
     v.push_back(matvec_case("router+shexp_gate_inp", G::F32, n, {S::n_expert, 1}, Form::kFast, columns));
+    v.push_back(gate_up_case(G::IQ2_XXS, Form::kQ8, columns));
   }
   // Batched steps of 4 and 16 sessions: their 40 and 160 (token, selection) pairs on the decode
   // kernels (a launch takes kMaxMatvecJobs of them).

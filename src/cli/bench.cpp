@@ -218,6 +218,7 @@ int run_batch_bench(const BenchOptions& o, LoadedModel& lm) {
     if (auto* cb = dynamic_cast<cuda::CudaBackend*>(lm.backend.get())) {
       const cuda::EngineStats st = cb->stats();
       j["batched_steps"] = st.batched_steps;
+      j["batched_captures"] = st.batched_captures;
       if (st.batched_steps) {
         j["batched_graph_ms"] = st.batched_graph_ms / (double)st.batched_steps;
         j["batched_copy_ms"] = st.batched_copy_ms / (double)st.batched_steps;

@@ -114,7 +114,7 @@ class CudaBackendImpl final : public CudaBackend {
     s.gpu_routed_fallbacks = 0;
     s.gpu_grouped_layers = 0;
     s.x32_products = 0;
-    s.batched_steps = 0;
+    s.batched_steps = s.batched_captures = 0;
     s.batched_graph_ms = s.batched_copy_ms = 0;
     engine_.profiler.reset();
   }

@@ -37,6 +37,7 @@ struct EngineStats {
   uint64_t gpu_routed_fallbacks = 0; // graph replays discarded (a non-resident expert was selected)
   uint64_t gpu_grouped_layers = 0;   // prefill layers whose selections were grouped on the GPU
   uint64_t x32_products = 0;         // prefill dense products run by matmul_x32
+  uint64_t batched_captures = 0;     // batched-step graphs captured (one a batch size, reused by any sessions)
   uint64_t batched_steps = 0;        // decode_batch steps run as one batched graph (their tokens
                                      // are not counted in tokens_decoded)
   // Of those steps, the GPU's milliseconds (CUDA events): the graph's replays, and the copies of

@@ -24,9 +24,9 @@ constexpr int max_prefill_chunk(int n_expert_used) {
 // --prefill-chunk: its device logits buffer is tokens × n_vocab floats (311 MB at 512 and the 80B's
 // 151,936, 1.2 GB at 2048), outside the working set the expert cache is sized around.
 constexpr int kAllLogitsPassTokens = 512;
-// The engine keeps the graphs of the last kMaxBatchGraphs sets of sessions that decoded together
-// (decode_graph.cpp; a step's most sessions are kMaxBatchRows, plan.h).
-constexpr int kMaxBatchGraphs = 8;
+// The engine keeps the batched-step graphs of the last kMaxBatchGraphs batch sizes used (decode_graph.cpp:
+// a graph serves every set of sessions of its size; a step takes 2 to kMaxBatchRows = 16, plan.h).
+constexpr int kMaxBatchGraphs = 15;
 
 struct CudaOptions {
   // The numeric tier (--numerics, docs/cuda.md "Numeric forms"): exact reproduces the oracle;

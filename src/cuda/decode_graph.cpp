@@ -216,30 +216,51 @@ int batch_rows(Engine& e) {
 
 namespace {
 
-// Captures the batched step of these sessions: the pass over their rows, every layer grouped on
-// the GPU, the ids and positions read from batch_io, the logits into batch_logits. Nothing in it
-// waits for the host.
-std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionState* const> sts) {
-  const int B = (int)sts.size();
-  auto g = std::make_unique<BatchGraph>();
-  g->rows.assign(sts.begin(), sts.end());
-  const int n_layer = e.config().n_layer;
-  std::vector<float*> table((size_t)n_layer * 2 * B, nullptr);
+// The most decode splits any of these sessions' attention takes (the batched attention's grid;
+// 0 for a model without attention layers).
+int max_splits_of(const Engine& e, std::span<SessionState* const> sts) {
+  int m = 0;
+  for (int L = 0; L < e.config().n_layer; L++)
+    for (const SessionState* st : sts)
+      if (st->k_cache[L].bytes()) m = std::max(m, st->attn_splits_f.max_splits);
+  return m;
+}
+
+// Writes g's tables for these sessions: `fresh`, synchronously into new buffers (before a
+// capture); else on the compute stream into g's buffers, after the replays enqueued before it (the
+// host vectors may go at once: a copy from pageable memory returns once it is staged).
+void write_tables(Engine& e, BatchGraph& g, std::span<SessionState* const> sts, bool fresh) {
+  const int B = (int)sts.size(), n_layer = e.config().n_layer;
+  std::vector<float*> states((size_t)n_layer * 2 * B, nullptr);
+  std::vector<AttentionRow> attention((size_t)n_layer * B);
   for (int L = 0; L < n_layer; L++)
     for (int t = 0; t < B; t++) {
-      table[((size_t)L * 2 + 0) * B + t] = sts[t]->conv[L].f();
-      table[((size_t)L * 2 + 1) * B + t] = sts[t]->ssm[L].f();
+      states[((size_t)L * 2 + 0) * B + t] = sts[t]->conv[L].f();
+      states[((size_t)L * 2 + 1) * B + t] = sts[t]->ssm[L].f();
+      if (sts[t]->k_cache[L].bytes()) attention[(size_t)L * B + t] = {sts[t]->kv(L), sts[t]->attn_splits_f};
     }
-  upload(g->state_table, table);
-  std::vector<AttentionRow> attention((size_t)n_layer * B);
-  int max_splits = 0;
-  for (int L = 0; L < n_layer; L++)
-    for (int t = 0; t < B; t++)
-      if (sts[t]->k_cache[L].bytes()) {
-        attention[(size_t)L * B + t] = {sts[t]->kv(L), sts[t]->attn_splits_f};
-        max_splits = std::max(max_splits, sts[t]->attn_splits_f.max_splits);
-      }
-  upload(g->attention_table, attention);
+  if (fresh) {
+    upload(g.state_table, states);
+    upload(g.attention_table, attention);
+  } else {
+    const cudaStream_t s = e.streams.compute;
+    RL_CUDA_CHECK(cudaMemcpyAsync(g.state_table.get(), states.data(), states.size() * sizeof(float*),
+                                  cudaMemcpyHostToDevice, s));
+    RL_CUDA_CHECK(cudaMemcpyAsync(g.attention_table.get(), attention.data(), attention.size() * sizeof(AttentionRow),
+                                  cudaMemcpyHostToDevice, s));
+  }
+  g.tables_of.assign(sts.begin(), sts.end());
+}
+
+// Captures the batched step of B rows: the pass over them, every layer grouped on the GPU, the
+// ids and positions read from batch_io, each row's states from the graph's tables (written for
+// these sessions), the logits into batch_logits. Nothing in it waits for the host.
+std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionState* const> sts, int max_splits) {
+  const int B = (int)sts.size();
+  auto g = std::make_unique<BatchGraph>();
+  g->rows = B;
+  g->max_splits = max_splits;
+  write_tables(e, *g, sts, true);
   // The tables are the engine's only while this capture runs.
   struct Tables {
     Engine& e;
@@ -268,15 +289,21 @@ std::unique_ptr<BatchGraph> capture_batch_graph(Engine& e, std::span<SessionStat
     throw;
   }
   e.stats.gpu_grouped_layers = grouped, e.stats.x32_products = x32;
+  e.stats.batched_captures++;
   return g;
 }
 
-// The graph of these sessions in this order, captured on first use (the least recently used one
-// dropped beyond kMaxBatchGraphs).
+// The graph of this many sessions (and decode splits), captured on first use (the least recently
+// used one dropped beyond kMaxBatchGraphs), its tables written for these sessions in this order.
 BatchGraph& batch_graph_of(Engine& e, std::span<SessionState* const> sts) {
+  static_assert(kMaxBatchGraphs >= kMaxBatchRows - 1, "a graph for every batch size a step takes");
+  const int B = (int)sts.size(), max_splits = max_splits_of(e, sts);
   for (auto& g : e.batch_graphs)
-    if (std::equal(g->rows.begin(), g->rows.end(), sts.begin(), sts.end())) return *g;
-  auto g = capture_batch_graph(e, sts);
+    if (g->rows == B && g->max_splits == max_splits) {
+      if (!std::equal(g->tables_of.begin(), g->tables_of.end(), sts.begin(), sts.end())) write_tables(e, *g, sts, false);
+      return *g;
+    }
+  auto g = capture_batch_graph(e, sts, max_splits);
   if ((int)e.batch_graphs.size() >= kMaxBatchGraphs) {
     auto oldest = std::min_element(e.batch_graphs.begin(), e.batch_graphs.end(),
                                    [](const auto& a, const auto& b) { return a->last_use < b->last_use; });
@@ -346,9 +373,8 @@ bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span
 }
 
 void forget_batch_graphs(Engine& e, const SessionState& st) {
-  std::erase_if(e.batch_graphs, [&](const std::unique_ptr<BatchGraph>& g) {
-    return std::find(g->rows.begin(), g->rows.end(), &st) != g->rows.end();
-  });
+  for (auto& g : e.batch_graphs)
+    if (std::find(g->tables_of.begin(), g->tables_of.end(), &st) != g->tables_of.end()) g->tables_of.clear();
 }
 
 }  // namespace rl::cuda

@@ -62,11 +62,15 @@ struct SessionState {
   }
 };
 
-// A batched decode step captured as one graph (decode_graph.cpp): replayed while the same sessions
-// decode together, in the same order. It holds their buffer addresses: a session that goes away
-// takes every graph it is a row of with it (forget_batch_graphs).
+// A batched decode step of `rows` sessions captured as one graph (decode_graph.cpp), replayed for
+// any `rows` sessions whose attention takes `max_splits` decode splits: its kernels read every
+// row's states, caches and split buffers from the graph's tables, which a step rewrites (on the
+// stream, after the replays before it) when its sessions are not those the tables hold. A session
+// that goes away leaves the tables that hold it (forget_batch_graphs), so that a later session at
+// its address gets its own tables written.
 struct BatchGraph {
-  std::vector<const SessionState*> rows;
+  int rows = 0, max_splits = 0;
+  std::vector<const SessionState*> tables_of;  // the sessions the tables hold, in row order (empty: none)
   // The rows' states as the batched kernels take them: per layer, the B conv states then the B
   // recurrent states (float*; nullptr for attention layers); per layer the B rows' caches and
   // split buffers (AttentionRow; empty for DeltaNet layers).
@@ -106,7 +110,7 @@ struct Engine {
   std::vector<int> grouped_layers;  // the layers of the pass in progress grouped on the GPU
   bool gpu_routed_broken = false;   // capture failed once: stay on the synchronous path
   bool batch_graph_broken = false;  // a batch's capture failed once: batches decode one after another
-  std::vector<std::unique_ptr<BatchGraph>> batch_graphs;  // at most kMaxBatchGraphs, by last use
+  std::vector<std::unique_ptr<BatchGraph>> batch_graphs;  // at most kMaxBatchGraphs, by last use; one a batch size
   uint64_t batch_steps = 0;
   // While a batch graph is captured: its tables, and the most decode splits any row's attention
   // takes (the batched attention's grid).
@@ -186,6 +190,7 @@ int batch_rows(Engine& e);
 bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens,
                         std::span<std::vector<float>> logits_out);
 // Drops the batched graphs that have st as a row (st is going away).
+// The batch graphs' tables that hold st no longer count as written for it (st goes away).
 void forget_batch_graphs(Engine& e, const SessionState& st);
 
 }  // namespace rl::cuda

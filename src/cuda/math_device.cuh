@@ -31,6 +31,26 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// Brings the bytes of [p, p + n) into L2 with one bulk prefetch, the range shrunk to the whole
+// 16-byte units inside it (compute capability 9.0; elsewhere nothing). A hint: nothing waits for it.
+__device__ __forceinline__ void prefetch_l2_bytes(const void* p, size_t n) {
+#if __CUDA_ARCH__ >= 900
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t{15};
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~uintptr_t{15};
+  if (b > a) {
+    const size_t bytes = min((size_t)(b - a), (size_t)0x7FFFFFF0u);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)bytes) : "memory");
+  }
+#endif
+}
+// A product's weight rows [row, row + n) of `rows` rows `row_bytes` apart at w, by the block's
+// thread 0, before pdl_wait: a product's own weights (not a slot's, whose pointer an earlier
+// kernel writes: w null) depend on no earlier kernel, so they stream into L2 while the kernel it
+// follows finishes, its blocks being resident by then (launch_dependent).
+__device__ __forceinline__ void prefetch_rows_l2(const uint8_t* w, size_t row_bytes, int row, int n, int rows) {
+  if (threadIdx.x == 0 && w && row < rows) prefetch_l2_bytes(w + (size_t)row * row_bytes, (size_t)min(n, rows - row) * row_bytes);
+}
+
 // Launches kernel on grid x block as a programmatic dependent of the stream's previous kernel: its
 // blocks may start, and run what precedes their pdl_wait(), while that kernel finishes. Before
 // sm_90, where pdl_wait is not compiled (a build carrying older PTX, JIT-compiled), an ordinary

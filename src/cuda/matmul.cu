@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, BT <= kExpertTokens ? 4 : 2) matmul_
   // The codebook in shared memory when it fits beside the activation tiles (IQ1_M's 16 KiB does
   // not beside 64-token tiles).
   constexpr bool kStageTables = sizeof xs + GridOf<T>::kEntries * 8 + 1024 <= 48 * 1024;
-  const SharedTables<T, kStageTables> tab;
+  const SharedTables<T, kStageTables, false> tab;
   // Tokens of this tile that exist; sub-tiles j < active hold at least one of them (block-uniform).
   const int tile_n = min(BT, cnt - tile_t);
   const int active = (tile_n + 7) / 8;

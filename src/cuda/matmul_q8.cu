@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(32 * kWarps) mma_q8_kernel(const MmaJobs jobs,
   const MatvecJob& jb = jobs.job[blockIdx.y];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int r0 = blockIdx.x * kTileRows;
+  prefetch_rows_l2(jb.w, jb.row_bytes, r0, kTileRows, jb.rows);
   pdl_wait();  // the Q8 input comes from the previous kernel
   pdl_trigger();
   if (r0 >= jb.rows) return;  // the whole block

@@ -318,7 +318,7 @@ __device__ __forceinline__ void lane_dot_f32(const uint8_t* const (&wr)[R], cons
 // This lane's part of R rows' dot products, in the type's form.
 template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
-                                         int n_chunks, const SharedTables<T, kStageCodebook<T>>& tab, double (&acc)[R]) {
+                                         int n_chunks, const SharedTables<T, kStageCodebook<T>, false>& tab, double (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
     iq_lane_dot<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
   else
@@ -326,7 +326,7 @@ __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const fl
 }
 template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
-                                         int n_chunks, const SharedTables<T, kStageCodebook<T>>& tab, float (&acc)[R]) {
+                                         int n_chunks, const SharedTables<T, kStageCodebook<T>, false>& tab, float (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
     iq_lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
   else
@@ -351,6 +351,8 @@ struct RowSlot {
     warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     row = (blockIdx.x * (kWarps / W) + warp / W) * R, ws = warp % W;
   }
+  static constexpr int kBlockRows = kWarps / W * R;  // the block's rows, from block_row()
+  __device__ static int block_row() { return blockIdx.x * kBlockRows; }
   // Sums the W warp sums of value i (shared memory); true on the one lane that holds the result.
   // Every thread of the block must call it.
   template <class V>
@@ -379,7 +381,8 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_kernel(const Jobs jobs, in
   constexpr int R = kMatvecRows<T>;
   const MatvecJob& jb = jobs.job[blockIdx.y];
   RowSlot<W, R> s;
-  const SharedTables<T, kStageCodebook<T>> tab;
+  prefetch_rows_l2(jb.w ? jb.w + jb.w_offset : nullptr, jb.row_bytes, s.block_row(), s.kBlockRows, jb.rows);
+  const SharedTables<T, kStageCodebook<T>, false> tab;
   pdl_wait();  // inputs and slot pointers come from the previous kernel
   // The next kernel's blocks may take SMs as this one's finish and stage their tables (they still
   // wait for this grid to complete): 0.2-1 us less a product (bench_cuda_kernels, PERF.md).
@@ -408,7 +411,9 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_kernel(const GateUpJobs j
   constexpr int P = kGateUpPairs<T>;
   const GateUpJob& jb = jobs.job[blockIdx.y];
   RowSlot<W, P> s;
-  const SharedTables<T, kStageCodebook<T>> tab;
+  prefetch_rows_l2(jb.gate, jb.row_bytes_gate, s.block_row(), s.kBlockRows, jb.rows);
+  prefetch_rows_l2(jb.up, jb.row_bytes_up, s.block_row(), s.kBlockRows, jb.rows);
+  const SharedTables<T, kStageCodebook<T>, false> tab;
   pdl_wait();
   pdl_trigger();  // as matvec_kernel
   const bool active = s.row < jb.rows;

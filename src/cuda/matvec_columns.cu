@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_f32_columns_kernel(const C
   const MatvecJob& jb = jobs.job[blockIdx.y];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kRows;
+  prefetch_rows_l2(jb.w ? jb.w + jb.w_offset : nullptr, jb.row_bytes, row, kRows, jb.rows);
   pdl_wait();  // the input comes from the previous kernel
   pdl_trigger();
   if (row >= jb.rows) return;  // the whole block: row depends on the block only

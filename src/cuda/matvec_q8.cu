@@ -367,8 +367,11 @@ struct LaneSlot {
   int warp, lane, row, ws, sub;
   __device__ LaneSlot(int G) {
     warp = threadIdx.x / 32, lane = threadIdx.x % 32, ws = warp % W, sub = lane % G;
-    row = ((blockIdx.x * (kWarps / W) + warp / W) * (32 / G) + lane / G) * R;
+    row = ((blockIdx.x * (blockDim.x / 32 / W) + warp / W) * (32 / G) + lane / G) * R;
   }
+  // The block's rows: from block_row(G), block_rows(G) of them.
+  __device__ static int block_rows(int G) { return kWarps / W * (32 / G) * R; }
+  __device__ static int block_row(int G) { return blockIdx.x * block_rows(G); }
   // Sums v over the row's G·W lanes; true on the one lane that holds the result. Every thread of
   // the block must call it.
   __device__ bool reduce(float& v, bool active, int G) {
@@ -398,7 +401,7 @@ struct LaneSlot {
 template <GgmlType T, int R, int N>
 __device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], const int8_t* xq, const float2* xds,
                                              int cols, int u0, int step, int n_units,
-                                             const SharedTables<T, kStageQ8Codebook<T>>& tab, float (&acc)[N][R]) {
+                                             const SharedTables<T, kStageQ8Codebook<T>, false>& tab, float (&acc)[N][R]) {
   using D = Q8Dot<T>;
   auto x_of = [&](int c, int u) { return D::load_x(xq + (size_t)c * cols, xds + (size_t)c * (cols / 32), u); };
 #pragma unroll(N == 1 ? 2 : 1)
@@ -472,7 +475,8 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<
   constexpr int R = kQ8RowsN<T, N>;
   const MatvecJob& jb = job_of<kDerived>(jobs, cols);
   LaneSlot<W, R> s(G);
-  const SharedTables<T, kStageQ8Codebook<T>> tab;
+  prefetch_rows_l2(jb.w ? jb.w + jb.w_offset : nullptr, jb.row_bytes, s.block_row(G), s.block_rows(G), jb.rows);
+  const SharedTables<T, kStageQ8Codebook<T>, false> tab;
   pdl_wait();  // inputs and slot pointers come from the previous kernel
   pdl_trigger();
   const bool active = s.row < jb.rows;
@@ -496,7 +500,9 @@ template <GgmlType T, int W, int N, bool kDerived = false>
 __global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList<GateUpJob> jobs, int cols, int G) {
   const GateUpJob& jb = job_of<kDerived>(jobs, cols);
   LaneSlot<W, 1> s(G);
-  const SharedTables<T, kStageQ8Codebook<T>> tab;
+  prefetch_rows_l2(jb.gate, jb.row_bytes_gate, s.block_row(G), s.block_rows(G), jb.rows);
+  prefetch_rows_l2(jb.up, jb.row_bytes_up, s.block_row(G), s.block_rows(G), jb.rows);
+  const SharedTables<T, kStageQ8Codebook<T>, false> tab;
   pdl_wait();
   pdl_trigger();
   const bool active = s.row < jb.rows;
@@ -570,18 +576,24 @@ void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_row
     int W = 1;
     while (N == 1 && !per_input && G == 32 && W < 4 && total_rows / R * W < 4096 && n_units >= 2 * 32 * 2 * W)
       W *= 2;
-    const int rows_per_block = kWarps / W * (32 / G) * R;
-    const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m);
+    // Warps a block: kWarps, or fewer (down to W, at least 2) while the grid would leave SMs idle
+    // (a shared expert's 512 rows on 8 columns: 64 blocks of 8 warps, 256 of 2). A row's lanes and
+    // their sums are the same whatever the block size.
+    int warps = kWarps;
+    auto blocks = [&](int w) { return (max_rows + w / W * (32 / G) * R - 1) / (w / W * (32 / G) * R) * m; };
+    while (warps / 2 >= std::max(W, 2) && blocks(warps) < device_info().sm_count) warps /= 2;
+    const int rows_per_block = warps / W * (32 / G) * R;
+    const dim3 grid((unsigned)((max_rows + rows_per_block - 1) / rows_per_block), (unsigned)m), block(32 * warps);
     Q8JobList<Job> list{};
     std::copy(jobs, jobs + (per_input ? 1 : m), list.job);
     list.per_input = per_input;
     if (N == 1 && per_input) {
-      launch_dependent(q8_kernel_of<T, 1, 1, true>(kind), grid, dim3(32 * kWarps), stream, list, cols, G);
+      launch_dependent(q8_kernel_of<T, 1, 1, true>(kind), grid, block, stream, list, cols, G);
     } else if constexpr (N == 1) {
       auto kernel = W == 1 ? q8_kernel_of<T, 1, 1>(kind) : W == 2 ? q8_kernel_of<T, 2, 1>(kind) : q8_kernel_of<T, 4, 1>(kind);
-      launch_dependent(kernel, grid, dim3(32 * kWarps), stream, list, cols, G);
+      launch_dependent(kernel, grid, block, stream, list, cols, G);
     } else {
-      launch_dependent(q8_kernel_of<T, 1, N>(kind), grid, dim3(32 * kWarps), stream, list, cols, G);
+      launch_dependent(q8_kernel_of<T, 1, N>(kind), grid, block, stream, list, cols, G);
     }
   });
   if (!ok) throw_error(std::string("matvec_q8: weight type ") + type_name(t) + " has no Q8 product");

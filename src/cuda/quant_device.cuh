@@ -257,7 +257,19 @@ __device__ __forceinline__ uint2 iq2_signed_bytes(uint64_t grid, uint64_t masks)
   return make_uint2(iq2_signed_bytes((uint32_t)grid, (uint32_t)masks),
                     iq2_signed_bytes((uint32_t)(grid >> 32), (uint32_t)(masks >> 32)));
 }
-// The byte masks of a 7-bit IQ2 sign code: byte j is 0xFF when ksigns(code) has bit j.
+// The byte masks of a 7-bit IQ2 sign code without a table: bit j < 4 of a nibble goes to bit 8j
+// by one multiply (the nibble's four shifted copies do not overlap, so nothing carries), and each
+// byte's 0 or 1 times 0xFF is its mask. Equal to iq2_sign_mask(code) for every code (emulated on
+// the host for all 128; the IQ2 kernel tests compare the decoded values with the CPU's); the
+// decode products take it instead of a shared-memory table, whose random 64-bit reads cost bank
+// conflicts (PERF.md, Nsight Compute).
+__device__ __forceinline__ uint64_t iq2_sign_bytes(uint32_t code) {
+  const uint32_t bits = ksigns((int)code);
+  const uint32_t lo = (((bits & 0xFu) * 0x00204081u) & 0x01010101u) * 0xFFu;
+  const uint32_t hi = (((bits >> 4) * 0x00204081u) & 0x01010101u) * 0xFFu;
+  return (uint64_t)hi << 32 | lo;
+}
+// The same from the definition (the X24 kernels' shared-memory table).
 __device__ __forceinline__ uint64_t iq2_sign_mask(int code) {
   const int bits = ksigns(code);
   uint64_t m = 0;
@@ -286,8 +298,8 @@ struct Dequant<GgmlType::IQ2_XXS> {
   }
   static constexpr int kGridEntries = 256;
   __device__ static const uint64_t* grid_table() { return g_iq2xxs_grid; }
-  // Integer form (IqChunk): the loads of a chunk, then its decode with the codebook and the sign
-  // masks (the kernel's shared-memory copies).
+  // Integer form (IqChunk): the loads of a chunk, then its decode with the codebook (the kernel's
+  // shared-memory copy) and the sign masks (iq2_sign_bytes).
   struct Raw {
     uint32_t aux1;
     uint16_t d;
@@ -301,7 +313,7 @@ struct Dequant<GgmlType::IQ2_XXS> {
   __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t* masks) {
     const float d = half_bits_to_f32(r.d);
     const float db = d * (0.5f + (float)(r.aux1 >> 28)) * 0.25f;
-    return {iq2_signed_bytes(grid[r.idx], masks[(r.aux1 >> (7 * (c & 3))) & 127]), db, (float)kIq2Bias};
+    return {iq2_signed_bytes(grid[r.idx], iq2_sign_bytes((r.aux1 >> (7 * (c & 3))) & 127)), db, (float)kIq2Bias};
   }
 };
 
@@ -336,7 +348,7 @@ struct Dequant<GgmlType::IQ2_XS> {
   __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t* masks) {
     const float d = half_bits_to_f32(r.d);
     const float db = d * (0.5f + (float)(((c & 3) < 2) ? (r.sc & 0xF) : (r.sc >> 4))) * 0.25f;
-    return {iq2_signed_bytes(grid[r.qs & 511], masks[r.qs >> 9]), db, (float)kIq2Bias};
+    return {iq2_signed_bytes(grid[r.qs & 511], iq2_sign_bytes(r.qs >> 9u)), db, (float)kIq2Bias};
   }
 };
 
@@ -421,10 +433,11 @@ constexpr bool kIntegerForm = GridOf<T>::kEntries > 0;
 // The type's codebook copied to shared memory (IQ types), and the IQ2 sign masks, for all the
 // block's lookups; every thread of the block must construct it (it ends with a barrier). kStage =
 // false leaves the codebook in global memory (for kernels whose shared memory has no room for it);
-// the IQ2 sign masks, 1 KiB, are always staged.
+// kMasks stages the IQ2 sign masks, 1 KiB (the X24 kernels read them; the integer form's decode
+// computes them, iq2_sign_bytes).
 template <GgmlType T>
 constexpr bool kSignMasks = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS;
-template <GgmlType T, bool kStage = true>
+template <GgmlType T, bool kStage = true, bool kMasks = kSignMasks<T>>
 struct SharedTables {
   static constexpr int kN = GridOf<T>::kEntries;
   const uint64_t* grid = nullptr;
@@ -438,7 +451,7 @@ struct SharedTables {
       } else {
         grid = GridOf<T>::table();
       }
-      if constexpr (kSignMasks<T>) {
+      if constexpr (kMasks && kSignMasks<T>) {
         __shared__ uint64_t m[128];
         for (int i = threadIdx.x; i < 128; i += blockDim.x) m[i] = iq2_sign_mask(i);
         masks = m;

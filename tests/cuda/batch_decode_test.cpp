@@ -6,8 +6,9 @@
 // wrong state, cache row or position scores near 1. Then each sequence decodes once more alone
 // from where the batch left it. The fast tier runs each step as one batched graph (the stats count
 // them); the exact tier decodes the sequences one after another, so its tokens are those each gets
-// alone, bit for bit. A batch whose sessions change (order, a subset, a session destroyed) gets
-// graphs of its own. Needs a GPU and the fixtures.
+// alone, bit for bit. A batch's graph serves any sessions of its size: one whose sessions change
+// (order, a subset, a session destroyed) replays it on tables rewritten for them, bit for bit
+// what their own graph would give. Needs a GPU and the fixtures.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -129,10 +130,10 @@ TEST(CudaBatchedDecode, ExactTierGivesEachSequenceItsOwnTokens) {
 
 // Batches whose sessions change between steps: all four; then one decodes alone, a snapshot of
 // another is restored into a third, and two decode in the other order; then (a session destroyed,
-// its graphs with it, and a new one made, perhaps at its address) the three left and the new one.
-// Every row's logits against the oracle's, teacher-forced, by the fast tier's bar (the oracle's
-// sessions take the same steps, snapshot and restore); each batch shape is its own graph.
-TEST(CudaBatchedDecode, ABatchThatChangesGetsItsOwnGraphs) {
+// leaving the tables that held it, and a new one made, perhaps at its address) the three left and
+// the new one. Every row's logits against the oracle's, teacher-forced, by the fast tier's bar (the
+// oracle's sessions take the same steps, snapshot and restore); one graph a batch size (4, 2, 3).
+TEST(CudaBatchedDecode, ABatchThatChangesReplaysItsSizesGraph) {
   RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
   RL_REQUIRE_FIXTURE(path);
@@ -195,14 +196,63 @@ TEST(CudaBatchedDecode, ABatchThatChangesGetsItsOwnGraphs) {
     dev[3]->prefill(p, nullptr);
   }
   for (int s = 0; s < 3; s++) step({0, 1, 2});
-  // The same order as the first batch's graph: were it kept past its session, it would replay
-  // into the freed buffers.
+  // The first batch's size and order again: had its tables not been rewritten for the new
+  // session 3, row 3 would replay on the freed buffers.
   for (int s = 0; s < 2; s++) step({0, 1, 2, 3});
   std::printf("[cuda batched decode] changing batches: top-1 %.4f, mean rel rms %.4e against the oracle\n",
               (double)agree / total, rms / total);
   EXPECT_GE((double)agree / total, 0.85);
   EXPECT_LE(rms / total, 0.075);
   EXPECT_EQ(gpu->stats().batched_steps, (uint64_t)steps);
+  EXPECT_EQ(gpu->stats().batched_captures, 3u);
+}
+
+// One graph serves any sessions of its size, bit for bit: sessions 2 and 3 hold the prompts of 0
+// and 1. A step of {0, 1} captures the graph; {2, 3} on it, its tables rewritten, must give 2 the
+// logits of 0 and 3 those of 1 exactly (a row's products, recurrence and attention read only its
+// own column, state and cache); then {3, 2} and {1, 0}, rows in the other order, likewise; then
+// {0, 1} again, on tables last written for {1, 0}.
+TEST(CudaBatchedDecode, AGraphServesAnySessionsOfItsSizeBitForBit) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  const int n_vocab = model->config().n_vocab;
+  cuda::CudaOptions o;
+  o.numerics = Numerics::kFast;
+  auto gpu = cuda::make_cuda_backend(model, o);
+  std::vector<std::unique_ptr<Session>> dev;
+  std::vector<std::vector<float>> last(4);
+  for (int i = 0; i < 4; i++) {
+    dev.push_back(gpu->new_session(128));
+    last[i] = dev[i]->prefill(test::prompt(6 + 7 * (i % 2), n_vocab, 80 + i % 2), nullptr);
+  }
+  ASSERT_EQ(last[2], last[0]);
+  ASSERT_EQ(last[3], last[1]);
+  auto step = [&](std::vector<int> rows) {
+    std::vector<Session*> batch;
+    std::vector<int32_t> next;
+    for (int i : rows) batch.push_back(dev[i].get()), next.push_back(argmax(last[i]));
+    const auto got = gpu->decode_batch(batch, next);
+    for (size_t r = 0; r < rows.size(); r++) last[rows[r]] = got[r];
+  };
+  for (int s = 0; s < 2; s++) {
+    step({0, 1});
+    step({2, 3});
+    EXPECT_EQ(last[2], last[0]) << "step " << s;
+    EXPECT_EQ(last[3], last[1]) << "step " << s;
+  }
+  step({3, 2});
+  step({1, 0});
+  EXPECT_EQ(last[2], last[0]);
+  EXPECT_EQ(last[3], last[1]);
+  step({0, 1});
+  step({2, 3});
+  EXPECT_EQ(last[2], last[0]);
+  EXPECT_EQ(last[3], last[1]);
+  EXPECT_EQ(dev[0]->position(), dev[2]->position());
+  EXPECT_EQ(gpu->stats().batched_steps, 8u);
+  EXPECT_EQ(gpu->stats().batched_captures, 1u);
 }
 
 TEST(CudaBatchedDecode, RefusesAnotherModelsSession) {
