@@ -22,7 +22,7 @@ const char* tier_name(cuda::Sums sums) { return sums == cuda::Sums::kFast ? "fas
 // A decode product's numeric form: the exact tier's matvec, the fast tier's matvec-f32 or its
 // matvec-q8 (fp32 sums, dp4a on the Q8 form), named "exact", "fast", "fast-q8", so that a filter
 // on "fast" times both fast forms side by side.
-// kMma: mma-q8 (the int8 tensor cores on the Q8 form, token columns of Q4_K / Q5_K), "fast-mma".
+// kMma: mma-q8 (the int8 tensor cores on the Q8 form, token columns of Q4_K / Q5_K / Q6_K), "fast-mma".
 enum class Form { kExact, kFast, kQ8, kMma };
 const char* form_name(Form f) {
   return f == Form::kExact ? "exact" : f == Form::kFast ? "fast" : f == Form::kQ8 ? "fast-q8" : "fast-mma";
@@ -441,12 +441,13 @@ std::vector<CaseDef> decode_cases() {
                             columns));
     v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, Form::kQ8, columns));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kQ8, columns));
-    // The same Q4_K / Q5_K products on mma-q8.
+    // The same Q4_K / Q5_K / Q6_K products on mma-q8.
     v.push_back(matvec_case("ssm_in", G::Q4_K, n, {S::conv_dim, S::value_dim}, Form::kMma, columns));
     v.push_back(matvec_case("ssm_out", G::Q4_K, S::value_dim, {n}, Form::kMma, columns));
     v.push_back(matvec_case("attn_qk", G::Q4_K, n, {2 * S::n_head * S::head_dim, S::n_kv * S::head_dim}, Form::kMma,
                             columns));
     v.push_back(matvec_case("lm_head", G::Q5_K, n, {S::n_vocab}, Form::kMma, columns));
+    v.push_back(matvec_case("shexp_down", G::Q6_K, S::n_ff_shexp, {n}, Form::kMma, columns));
     v.push_back(matvec_case("router+shexp_gate_inp", G::F32, n, {S::n_expert, 1}, Form::kFast, columns));
     v.push_back(gate_up_case(G::IQ2_XXS, Form::kQ8, columns));
   }

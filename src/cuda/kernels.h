@@ -107,11 +107,15 @@ bool q8_supported(GgmlType t);
 // on its row, in the same order, wherever that launch takes one warp a row (every width up to
 // 2048 columns); wider ones may split a row over warps there, and then differ by rounding.
 constexpr int kMaxQ8Columns = 16;
-// The fast tier's Q4_K / Q5_K products of 1 to kMaxQ8Columns token columns on the int8 tensor cores
-// (matmul_q8.cu, plan kernel mma-q8): jobs as matvec_q8_jobs' (w direct, 16-byte aligned; xq/xds
-// the Q8 rows of the columns tokens; y + c·y_stride), the same numeric form, the fp32 additions in
-// another order. Whole 256-column blocks; compute capability 8.0.
+// The fast tier's Q4_K / Q5_K / Q6_K products of 1 to kMaxQ8Columns token columns on the int8
+// tensor cores (matmul_q8.cu, plan kernel mma-q8): jobs as matvec_q8_jobs' (w direct; xq/xds the Q8
+// rows of the columns tokens; y + c·y_stride), the same numeric form, the fp32 additions in another
+// order. Whole 256-column blocks, weights as mma_q8_weights_fit says; compute capability 8.0.
 bool mma_q8_supported(GgmlType t);
+// Whether a matrix of type t at w, rows row_bytes apart, of cols columns, is one mma-q8 takes:
+// a type it has, whole 256-column blocks, weights aligned as its loads need (the launcher also
+// wants them direct, not a slot's).
+bool mma_q8_weights_fit(GgmlType t, const void* w, size_t row_bytes, int cols);
 void matmul_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, int columns);
 void matvec_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t stream, int columns = 1);
 void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaStream_t stream, int columns = 1);

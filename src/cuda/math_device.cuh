@@ -207,6 +207,18 @@ __device__ __forceinline__ void imma_16x8x32(int (&d)[4], const uint32_t (&a)[4]
 #endif
 }
 
+// As imma_16x8x32 with A signed too (s8 × s8: the Q6_K values q − 32).
+__device__ __forceinline__ void imma_16x8x32_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+#else
+  __trap();  // the launcher refuses devices below compute capability 8.0
+#endif
+}
+
 // Brings the 32-byte sector holding p into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 

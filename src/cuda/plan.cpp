@@ -104,8 +104,7 @@ Kernel dense_kernel(const NumericForms& forms, const DMat& w, int rows) {
   // few blocks (the 512-row router 4, the shared gate 1), ~110 and ~54 µs a launch on the H200
   // against ~5 for a decode launch (Nsight Compute, docs/PERF.md).
   if (q8_columns(forms, w.type, rows)) {
-    const bool mma = forms.mma_q8 && rows >= kMmaQ8FromTokens && mma_q8_supported(w.type) && w.cols % 256 == 0 &&
-                     reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0;
+    const bool mma = forms.mma_q8 && rows >= kMmaQ8FromTokens && mma_q8_weights_fit(w.type, w.data, w.row_bytes, w.cols);
     return mma ? Kernel::kMatmulQ8 : Kernel::kMatvecQ8;
   }
   if (forms.fast && rows <= kQ8PassTokens) return forms.matvec();

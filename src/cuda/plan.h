@@ -24,7 +24,7 @@ enum class Kernel : uint8_t {
   kMatmulX8Q4K,  // prefill, fast tier: the X32 kernel (Q4_K) on X8 activations
   kMatmulX32,  // prefill: 8-bit tensor cores on X32 activations (matmul_x32)
   kMatmulBf16, // prefill, fast tier: bf16 tensor cores on dequantised tiles, fp32 sums (matmul_bf16)
-  kMatmulQ8,   // fast tier, 2 to kQ8PassTokens rows of Q4_K / Q5_K: int8 tensor cores on the Q8 form (matmul_q8)
+  kMatmulQ8,   // fast tier, 2 to kQ8PassTokens rows of Q4_K / Q5_K / Q6_K: int8 tensor cores on the Q8 form (matmul_q8)
 };
 const char* kernel_name(Kernel k);
 // A pass of up to this many tokens takes the fast tier's matvec-q8 on token columns for its dense
@@ -39,7 +39,7 @@ const char* kernel_name(Kernel k);
 // 8 streams 477.2 against 465.4 (the call before, in steps of 4: 426.8), 4 streams 435.6 against
 // 426.0.
 constexpr int kQ8PassTokens = 16;
-// From this many tokens a short pass's Q4_K / Q5_K dense products take mma-q8 (the int8 tensor
+// From this many tokens a short pass's Q4_K / Q5_K / Q6_K dense products take mma-q8 (the int8 tensor
 // cores on the same Q8 form) instead of matvec-q8 columns, where the device has them. A 16-row
 // batched step's graph 16.71 ms against 20.61 on matvec-q8 columns (H100, PERF.md, 2026-12-06);
 // the threshold itself is not measured: `bench_cuda_kernels --filter columns` times fast-mma

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "cuda/kernels.h"
 #include "cuda/plan.h"
+#include "cuda/q6k_fragments.h"
 #include "gpu_test_util.h"
 
 namespace rl {
@@ -441,13 +442,14 @@ TEST_F(CudaQ8, SeveralColumnsAsOneColumnEach) {
 // mma-q8 (matmul_q8_jobs: the int8 tensor cores on the Q8 form) against matvec-q8 on the same
 // token columns, the same numeric form summed in another order: within 1e-10 of it (a wrong
 // fragment layout, scale or min term is O(1)) and within the tier's bound of the double product,
-// for Q4_K and Q5_K, a job list of two (a shared input, outputs at a stride with gaps left
+// for Q4_K, Q5_K and Q6_K, a job list of two (a shared input, outputs at a stride with gaps left
 // untouched), rows that are not whole 16-row tiles, one and two 8-token tiles, widths of 1 to 16
-// super-blocks (a warp of the block with none, with several).
+// super-blocks (a warp of the block with none, with several; Q6_K's 512 columns, 420-byte rows,
+// every other row 4-byte aligned only).
 TEST_F(CudaQ8, MmaProductsEqualTheColumnsForm) {
   if (cuda::device_info().cc_major < 8) GTEST_SKIP() << "mma-q8 needs compute capability 8.0";
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K}) {
-    for (auto [rows, cols] : {std::pair{16, 256}, std::pair{77, 2048}, std::pair{300, 4096}}) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (auto [rows, cols] : {std::pair{16, 256}, std::pair{77, 2048}, std::pair{300, 4096}, std::pair{40, 512}}) {
       const size_t rb = row_size(t, cols);
       const int rows2 = 21, stride = rows + rows2 + 5;
       const auto w = random_rows(t, rows, cols, 900 + rows), w2 = random_rows(t, rows2, cols, 901 + rows);
@@ -491,9 +493,57 @@ TEST_F(CudaQ8, MmaProductsEqualTheColumnsForm) {
   }
   // What it cannot run: another type, a width of part of a block, more columns than it takes.
   cuda::MatvecJob j;
-  EXPECT_THROW(cuda::matmul_q8_jobs(GgmlType::Q6_K, 256, &j, 1, nullptr, 2), Error);
+  EXPECT_THROW(cuda::matmul_q8_jobs(GgmlType::Q8_0, 256, &j, 1, nullptr, 2), Error);
   EXPECT_THROW(cuda::matmul_q8_jobs(GgmlType::Q4_K, 288, &j, 1, nullptr, 2), Error);
   EXPECT_THROW(cuda::matmul_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr, cuda::kMaxQ8Columns + 1), Error);
+}
+
+// Q6_K's A fragments (q6k_fragments.h) against the CPU's dequantisation, on the CPU: for every
+// super-block of random rows, half n, activation block g and lane q, the fragment's bytes are the
+// values q − 32 of l = 4q..4q + 3 (lo) and 16 + 4q.. (hi) of block 4n + g, and the scale bytes it
+// names are theirs: value = d · scale · (q − 32) exactly (every scale nonzero here).
+TEST(CudaMmaQ6k, FragmentsHoldTheDequantisedValues) {
+  const int cols = 512, rows = 24;
+  auto w = random_rows(GgmlType::Q6_K, rows, cols, 77);
+  const size_t rb = row_size(GgmlType::Q6_K, cols);
+  for (size_t i = 0; i < w.size(); i += cuda::kQ6kBytes)
+    for (int k = 0; k < 16; k++)
+      if (w[i + 192 + k] == 0) w[i + 192 + k] = 1;  // a zero scale would hide its values
+  std::vector<float> deq(cols);
+  int checked = 0;
+  for (int r = 0; r < rows; r++) {
+    dequantize_row(GgmlType::Q6_K, w.data() + r * rb, deq.data(), cols);
+    for (int sb = 0; sb < cols / 256; sb++) {
+      const uint8_t* b = w.data() + r * rb + (size_t)sb * cuda::kQ6kBytes;
+      uint16_t dh;
+      std::memcpy(&dh, b + cuda::kQ6kD, 2);
+      const float d = fp16_to_f32(dh);
+      for (int n = 0; n < 2; n++)
+        for (int q = 0; q < 4; q++) {
+          cuda::Q6kHalfWords hw{};
+          for (int i = 0; i < 4; i++) std::memcpy(&hw.ql[i], b + cuda::q6k_ql_offset(n, i, q), 4);
+          for (int i = 0; i < 2; i++) std::memcpy(&hw.qh[i], b + cuda::q6k_qh_offset(n, i, q), 4);
+          for (int g = 0; g < 4; g++) {
+            const cuda::Q6kFragment f = cuda::q6k_fragment(hw, g);
+            for (int half = 0; half < 2; half++) {
+              const float sc = (float)(int8_t)b[cuda::q6k_scale_offset(n, g) + half];
+              const uint32_t word = half ? f.hi : f.lo;
+              for (int i = 0; i < 4; i++) {
+                const int l = 16 * half + 4 * q + i;
+                const int v = (int8_t)(uint8_t)(word >> (8 * i));
+                ASSERT_GE(v, -32);
+                ASSERT_LE(v, 31);
+                const float want = deq[256 * sb + 128 * n + 32 * g + l];
+                ASSERT_EQ((d * sc) * (float)v, want) << "row " << r << " super-block " << sb << " half " << n
+                                                     << " block " << g << " value " << l;
+                checked++;
+              }
+            }
+          }
+        }
+    }
+  }
+  EXPECT_EQ(checked, rows * cols);
 }
 
 // The shared expert's SwiGLU pair on several columns: as one-column launches, bit for bit. 15

@@ -244,10 +244,10 @@ TEST(CudaPlan, FewTokensTakeQ8ColumnsForDenseProducts) {
   }
 }
 
-// Where the device has the int8 tensor cores (mma_q8), a short pass's Q4_K and Q5_K products of
-// whole 256-column blocks take mma-q8 from kMmaQ8FromTokens tokens, the other Q8 types stay on
+// Where the device has the int8 tensor cores (mma_q8), a short pass's Q4_K, Q5_K and Q6_K products
+// of whole 256-column blocks take mma-q8 from kMmaQ8FromTokens tokens, the other Q8 types stay on
 // matvec-q8 columns, and a decode token keeps matvec-q8.
-TEST(CudaPlan, FewTokensOfQ4KAndQ5KTakeMmaQ8) {
+TEST(CudaPlan, FewTokensOfKQuantsTakeMmaQ8) {
   NumericForms forms = both_forms();
   forms.fast = forms.bf16 = forms.q8 = forms.mma_q8 = true;
   DeviceWeights w = weights();
@@ -260,8 +260,8 @@ TEST(CudaPlan, FewTokensOfQ4KAndQ5KTakeMmaQ8) {
     EXPECT_EQ(dn.mixer_in[1], K::kMatmulQ8);  // Q4_K z
     EXPECT_EQ(dn.mixer_in[2], K::kMatvecQ8);  // Q8_0 ba
     EXPECT_EQ(dn.mixer_out, K::kMatmulQ8);
-    EXPECT_EQ(at.mixer_in[2], K::kMatvecQ8);  // Q6_K v
-    EXPECT_EQ(at.mixer_out, K::kMatvecQ8);    // Q6_K o
+    EXPECT_EQ(at.mixer_in[2], K::kMatmulQ8);  // Q6_K v
+    EXPECT_EQ(at.mixer_out, K::kMatmulQ8);    // Q6_K o
     EXPECT_EQ(dn.shared_down, K::kMatmulQ8);  // Q4_K
     EXPECT_TRUE(dn.shared.fused);             // the Q8_0 pair: matvec-q8 with its SwiGLU
     EXPECT_EQ(dn.shared.gate, K::kMatvecQ8);
