@@ -126,14 +126,22 @@ struct Engine {
 // logits_out, the statistics updated.
 void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
               TraceSink* trace);
+// One pass over several sessions' pieces (sts[i] reads chunks[i] at its position; at most
+// ws.max_tokens tokens in all): the products and the MoE over all their tokens, each session's
+// DeltaNet and attention on its own rows; out[i] (n_vocab floats) the logits of sts[i]'s last token.
+void run_pass_batch(Engine& e, std::span<SessionState* const> sts, std::span<const std::span<const int32_t>> chunks,
+                    std::span<float* const> out);
 // Enqueues a forward pass of T tokens whose ids and positions are already in device memory, up to
 // the LM head's logits in `logits` ([T or 1][n_vocab]): T tokens of one session (sts = {st}, at
 // positions pos_d[0..T)), or a batched decode step, one token of each of T sessions (sts[t] decodes
 // row t at pos_d[t]: the products over every row, each row's DeltaNet and attention on its
-// session's state). gpu_routed (T == 1): the routing runs on the GPU and the pass never waits for
-// the host, so it can be captured into a graph; so can a pass whose layers all group on the GPU.
+// session's state), or (seq_begin given) several sessions' pieces, sts[i]'s rows from
+// seq_begin[i] to the next one's (or T), logits [sts.size()][n_vocab] of each one's last row.
+// gpu_routed (T == 1): the routing runs on the GPU and the pass never waits for the host, so it
+// can be captured into a graph; so can a pass whose layers all group on the GPU.
 void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* ids_d, const int32_t* pos_d, int T,
-                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed);
+                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed,
+                 std::span<const int> seq_begin = {});
 
 // ---- moe_layer.cpp --------------------------------------------------------------------------
 // The MoE block of layer L on h2 [T][n_embd]: x += routed experts + shared expert; then

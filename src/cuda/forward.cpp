@@ -26,6 +26,21 @@ void embed(Engine& e, const int32_t* ids_d, int T, float* x) {
   get_rows(w.type, w.data, w.row_bytes, e.config().n_embd, ids_d, T, x, e.streams.compute);
 }
 
+// The views of a pass's rows from row o on (one session's piece of a pass over several).
+DeltaNetViews rows_from(const DeltaNetViews& v, const Config& c, int o) {
+  const size_t conv = (size_t)c.ssm_conv_dim() * o, value = (size_t)c.ssm_n_v_heads * c.ssm_head_dim * o;
+  const size_t nv = (size_t)c.ssm_n_v_heads * o;
+  return {v.qkv + conv, v.conv + conv, v.z + value, v.o + value, v.ba + 2 * nv, v.beta + nv, v.g + nv};
+}
+AttentionViews rows_from(const AttentionViews& v, const Config& c, int o) {
+  const size_t q = (size_t)c.n_head * c.head_dim * o, kv = (size_t)c.n_head_kv * c.head_dim * o;
+  return {v.qg + 2 * q, v.q + q, v.gate + q, v.att + q, v.k + kv, v.v + kv};
+}
+// The rows [begin, end) of piece i of seq_begin in a pass of T.
+int piece_end(std::span<const int> seq_begin, size_t i, int T) {
+  return i + 1 < seq_begin.size() ? seq_begin[i + 1] : T;
+}
+
 // The recurrent part of Gated DeltaNet over the views' T rows: the causal conv and gates, the L2
 // norm of q and k, the recurrence. Either T tokens of session st in order, or (st null; the fast
 // tier) one token of each of T sessions in one launch per kernel, their states from `batch` ([2][T]
@@ -68,7 +83,7 @@ void deltanet_core(Engine& e, int L, const DeltaNetViews& v, int T, SessionState
 // per kernel from the batch graph's state table, Engine::batch_states).
 //                                                                  h, out: [T][n_embd]
 void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
-                    float* out) {
+                    float* out, std::span<const int> seq_begin) {
   const Config& c = e.config();
   const SsmDev& w = e.weights.layers[L].ssm;
   const cudaStream_t stream = e.streams.compute;
@@ -80,9 +95,14 @@ void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const 
                             {&w.ba, plan.mixer_in[2], h, v.ba}},
                            T);
   e.profiler.mark(kDeltaNet, stream);
-  if (sts.size() > 1 && !e.batch_states) throw_error("deltanet: a batched pass without its graph's state table");
-  deltanet_core(e, L, v, T, sts.size() == 1 ? sts[0] : nullptr,
-                sts.size() == 1 ? nullptr : e.batch_states + (size_t)L * 2 * T);
+  if (!seq_begin.empty()) {  // several sessions' pieces: each on its own rows and state
+    for (size_t i = 0; i < sts.size(); i++)
+      deltanet_core(e, L, rows_from(v, c, seq_begin[i]), piece_end(seq_begin, i, T) - seq_begin[i], sts[i], nullptr);
+  } else {
+    if (sts.size() > 1 && !e.batch_states) throw_error("deltanet: a batched pass without its graph's state table");
+    deltanet_core(e, L, v, T, sts.size() == 1 ? sts[0] : nullptr,
+                  sts.size() == 1 ? nullptr : e.batch_states + (size_t)L * 2 * T);
+  }
   // Decode and short passes: the norm also writes the output projection's Q8 input.
   const Q8Target q8 =
       (plan.mixer_out == Kernel::kMatvecQ8 || plan.mixer_out == Kernel::kMatmulQ8) && T <= kQ8PassTokens
@@ -134,7 +154,7 @@ void attention_rows(Engine& e, int L, const AttentionViews& v, int B, const int3
 // from pos_d, so a captured graph replays at any position.
 //                                                                  h, out: [T][n_embd]
 void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const LayerPlan& plan, const float* h, int T,
-                     const int32_t* pos_d, float* out) {
+                     const int32_t* pos_d, float* out, std::span<const int> seq_begin) {
   const AttnDev& w = e.weights.layers[L].attn;
   const cudaStream_t stream = e.streams.compute;
   const AttentionViews v = e.ws.attention_views();
@@ -142,7 +162,11 @@ void attention_block(Engine& e, std::span<SessionState* const> sts, int L, const
   e.products.project_group(
       {{&w.q, plan.mixer_in[0], h, v.qg}, {&w.k, plan.mixer_in[1], h, v.k}, {&w.v, plan.mixer_in[2], h, v.v}}, T);
   e.profiler.mark(kAttention, stream);
-  if (sts.size() == 1)
+  if (!seq_begin.empty()) {  // several sessions' pieces: each on its own rows, positions and cache
+    for (size_t i = 0; i < sts.size(); i++)
+      attention_core(e, *sts[i], L, rows_from(v, e.config(), seq_begin[i]), piece_end(seq_begin, i, T) - seq_begin[i],
+                     pos_d + seq_begin[i]);
+  } else if (sts.size() == 1)
     attention_core(e, *sts[0], L, v, T, pos_d);
   else if (e.batch_attention)
     attention_rows(e, L, v, T, pos_d);
@@ -171,7 +195,9 @@ void trace_rows(Engine& e, TraceSink* trace, const std::string& name, const floa
 }  // namespace
 
 void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* ids_d, const int32_t* pos_d, int T,
-                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed) {
+                 bool all_logits, float* logits, TraceSink* trace, bool gpu_routed, std::span<const int> seq_begin) {
+  if (!seq_begin.empty() && (seq_begin.size() != sts.size() || seq_begin[0] != 0 || all_logits || trace || gpu_routed))
+    throw_error("encode_pass: several sessions' pieces take one start each from row 0, last logits, no trace");
   const Config& c = e.config();
   const int n_embd = c.n_embd;
   const cudaStream_t stream = e.streams.compute;
@@ -191,9 +217,9 @@ void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* i
     e.profiler.mark(kNorms, stream);
     if (L == 0) rms_norm(x, d.attn_norm, h, T, n_embd, c.rms_eps, stream);
     if (d.recurrent)
-      deltanet_block(e, sts, L, lp, h, T, mixer_out);
+      deltanet_block(e, sts, L, lp, h, T, mixer_out, seq_begin);
     else
-      attention_block(e, sts, L, lp, h, T, pos_d, mixer_out);
+      attention_block(e, sts, L, lp, h, T, pos_d, mixer_out, seq_begin);
     // x += mixer_out; h = RMSNorm(x) * post_attention_norm: one kernel unless the trace needs x.
     e.profiler.mark(kNorms, stream);
     bool moe_input_q8_ready = false;  // h's Q8 form in ws.q8_moe_input
@@ -225,13 +251,31 @@ void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* i
   // h holds the output norm (the last layer's combine).
   if (tensors) trace_rows(e, tensors, "result_norm", h, T, n_embd);
   e.profiler.mark(kLmHead, stream);
+  if (!seq_begin.empty()) {
+    // Each piece's last row of h gathered (into block_out, free after the last layer), then the LM
+    // head on those rows as a pass of that many tokens would run it.
+    float* last = e.ws.block_out.f();
+    const int k = (int)sts.size();
+    for (int i = 0; i < k; i++)
+      RL_CUDA_CHECK(cudaMemcpyAsync(last + (size_t)i * n_embd, h + (size_t)(piece_end(seq_begin, i, T) - 1) * n_embd,
+                                    n_embd * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    e.products.project(w.output, k == 1 ? plan.lm_head_last : e.plan(k).lm_head_all, last, k, logits);
+    return;
+  }
   lm_head(e, plan, h, T, all_logits, logits);
 }
 
-void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
-              TraceSink* trace) {
+namespace {
+
+// The synchronous path's pass over `sts`' rows (one session's tokens, or several sessions' pieces
+// from seq_begin): each row's id and position (its session's position plus its index in its piece)
+// staged and uploaded, the pass, its logits (`rows` of them) copied to the host, the sessions'
+// positions moved on, the statistics after it. Returns the host copy (ws.logits_host), valid until
+// the next pass.
+const float* pass_rows(Engine& e, std::span<SessionState* const> sts, std::span<const int> seq_begin,
+                       std::span<const int32_t> ids, bool all_logits, int rows, TraceSink* trace) {
   const Config& c = e.config();
-  const int T = (int)tokens.size(), pos0 = st.position;
+  const int T = (int)ids.size();
   const cudaStream_t stream = e.streams.compute;
   Workspace& ws = e.ws;
   ws.staging.reset();
@@ -243,20 +287,22 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   auto [pos_h, pos_staged] = ws.staging.stage<int32_t>(T);
   (void)ids_staged;
   (void)pos_staged;
-  for (int t = 0; t < T; t++) {
-    ids_h[t] = tokens[t];
-    pos_h[t] = pos0 + t;
+  for (size_t i = 0; i < sts.size(); i++) {
+    const int begin = seq_begin.empty() ? 0 : seq_begin[i];
+    const int end = seq_begin.empty() ? T : piece_end(seq_begin, i, T);
+    for (int t = begin; t < end; t++) {
+      ids_h[t] = ids[t];
+      pos_h[t] = sts[i]->position + (t - begin);
+    }
   }
   // Into buffers of their own: the staging area is reused from the first layer on.
   int32_t* ids_d = ws.ids.get<int32_t>();
   int32_t* pos_d = ws.pos.get<int32_t>();
   RL_CUDA_CHECK(cudaMemcpyAsync(ids_d, ids_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   RL_CUDA_CHECK(cudaMemcpyAsync(pos_d, pos_h, T * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  const int rows = all_logits ? T : 1;
   ws.reserve_logits(rows, c.n_vocab);
   e.grouped_layers.clear();
-  SessionState* const one[] = {&st};
-  encode_pass(e, one, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false);
+  encode_pass(e, sts, ids_d, pos_d, T, all_logits, ws.logits.f(), trace, false, seq_begin);
   if (!e.grouped_layers.empty())
     RL_CUDA_CHECK(cudaMemcpyAsync(ws.grouped_distinct_host.get(), ws.grouped_distinct.get(),
                                   (size_t)c.n_layer * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
@@ -265,8 +311,8 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   RL_CUDA_CHECK(cudaMemcpyAsync(logits_host, ws.logits.f(), n_out * sizeof(float), cudaMemcpyDeviceToHost, stream));
   e.profiler.mark(kOther, stream);
   RL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::memcpy(logits_out, logits_host, n_out * sizeof(float));
-  st.position = pos0 + T;
+  for (size_t i = 0; i < sts.size(); i++)
+    sts[i]->position += seq_begin.empty() ? T : piece_end(seq_begin, i, T) - seq_begin[i];
   e.residency.end_pass();
   // The GPU-grouped layers' experts, each a hit (as a reservation would have counted them).
   uint64_t grouped_hits = 0;
@@ -277,6 +323,36 @@ void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool
   RL_CUDA_CHECK(cudaStreamSynchronize(e.streams.copy));
   e.residency.record_copy_times(e.profiler);
   e.profiler.collect();
+  return logits_host;
+}
+
+}  // namespace
+
+void run_pass(Engine& e, SessionState& st, std::span<const int32_t> tokens, bool all_logits, float* logits_out,
+              TraceSink* trace) {
+  const int rows = all_logits ? (int)tokens.size() : 1;
+  SessionState* const one[] = {&st};
+  const float* logits = pass_rows(e, one, {}, tokens, all_logits, rows, trace);
+  std::memcpy(logits_out, logits, (size_t)rows * e.config().n_vocab * sizeof(float));
+}
+
+void run_pass_batch(Engine& e, std::span<SessionState* const> sts, std::span<const std::span<const int32_t>> chunks,
+                    std::span<float* const> out) {
+  if (sts.size() != chunks.size() || out.size() != sts.size() || sts.empty())
+    throw_error("run_pass_batch: a piece and an output for each session");
+  std::vector<int> begin;
+  std::vector<int32_t> ids;
+  for (const auto& chunk : chunks) {
+    if (chunk.empty()) throw_error("run_pass_batch: an empty piece");
+    begin.push_back((int)ids.size());
+    ids.insert(ids.end(), chunk.begin(), chunk.end());
+  }
+  if ((int)ids.size() > e.ws.max_tokens)
+    throw_error("run_pass_batch: " + std::to_string(ids.size()) + " tokens, a pass takes " +
+                std::to_string(e.ws.max_tokens));
+  const size_t n_vocab = (size_t)e.config().n_vocab;
+  const float* logits = pass_rows(e, sts, begin, ids, false, (int)sts.size(), nullptr);
+  for (size_t i = 0; i < sts.size(); i++) std::memcpy(out[i], logits + i * n_vocab, n_vocab * sizeof(float));
 }
 
 }  // namespace rl::cuda

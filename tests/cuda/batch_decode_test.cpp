@@ -255,6 +255,60 @@ TEST(CudaBatchedDecode, AGraphServesAnySessionsOfItsSizeBitForBit) {
   EXPECT_EQ(gpu->stats().batched_captures, 1u);
 }
 
+// Backend::prefill_batch_into in one pass (run_pass_batch), exact tier, passes of at most 256
+// tokens: four sessions at their own positions read pieces of 1, 7, 30 and 200 tokens together;
+// each one's last logits, and its next decode step's (which read the DeltaNet states and KV rows
+// the piece left), against the oracle's: the same top-1 and relative RMS within the exact tier's
+// parity bound (a wrong row offset, state, cache or position is O(1)). Then a piece longer than a
+// pass beside a short one: each alone, the same way.
+TEST(CudaPrefillBatch, EachSessionsPieceMatchesTheOracle) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  const int n_vocab = model->config().n_vocab;
+  auto cpu = cpu::make_cpu_backend(model, 0);
+  cuda::CudaOptions o;
+  o.numerics = Numerics::kExact;
+  o.prefill_chunk = 256;
+  auto gpu = cuda::make_cuda_backend(model, o);
+  const std::vector<int32_t> prompt = test::prompt(700, n_vocab, 123);
+  std::vector<std::unique_ptr<Session>> oracle, dev;
+  for (int i = 0; i < 4; i++) {
+    const auto start = std::span(prompt).subspan(50 * i, 2 + 3 * i);
+    oracle.push_back(cpu->new_session(1024));
+    dev.push_back(gpu->new_session(1024));
+    oracle.back()->prefill(start);
+    dev.back()->prefill(start);
+  }
+  double worst = 0;
+  auto check = [&](int i, const std::vector<float>& got, const std::vector<float>& want) {
+    ASSERT_EQ(got.size(), want.size()) << "session " << i;
+    EXPECT_EQ(argmax(got), argmax(want)) << "session " << i;
+    worst = std::max(worst, relative_rms(got, want));
+  };
+  auto batch = [&](std::vector<int> which, std::vector<std::span<const int32_t>> chunks) {
+    std::vector<Session*> ss;
+    for (int i : which) ss.push_back(dev[i].get());
+    std::vector<std::vector<float>> out(which.size());
+    gpu->prefill_batch_into(ss, chunks, out);
+    for (size_t r = 0; r < which.size(); r++) {
+      const int i = which[r];
+      check(i, out[r], oracle[i]->prefill(chunks[r]));
+      EXPECT_EQ(dev[i]->position(), oracle[i]->position()) << "session " << i;
+      const int32_t next = (int32_t)(7 + i);
+      check(i, dev[i]->decode(next), oracle[i]->decode(next));
+    }
+  };
+  const int lens[] = {1, 7, 30, 200};
+  std::vector<std::span<const int32_t>> pieces;
+  for (int i = 0; i < 4; i++) pieces.push_back(std::span(prompt).subspan(300 + 10 * i, lens[i]));
+  batch({0, 1, 2, 3}, pieces);
+  batch({2, 0}, {std::span(prompt).subspan(20, 300), std::span(prompt).subspan(400, 5)});
+  std::printf("[cuda prefill batch] max rel rms %.3e against the oracle\n", worst);
+  EXPECT_LE(worst, 1e-3);
+}
+
 TEST(CudaBatchedDecode, RefusesAnotherModelsSession) {
   RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
