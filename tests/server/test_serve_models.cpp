@@ -47,4 +47,21 @@ TEST(ServeModels, NamesTheBackendAndTheNumericTier) {
   remove_temp(log);
 }
 
+// --step-prefill-tokens: off by default on the cpu backend (its one-pass prefill of several prompts
+// gained nothing there, docs/server.md), the given value when set; the start line says which.
+TEST(ServeModels, StartLineNamesTheStepPrefillBudget) {
+  const std::string log = temp_path("serve-models", "serve.log");
+  for (const char* given : {"", "64"}) {
+    SCOPED_TRACE(std::string("--step-prefill-tokens ") + given);
+    std::vector<std::string> extra;
+    if (*given) extra = {"--step-prefill-tokens", given};
+    ServeProcess p(server_model(), "key", log, extra);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(p.wait_healthy()) << log_text(log);
+    const std::string want = std::string("step prefill ") + (*given ? given : "0") + " tokens";
+    EXPECT_NE(log_text(log).find(want), std::string::npos) << log_text(log);
+  }
+  remove_temp(log);
+}
+
 }  // namespace
