@@ -28,6 +28,11 @@
 #                  $PREFETCH_MODES (default "off on"; e.g. "off on on:10 late:10": N is
 #                  --prefetch-experts), the order alternating by round; a line a run: decode tok/s,
 #                  hit rate, prediction accuracy, prefetched / used / wasted
+#     miss-reads   AB_ROUNDS rounds of the tree's bench at each --cache-mib of $MISS_MIBS (default
+#                  8192) with each MODE of $MISS_MODES (default "copy host:16 host:0"; host:N is
+#                  --miss-reads host --miss-admit N), the order alternating by round; MISS_MODEL=skew
+#                  uses the 80B with --router-skew 1.0 (made once in /dev/shm); a line a run: decode
+#                  tok/s, hit rate, misses read in place and bypassed, copy GB/s
 #     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
 #     recipes      per recipe in $RECIPES (default: the realistic ones, which together hold all 23
 #                  types): its 80B made in /dev/shm (removed after), `bench --reps 1` exact then
@@ -255,6 +260,28 @@ for s in "$@"; do
           f="$OUT/prefetch-${p/:/-}-$r.log"
           step "prefetch-${p/:/-}-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 $flags --reps 1 --json
           log "prefetch $p $r: decode $(json_num "$f" decode_tok_s) hit rate $(json_num "$f" hit_rate) accuracy $(json_num "$f" prediction_accuracy) prefetched $(json_num "$f" prefetched) used $(json_num "$f" prefetch_hits) wasted $(json_num "$f" prefetch_wasted)"
+        done
+      done
+      ;;
+    miss-reads)
+      model
+      mm=$M80
+      if [ "${MISS_MODEL:-}" = skew ]; then
+        mm=/dev/shm/redlite/80b-skew.gguf
+        [ -e $mm ] || STEP_TIMEOUT=400 step synth-80b-skew "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 \
+          --router-skew 1.0 --out $mm
+      fi
+      modes=${MISS_MODES:-copy host:16 host:0}
+      for mib in ${MISS_MIBS:-8192}; do
+        for r in $(seq "${AB_ROUNDS:-2}"); do
+          order=$modes; [ $((r % 2)) = 0 ] && order=$(echo $modes | tr ' ' '\n' | tac | tr '\n' ' ')
+          for m in $order; do
+            flags="--miss-reads ${m%%:*}"; case $m in *:*) flags="$flags --miss-admit ${m#*:}" ;; esac
+            n="miss-${MISS_MODEL:-uniform}-$mib-${m/:/-}-$r"
+            step "$n" "$BUILD/redlite" bench -m $mm --backend cuda --cache-mib $mib $flags --reps 1 --json
+            f="$OUT/$n.log"
+            log "miss-reads ${MISS_MODEL:-uniform} $mib MiB $m $r: decode $(json_num "$f" decode_tok_s) hit rate $(json_num "$f" hit_rate) in place $(json_num "$f" misses_read_in_place) bypassed $(json_num "$f" misses_bypassed) copy GB/s $(json_num "$f" copy_gb_s) fallbacks $(json_num "$f" gpu_routed_fallbacks)"
+          done
         done
       done
       ;;

@@ -98,14 +98,18 @@ void ExpertCache::order_remove(int slot) {
 void ExpertCache::score_access(Key k, int slot) {
   // A resident key's node is moved, not reallocated (a decode token raises n_layers * k of them).
   auto node = by_score_.extract({log_score_[k], slot});
-  const double now = (double)tick_ / policy_.half_life;
-  log_score_[k] = now + std::log2(1.0 + std::exp2(log_score_[k] - now));
+  raise_score(k);
   if (node.empty()) {
     by_score_.emplace(log_score_[k], slot);
   } else {
     node.value().first = log_score_[k];
     by_score_.insert(std::move(node));
   }
+}
+
+void ExpertCache::raise_score(Key k) {
+  const double now = (double)tick_ / policy_.half_life;
+  log_score_[k] = now + std::log2(1.0 + std::exp2(log_score_[k] - now));
 }
 
 int ExpertCache::pick_victim() const {
@@ -276,6 +280,20 @@ void ExpertCache::touch(int layer, std::span<const int> experts) {
   }
 }
 
+void ExpertCache::bypass(int layer, std::span<const int> experts) {
+  if (layer < 0 || layer >= n_layers_) fail("expert cache: bypass of layer {} out of 0..{}", layer, n_layers_ - 1);
+  for (int ex : experts) {
+    if (ex < 0 || ex >= n_experts_)
+      fail("expert cache: bypass of expert {} out of 0..{} (layer {})", ex, n_experts_ - 1, layer);
+    if (lookup(layer, ex) >= 0) fail("expert cache: bypass of expert {} of layer {}, which is resident", ex, layer);
+  }
+  for (int ex : experts) {
+    stats_.misses++;
+    stats_.bypassed++;
+    if (policy_.kind == CachePolicy::Kind::kLrfu) raise_score(key(layer, ex));
+  }
+}
+
 void ExpertCache::count_hits(uint64_t n) {
   if (!holds_all())
     fail("expert cache: count_hits() on a cache that does not hold every expert ({} slots for {} experts)", n_slots_,
@@ -303,6 +321,7 @@ ExpertCache::Stats& ExpertCache::Stats::operator+=(const Stats& o) {
   prefetched += o.prefetched;
   prefetch_hits += o.prefetch_hits;
   prefetch_wasted += o.prefetch_wasted;
+  bypassed += o.bypassed;
   return *this;
 }
 

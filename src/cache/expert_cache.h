@@ -75,6 +75,9 @@ class ExpertCache {
     uint64_t prefetched = 0;
     uint64_t prefetch_hits = 0;
     uint64_t prefetch_wasted = 0;
+    // Misses used where they are, without a slot (bypass(): the GPU-routed token's experts read in
+    // place from host memory); also counted in misses.
+    uint64_t bypassed = 0;
     double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
     // Sums the counters of another period (the bench adds its runs).
     Stats& operator+=(const Stats& o);
@@ -137,6 +140,12 @@ class ExpertCache {
   // Refreshes the LRU stamps (and LRFU scores) of experts used without a reservation (GPU-routed
   // tokens); each resident one counts as a hit. Experts not resident are skipped.
   void touch(int layer, std::span<const int> experts);
+  // Counts misses used without a slot (read in place from host memory by a GPU-routed token; the
+  // backend may then reserve some of them to bring them in): each counts as a miss and a bypass,
+  // and with LRFU raises the expert's score (kept while it is not resident), so an expert often
+  // read in place has its history when it is brought in. No slot and no replacement order
+  // changes. Throws rl::Error on an id out of range or an expert that is resident.
+  void bypass(int layer, std::span<const int> experts);
   // Counts n hits of experts used without a reservation on a cache that holds every expert (the
   // GPU-grouped prefill): nothing is ever evicted, so the LRU order does not matter and is left as
   // it is. Throws rl::Error unless holds_all().
@@ -165,6 +174,7 @@ class ExpertCache {
   void push_back(int slot);   // least recently used
   // LRFU: the key's score raised by one access at the current tick; its slot re-ordered.
   void score_access(Key k, int slot);
+  void raise_score(Key k);  // LRFU: one access at the current tick added to k's score (resident or not)
   void notify(Key k, int slot) {
     if (listener_) listener_(k, slot);
   }

@@ -270,9 +270,11 @@ int run_bench(const BenchOptions& o) {
   std::vector<double> decode_rates, prefill_rates;
   double decode_argmax_s = 0;  // the timed decode loop's greedy picks on the host, over every rep
   uint64_t gpu_routed_tokens = 0, gpu_routed_fallbacks = 0;  // over the timed decode passes
+  uint64_t misses_in_place = 0;                              // of their selections, read from host memory
   uint64_t prefill_grouped_layers = 0, prefill_x32 = 0;  // the last timed prefill's
   (void)gpu_routed_tokens;
   (void)gpu_routed_fallbacks;
+  (void)misses_in_place;
   (void)prefill_grouped_layers;
   (void)prefill_x32;
   for (int rep = 0; rep < o.reps; rep++) {
@@ -297,6 +299,7 @@ int run_bench(const BenchOptions& o) {
       decode_cache += s;
       gpu_routed_tokens += cuda_backend->stats().gpu_routed_tokens;
       gpu_routed_fallbacks += cuda_backend->stats().gpu_routed_fallbacks;
+      misses_in_place += cuda_backend->stats().misses_read_in_place;
       profile = cuda_backend->profile_report();  // the last decode run
     }
 #endif
@@ -372,6 +375,12 @@ int run_bench(const BenchOptions& o) {
     j["prefetched"] = s.cache.prefetched;
     j["prefetch_hits"] = s.cache.prefetch_hits;
     j["prefetch_wasted"] = s.cache.prefetch_wasted;
+    // --miss-reads host: the decode tokens' misses read in place from host memory, of which those
+    // not then copied into the cache (bypassed).
+    j["miss_reads"] = s.host_misses ? "host" : "copy";
+    j["miss_admit"] = o.common.cuda.miss_admit;
+    j["misses_read_in_place"] = misses_in_place;
+    j["misses_bypassed"] = s.cache.bypassed;
     j["gpu_routed_tokens"] = gpu_routed_tokens;
     j["gpu_routed_fallbacks"] = gpu_routed_fallbacks;
     j["prefill_gpu_grouped_layers"] = prefill_grouped_layers;

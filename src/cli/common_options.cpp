@@ -66,6 +66,19 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
          "or lrfu (least recently and frequently used); docs/cache.md")
       ->check(CLI::IsMember({"lru", "lrfu"}))
       ->group(group);
+  using M = cuda::CudaOptions::MissReads;
+  const std::map<std::string, M> miss_reads = {{"copy", M::kCopy}, {"host", M::kHost}};
+  app.add_option_function<std::string>(
+         "--miss-reads", [&opts, miss_reads](const std::string& v) { opts.miss_reads = miss_reads.at(v); },
+         "cuda, bounded expert cache: copy (default: a decode layer's misses copied into the cache before "
+         "its experts run) or host (the experts also kept in page-locked host memory, which the GPU-routed "
+         "decode token's kernels read in place; up to --miss-admit misses a token copied in after it)")
+      ->check(CLI::IsMember(miss_reads))
+      ->group(group);
+  app.add_option("--miss-admit", opts.miss_admit,
+                 "cuda, --miss-reads host: misses of a decode token copied into the cache after it (default 16)")
+      ->check(CLI::Range(0, 512))
+      ->group(group);
   using P = cuda::CudaOptions::Prefetch;
   const std::map<std::string, P> prefetch = {{"off", P::kOff}, {"on", P::kEarly}, {"early", P::kEarly}, {"late", P::kLate}};
   app.add_option_function<std::string>(

@@ -36,7 +36,8 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
       weights(upload_weights(*model)),
       forms(NumericForms::choose(model->config(), weights, opts)),
       ws(model->config(), forms, opts.prefill_chunk),
-      residency(*model, weights, streams, opts.cache_mib, opts.cache_policy, ws.bytes()),
+      residency(*model, weights, streams, opts.cache_mib, opts.cache_policy, ws.bytes(),
+                opts.miss_reads == CudaOptions::MissReads::kHost),
       products(model->config(), ws, ws.q8_input, streams.compute, &stats.x32_products),
       side_products(model->config(), ws, ws.q8_side_input, streams.side, &stats.x32_products) {
   profiler.on = opts.profile;
@@ -53,6 +54,10 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
   stats.cache_bytes = (size_t)cache.n_slots() * cache.slot_bytes();
   stats.fully_resident = cache.holds_all();
   stats.pinned_copies = residency.pinned_copies();
+  // --miss-reads host holds only where the host memory was had (and the cache is bounded); the
+  // plan reads the mode from opts.
+  if (!residency.host_misses()) opts.miss_reads = CudaOptions::MissReads::kCopy;
+  stats.host_misses = residency.host_misses();
   if (cache.holds_all() && opts.preload) stats.preload_seconds = residency.preload_all();
 }
 
@@ -142,6 +147,7 @@ class CudaBackendImpl final : public CudaBackend {
     s.tokens_decoded = 0;
     s.gpu_routed_tokens = 0;
     s.gpu_routed_fallbacks = 0;
+    s.misses_read_in_place = 0;
     s.gpu_grouped_layers = 0;
     s.x32_products = 0;
     s.batched_steps = s.batched_captures = 0;

@@ -29,6 +29,8 @@ struct EngineStats {
   bool fully_resident = false;
   double preload_seconds = 0;
   bool pinned_copies = false;        // misses copied from a registered (pinned) mapping
+  bool host_misses = false;          // --miss-reads host in force: GPU-routed tokens read misses in place
+  uint64_t misses_read_in_place = 0; // of those tokens' selections, the ones read from host memory
   // Weight bytes one decode token reads: every dense matrix, one embedding row, the LM head and
   // n_expert_used experts per layer.
   size_t decode_bytes_per_token = 0;

@@ -59,6 +59,18 @@ struct CudaOptions {
   // the GPU (bit-identical to the synchronous path) but its speed on a bounded cache was never
   // measured.
   Speculation speculation = Speculation::kFullyResident;
+  // Where a bounded cache's misses are read (--miss-reads copy|host; docs/cuda.md "Misses read in
+  // place"). copy: the synchronous decode path copies each layer's misses into slots and waits for
+  // them (with the prediction's prefetch). host: the experts are also kept in slot layout in mapped,
+  // page-locked host memory; the decode token is the GPU-routed graph whatever --speculation says,
+  // its expert kernels read a miss where it is, over the link, and after the token up to
+  // miss_admit of its misses are copied into the cache. Falls back to copy, with a message, when
+  // that host memory cannot be had.
+  enum class MissReads { kCopy, kHost };
+  MissReads miss_reads = MissReads::kCopy;
+  // --miss-reads host: misses of a decode token copied into the cache after it (--miss-admit, 0 to
+  // 512; the layers take turns). Each costs the link time of one expert before the next token.
+  int miss_admit = 16;
   // Prediction and prefetch on a bounded cache (--prefetch off|on|early|late; docs/cuda.md
   // "Prediction and prefetch"): a host-routed decode token computes layer L+1's router and top-k on
   // layer L's hidden state (normed with layer L+1's post-attention norm) and copies the predicted

@@ -3,7 +3,9 @@
 // once per session and replayed with one synchronisation. The graph starts by backing up the
 // DeltaNet conv/SSM states; when a layer selected a non-resident expert the host restores them
 // and the token is recomputed on the synchronous path (the KV rows written at this position are
-// overwritten by the recomputation). --speculation decides when the graph is tried; under
+// overwritten by the recomputation). With --miss-reads host the kernels read such an expert in
+// place from host memory instead, so the token stands (no backups), and some of its misses are
+// copied into the cache after it (ExpertResidency::admit_misses). --speculation decides when the graph is tried; under
 // --profile the same work is launched kernel by kernel with stage marks instead.
 #include <fmt/format.h>
 
@@ -63,7 +65,10 @@ void upload_token_position(Engine& e, int32_t token, int position) {
 // Whether a GPU-routed token backs up the recurrent states first: only where it can miss. Under
 // --speculation resident the graph runs only while the cache holds every expert, so no selection
 // misses and the token is never undone.
-bool token_backs_up(const Engine& e) { return e.opts.speculation != CudaOptions::Speculation::kFullyResident; }
+// With --miss-reads host no token is undone (a miss is read in place).
+bool token_backs_up(const Engine& e) {
+  return !e.residency.host_misses() && e.opts.speculation != CudaOptions::Speculation::kFullyResident;
+}
 
 // What enqueue() puts on `stream`, captured and instantiated. A capture that throws is ended and
 // discarded (its error cleared) and the exception passed on.
@@ -105,11 +110,13 @@ void capture_token_graph(Engine& e, SessionState& st) {
 
 bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits_out, TraceSink* trace) {
   using S = CudaOptions::Speculation;
-  switch (e.opts.speculation) {
-    case S::kOff: return false;
-    case S::kFullyResident: if (!e.residency.cache().holds_all()) return false; break;
-    case S::kWarmCache: if (e.residency.last_pass_loaded()) return false; break;
-    case S::kAlways: break;
+  if (!e.residency.host_misses()) {  // with --miss-reads host every token takes the graph
+    switch (e.opts.speculation) {
+      case S::kOff: return false;
+      case S::kFullyResident: if (!e.residency.cache().holds_all()) return false; break;
+      case S::kWarmCache: if (e.residency.last_pass_loaded()) return false; break;
+      case S::kAlways: break;
+    }
   }
   if (e.gpu_routed_broken) return false;
   const Config& c = e.config();
@@ -164,7 +171,8 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
 
   int misses = 0;
   for (int L = 0; L < n_layer; L++) misses += io_host[(size_t)n_layer * K + L];
-  if (misses > 0) {
+  const bool read_in_place = misses > 0 && e.residency.host_misses();
+  if (misses > 0 && !read_in_place) {
     if (!token_backs_up(e))
       throw_error("cuda: a GPU-routed token missed " + std::to_string(misses) +
                   " experts while the cache held every expert (residency table out of step with the cache)");
@@ -176,13 +184,25 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   }
   std::memcpy(logits_out, logits_host, (size_t)c.n_vocab * sizeof(float));
   st.position += 1;
+  std::vector<std::vector<int>> missed(read_in_place ? n_layer : 0);  // each layer's selections read in place
   for (int L = 0; L < n_layer; L++) {
     const int32_t* ids = io_host + (size_t)L * K;
+    if (read_in_place)
+      for (int k = 0; k < K; k++)
+        if (e.residency.cache().lookup(L, ids[k]) < 0) missed[L].push_back(ids[k]);
     e.residency.cache().touch(L, std::span<const int>(ids, (size_t)K));
     if (trace) {
       trace->tensor(fmt::format("ffn_moe_logits-{}", L), 1, E, router_host + (size_t)L * E);
       trace->ids(fmt::format("ffn_moe_topk-{}", L), 1, K, ids);
     }
+  }
+  if (read_in_place) {
+    // Some of the misses into the cache (the next token's graph waits for their copies), the rest
+    // counted as bypassed; the copies' times into the statistics.
+    e.residency.admit_misses(missed, e.opts.miss_admit);
+    RL_CUDA_CHECK(cudaStreamSynchronize(e.streams.copy));
+    e.residency.record_copy_times(profiler);
+    e.stats.misses_read_in_place += (uint64_t)misses;
   }
   e.stats.gpu_routed_tokens++;
   return true;

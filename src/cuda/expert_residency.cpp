@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "common/error.h"
 #include "gguf/gguf.h"
@@ -14,7 +16,8 @@
 namespace rl::cuda {
 
 ExpertResidency::ExpertResidency(const Model& model, const DeviceWeights& weights, const Streams& streams,
-                                 int64_t cache_mib, CachePolicy::Kind policy, size_t working_bytes)
+                                 int64_t cache_mib, CachePolicy::Kind policy, size_t working_bytes,
+                                 bool host_misses)
     : model_(model), weights_(weights), streams_(streams) {
   const Config& c = model.config();
   n_layer_ = c.n_layer;
@@ -50,12 +53,61 @@ ExpertResidency::ExpertResidency(const Model& model, const DeviceWeights& weight
     residency_dirty_[cache_->layer_of(k)] = true;
   });
   register_mapping(model.gguf());
+  if (host_misses && !cache_->holds_all()) make_host_experts();
 }
 
 ExpertResidency::~ExpertResidency() {
   if (streams_.copy) cudaStreamSynchronize(streams_.copy);
   for (cudaEvent_t e : pending_copy_events_) cudaEventDestroy(e);
   for (const uint8_t* base : registered_bases_) cudaHostUnregister(const_cast<uint8_t*>(base));
+  if (host_experts_) cudaFreeHost(host_experts_);
+}
+
+// Every expert at its slot layout's offsets (gate, up, down) in one mapped, page-locked host
+// allocation: the GPU-routed token's kernels read a miss there over the link, and a copy into a
+// slot is then one copy, not three. Filled from the mapping by a thread per group of layers.
+bool ExpertResidency::make_host_experts() {
+  const size_t bytes = (size_t)n_layer_ * n_expert_ * slot_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    std::fprintf(stderr, "cuda: --miss-reads host: could not page-lock %.1f GiB of host memory for the experts (%s); "
+                 "misses are copied into the cache instead\n", bytes / 1073741824.0, cudaGetErrorString(err));
+    return false;
+  }
+  void* dev = nullptr;
+  if (cudaHostGetDevicePointer(&dev, p, 0) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFreeHost(p);
+    std::fprintf(stderr, "cuda: --miss-reads host: the GPU cannot map host memory; misses are copied into the "
+                 "cache instead\n");
+    return false;
+  }
+  uint8_t* base = static_cast<uint8_t*>(p);
+  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < n_threads; t++)
+    threads.emplace_back([&, t] {
+      for (int L = (int)t; L < n_layer_; L += (int)n_threads) {
+        const MoeDev& moe = weights_.layers[L].moe;
+        for (int e = 0; e < n_expert_; e++) {
+          uint8_t* dst = base + ((size_t)L * n_expert_ + e) * slot_bytes();
+          const TensorView g = moe.gate_exps.matrix(e), u = moe.up_exps.matrix(e), d = moe.down_exps.matrix(e);
+          std::memcpy(dst, g.data, g.nbytes);
+          std::memcpy(dst + moe.up_offset, u.data, u.nbytes);
+          std::memcpy(dst + moe.down_offset, d.data, d.nbytes);
+        }
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  host_experts_ = base;
+  host_experts_dev_ = static_cast<const uint8_t*>(dev);
+  std::fprintf(stderr, "cuda: --miss-reads host: %.1f GiB of experts in page-locked host memory (%.1f s)\n",
+               bytes / 1073741824.0,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return true;
 }
 
 // Misses are copied straight from the mappings (each tensor view points into the mapping of the
@@ -117,9 +169,15 @@ void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool
   for (const ExpertCache::Entry& e : r.entries) {
     if (e.hit) continue;
     uint8_t* dst = slots + (size_t)e.slot * cache_->slot_bytes();
+    const cudaStream_t copy = streams_.copy;
+    if (host_experts_) {  // the expert in slot layout already: one copy
+      const uint8_t* src = host_experts_ + ((size_t)L * n_expert_ + e.expert) * slot_bytes();
+      RL_CUDA_CHECK(cudaMemcpyAsync(dst, src, moe.expert_bytes, cudaMemcpyHostToDevice, copy));
+      bytes += moe.expert_bytes;
+      continue;
+    }
     const TensorView g = moe.gate_exps.matrix(e.expert), u = moe.up_exps.matrix(e.expert),
                      d = moe.down_exps.matrix(e.expert);
-    const cudaStream_t copy = streams_.copy;
     RL_CUDA_CHECK(cudaMemcpyAsync(dst, g.data, g.nbytes, cudaMemcpyHostToDevice, copy));
     RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.up_offset, u.data, u.nbytes, cudaMemcpyHostToDevice, copy));
     RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.down_offset, d.data, d.nbytes, cudaMemcpyHostToDevice, copy));
@@ -149,6 +207,29 @@ void ExpertResidency::reserve_and_copy(int L, std::span<const int> experts, bool
   sync_residency_rows();
   in_flight_layer_ = L;
   in_flight_.assign(experts.begin(), experts.end());
+}
+
+void ExpertResidency::admit_misses(const std::vector<std::vector<int>>& misses, int limit) {
+  const int n = (int)misses.size();
+  std::vector<int> admit, rest;
+  int left = limit, next_first = admit_first_layer_;
+  for (int i = 0; i < n; i++) {
+    const int L = (admit_first_layer_ + i) % n;
+    admit.clear();
+    rest.clear();
+    for (int ex : misses[L]) {
+      if (left > 0) {
+        admit.push_back(ex);
+        left--;
+        next_first = (L + 1) % n;
+      } else {
+        rest.push_back(ex);
+      }
+    }
+    cache_->bypass(L, rest);
+    if (!admit.empty()) reserve_and_copy(L, admit, true);
+  }
+  admit_first_layer_ = next_first;
 }
 
 void ExpertResidency::prefetch(int L, std::span<const int> predicted) {

@@ -28,8 +28,11 @@ class ExpertResidency {
   // free memory minus kFreeMemoryReserve); 0 holds every expert when that fits, else what fits.
   // dense_bytes and working_bytes only name the rest of the memory plan in that message.
   // policy: the cache's replacement policy (LRFU with kDefaultLrfuHalfLifePasses passes).
+  // host_misses (--miss-reads host): on a cache that cannot hold every expert, also keep every
+  // expert in slot layout in mapped, page-locked host memory (miss_source); when that memory cannot
+  // be had, a message says so and misses are copied as without it.
   ExpertResidency(const Model& model, const DeviceWeights& weights, const Streams& streams, int64_t cache_mib,
-                  CachePolicy::Kind policy, size_t working_bytes);
+                  CachePolicy::Kind policy, size_t working_bytes, bool host_misses = false);
   ~ExpertResidency();
   ExpertResidency(const ExpertResidency&) = delete;
   ExpertResidency& operator=(const ExpertResidency&) = delete;
@@ -45,6 +48,22 @@ class ExpertResidency {
   }
   const uint64_t* residency_row(int L) const { return residency_table_.get<uint64_t>() + (size_t)L * n_expert_; }
   bool pinned_copies() const { return registered_; }
+
+  // Misses read in place (--miss-reads host): every expert in slot layout in mapped host memory,
+  // expert e of layer L at miss_source(L) + e * miss_stride() (device addresses), which the
+  // GPU-routed token's route kernel gives a selection that is not resident; the copies into slots
+  // then come from there too, one an expert. Without it miss_source(L) is any slot and the stride
+  // 0 (a miss reads a wrong but readable slot, and the host discards the token).
+  bool host_misses() const { return host_experts_ != nullptr; }
+  const uint8_t* miss_source(int L) const {
+    return host_experts_ ? host_experts_dev_ + (size_t)L * n_expert_ * slot_bytes() : slots();
+  }
+  size_t miss_stride() const { return host_experts_ ? slot_bytes() : 0; }
+  // After a GPU-routed token whose misses (misses[L]: layer L's selections that were not resident)
+  // were read in place: up to `limit` of them are brought in (reserved and copied from host
+  // memory, the compute stream waiting for the copies; the layers take turns being first), the
+  // others counted as bypassed misses (ExpertCache::bypass). The caller has touched the hits.
+  void admit_misses(const std::vector<std::vector<int>>& misses, int limit);
 
   // Reserves experts of layer L, enqueues the misses' copies (with wait, the compute stream waits
   // for them), commits and brings the device residency rows up to date; aborts the reservation
@@ -78,6 +97,8 @@ class ExpertResidency {
 
  private:
   void register_mapping(const GgufFile& f);
+  // Allocates and fills host_experts_ (false, with a message, when the allocation is refused).
+  bool make_host_experts();
   // ahead: a prefetch's copies (no wait for Streams::slots_free: its victims are never the
   // layer in flight's experts, and every earlier layer's kernels ended before the host saw this
   // layer's selections; Streams::prefetch_done after them instead of copies_done).
@@ -96,6 +117,9 @@ class ExpertResidency {
   bool registered_ = false;                       // every mapping page-locked
   std::vector<const uint8_t*> registered_bases_;  // one per registered mapping (split files have several)
   std::vector<GgufFile::Mapping> mappings_;       // the files the experts are copied from
+  uint8_t* host_experts_ = nullptr;               // --miss-reads host: [n_layer][n_expert] slots, page-locked
+  const uint8_t* host_experts_dev_ = nullptr;     // its device address
+  int admit_first_layer_ = 0;                     // admit_misses: the layer that goes first next time
   int in_flight_layer_ = -1;           // the last reservation's layer and experts (a prefetch spares them)
   std::vector<int> in_flight_;
   int landing_layer_ = -1;             // the last prefetch's layer and copied experts, this pass

@@ -467,13 +467,16 @@ void moe_combine(float* x, const float* y, const int32_t* assign, const float* w
 // — softmax over n_expert logits in double, top-k by fp32 probability with ties
 // to the lower expert index, weights renormalised over the selection (times scale when non-zero).
 // Each selected expert's slot address comes from residency_row [n_expert] (0: not resident); a
-// missing one gets `fallback` (any readable slot, so the kernels that follow stay in bounds) and
-// is counted in *miss_count, which the host reads to discard the token. ids/weights/slot_ptrs [k].
+// missing expert e gets fallback + e * miss_stride and is counted in *miss_count. miss_stride 0:
+// `fallback` is any readable slot, so the kernels that follow stay in bounds, and the host reads
+// the count to discard the token; miss_stride = the slot size: `fallback` is the layer's experts in
+// slot layout in mapped host memory (--miss-reads host), which the kernels read in place.
+// ids/weights/slot_ptrs [k].
 // Sums::kFast: the same rule in fp32 (one warp a token; a selection differs only between
 // probabilities within fp32 rounding of each other).
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                int32_t* miss_count, cudaStream_t stream, Sums sums = Sums::kExact);
+                int32_t* miss_count, cudaStream_t stream, Sums sums = Sums::kExact, size_t miss_stride = 0);
 // The same rule for T tokens (logits [T][n_expert]; ids, weights [T][k]), without slots: the
 // synchronous path's routing, whose ids the host reads to reserve the experts.
 void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,

@@ -155,7 +155,7 @@ constexpr int kRouteThreads = 256;
 // of the oracle's partial_sort.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(
     const float* logits, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
-    int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
+    size_t miss_stride, int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   __shared__ unsigned long long keys[kMaxRouteExperts];
@@ -234,7 +234,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(
       weights[k] = (float)wk;
       if (residency) {
         const uint64_t addr = res[e];
-        slot_ptrs[(size_t)blockIdx.x * K + k] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
+        slot_ptrs[(size_t)blockIdx.x * K + k] =
+            addr ? reinterpret_cast<const uint8_t*>(addr) : fallback + (size_t)e * miss_stride;
         miss = addr == 0;
       }
     }
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids
 constexpr int kRouteWarpsF32 = 4;  // tokens per block (one warp each)
 __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     const float* logits, int T, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
-    int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
+    size_t miss_stride, int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   __shared__ float probs[kRouteWarpsF32][kMaxRouteExperts];
@@ -389,7 +390,8 @@ __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     weights[(size_t)t * K + lane] = wk;
     if (residency) {
       const uint64_t addr = residency[my_e];
-      slot_ptrs[(size_t)t * K + lane] = addr ? reinterpret_cast<const uint8_t*>(addr) : fallback;
+      slot_ptrs[(size_t)t * K + lane] =
+          addr ? reinterpret_cast<const uint8_t*>(addr) : fallback + (size_t)my_e * miss_stride;
       miss = addr == 0;
     }
   }
@@ -400,8 +402,8 @@ __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
 
 namespace {
 void launch_route(const float* logits, int T, int n_expert, int k, float scale, const uint64_t* residency_row,
-                  const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                  int32_t* miss_count, cudaStream_t stream, Sums sums) {
+                  const uint8_t* fallback, size_t miss_stride, int32_t* ids, float* weights,
+                  const uint8_t** slot_ptrs, int32_t* miss_count, cudaStream_t stream, Sums sums) {
   if (k < 1 || k > kMaxRouteK || k > n_expert)
     throw_error("route_topk: " + std::to_string(k) + " experts per token out of 1.." +
                 std::to_string(kMaxRouteK) + " (n_expert " + std::to_string(n_expert) + ")");
@@ -411,11 +413,11 @@ void launch_route(const float* logits, int T, int n_expert, int k, float scale, 
   if (sums == Sums::kFast) {
     if (k > 32) throw_error("route_topk: " + std::to_string(k) + " experts per token (the fast tier's routing takes 32)");
     launch_dependent(route_kernel_f32, dim3((T + kRouteWarpsF32 - 1) / kRouteWarpsF32), dim3(32 * kRouteWarpsF32),
-                     stream, logits, T, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs,
-                     miss_count);
+                     stream, logits, T, n_expert, k, scale, residency_row, fallback, miss_stride, ids, weights,
+                     slot_ptrs, miss_count);
   } else {
     launch_dependent(route_kernel, dim3(T), dim3(kRouteThreads), stream, logits, n_expert, k, scale, residency_row,
-                     fallback, ids, weights, slot_ptrs, miss_count);
+                     fallback, miss_stride, ids, weights, slot_ptrs, miss_count);
   }
   RL_CUDA_LAUNCH_CHECK();
 }
@@ -423,14 +425,14 @@ void launch_route(const float* logits, int T, int n_expert, int k, float scale, 
 
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                int32_t* miss_count, cudaStream_t stream, Sums sums) {
-  launch_route(logits, 1, n_expert, k, scale, residency_row, fallback, ids, weights, slot_ptrs, miss_count, stream,
-               sums);
+                int32_t* miss_count, cudaStream_t stream, Sums sums, size_t miss_stride) {
+  launch_route(logits, 1, n_expert, k, scale, residency_row, fallback, miss_stride, ids, weights, slot_ptrs,
+               miss_count, stream, sums);
 }
 
 void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,
                   cudaStream_t stream, Sums sums) {
-  launch_route(logits, T, n_expert, k, scale, nullptr, nullptr, ids, weights, nullptr, nullptr, stream, sums);
+  launch_route(logits, T, n_expert, k, scale, nullptr, nullptr, 0, ids, weights, nullptr, nullptr, stream, sums);
 }
 
 void softmax_rows(const float* logits, float* probs, int T, int n, cudaStream_t stream) {

@@ -340,10 +340,10 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   const Sums routing_sums = e.forms.fast_routing ? Sums::kFast : Sums::kExact;
   if (routing == Routing::kGpuRouted) {
     int32_t* io = ws.routed_io.get<int32_t>();
-    route_topk(router, E, K, c.expert_weights_scale, e.residency.residency_row(L), e.residency.slots(),
+    route_topk(router, E, K, c.expert_weights_scale, e.residency.residency_row(L), e.residency.miss_source(L),
                io + (size_t)L * K, ws.routed_weights.f() + (size_t)L * K,
                ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, io + (size_t)c.n_layer * K + L, stream,
-               routing_sums);
+               routing_sums, e.residency.miss_stride());
   } else {
     route_tokens(router, T, E, K, c.expert_weights_scale, ws.route_ids.get<int32_t>(), ws.route_weights.f(), stream,
                  routing_sums);

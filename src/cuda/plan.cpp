@@ -156,7 +156,9 @@ PassPlan make_pass_plan(const Config& c, const DeviceWeights& w, const NumericFo
   // --speculation keeps it off for this cache; a prefill chunk groups on the GPU when the budget
   // holds every expert (once they are all resident).
   using S = CudaOptions::Speculation;
-  const bool graph = opts.speculation != S::kOff && (opts.speculation != S::kFullyResident || cache_holds_all);
+  // --miss-reads host: the graph reads a miss in place, so every decode token takes it.
+  const bool graph = opts.miss_reads == CudaOptions::MissReads::kHost ||
+                     (opts.speculation != S::kOff && (opts.speculation != S::kFullyResident || cache_holds_all));
   const bool grouping = opts.gpu_grouping && c.n_expert <= kMaxGroupExperts && cache_holds_all;
   const Routing routing = T == 1 ? (graph ? Routing::kGpuRouted : Routing::kHostRouted)
                                  : (grouping ? Routing::kGpuGrouped : Routing::kHostRouted);

@@ -17,7 +17,7 @@ TEST(CudaFlags, HelpListsThem) {
   const auto r = run_redlite("bench --help");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (const char* flag : {"--no-preload", "--speculation", "--profile", "--x32-always", "--cache-mib", "--cache-policy",
-                           "--prefetch", "--prefetch-experts", "--prefill-chunk"})
+                           "--prefetch", "--prefetch-experts", "--prefill-chunk", "--miss-reads", "--miss-admit"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
 }
 
@@ -39,6 +39,11 @@ TEST(CudaFlags, DocumentedValuesAreAccepted) {
     const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
                                "' --prefill-chunk " + chunk);
     EXPECT_EQ(r.exit_code, 0) << chunk << ": " << r.out;
+  }
+  for (const char* reads : {"copy --miss-admit 0", "host", "host --miss-admit 512"}) {
+    const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
+                               "' --miss-reads " + reads);
+    EXPECT_EQ(r.exit_code, 0) << reads << ": " << r.out;
   }
   for (const char* prefetch : {"off", "on", "early", "late"}) {
     const auto r = run_redlite("logits -m '" + model + "' --backend cpu --tokens 1,2 --out '" + out +
@@ -91,6 +96,19 @@ TEST(CudaFlags, UnknownPrefetchIsRefusedNamingTheFlag) {
     const auto r = run_redlite(std::string("bench -m none.gguf --prefetch-experts ") + bad);
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.out.find("--prefetch-experts"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+TEST(CudaFlags, BadMissReadsIsRefusedNamingTheFlag) {
+  for (const char* bad : {"mapped", "HOST", "1"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --miss-reads ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--miss-reads"), std::string::npos) << bad << ": " << r.out;
+  }
+  for (const char* bad : {"-1", "513", "many"}) {
+    const auto r = run_redlite(std::string("bench -m none.gguf --miss-admit ") + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.out.find("--miss-admit"), std::string::npos) << bad << ": " << r.out;
   }
 }
 

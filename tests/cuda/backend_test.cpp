@@ -218,6 +218,54 @@ TEST(CudaBackend, GpuRoutedDecodeEqualsSynchronousPath) {
   }
 }
 
+// --miss-reads host: every decode token is the GPU-routed graph, whose kernels read a miss in place
+// from the experts' copy in page-locked host memory (the same bytes as a slot's), so its logits are
+// the synchronous path's bit for bit, with no token discarded, at any budget and any admission
+// (0: the cache keeps what the prefill brought; 16: some misses come in after each token, from the
+// host copy). A cache that holds every expert keeps no host copy.
+TEST(CudaBackend, MissesReadInPlaceEqualTheSynchronousPath) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  const int n_vocab = model->config().n_vocab;
+  for (double fraction : {1.0, 0.5, 0.1}) {
+    for (int admit : {0, 16}) {
+      SCOPED_TRACE("budget fraction " + std::to_string(fraction) + ", --miss-admit " + std::to_string(admit));
+      cuda::CudaOptions host, sync_opts;
+      host.cache_mib = sync_opts.cache_mib = fraction == 1.0 ? 0 : budget_mib(*model, fraction);
+      host.miss_reads = cuda::CudaOptions::MissReads::kHost;
+      host.miss_admit = admit;
+      sync_opts.speculation = cuda::CudaOptions::Speculation::kOff;
+      auto in_place = cuda::make_cuda_backend(model, host), sync = cuda::make_cuda_backend(model, sync_opts);
+      auto a = in_place->new_session(128), b = sync->new_session(128);
+      const auto toks = prompt(9, n_vocab, 3);
+      for (int pass = 0; pass < 2; pass++) {
+        SCOPED_TRACE("pass " + std::to_string(pass));
+        a->reset();
+        b->reset();
+        ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, toks, pass == 1, 16));
+      }
+      const auto st = in_place->stats();
+      std::printf("budget %.1f, admit %d: %llu GPU-routed tokens, %llu misses read in place, %llu bypassed, "
+                  "hit rate %.3f\n", fraction, admit, (unsigned long long)st.gpu_routed_tokens,
+                  (unsigned long long)st.misses_read_in_place, (unsigned long long)st.cache.bypassed,
+                  st.cache.hit_rate());
+      EXPECT_EQ(st.gpu_routed_tokens, 32u);
+      EXPECT_EQ(st.gpu_routed_fallbacks, 0u);
+      if (fraction == 1.0) {
+        EXPECT_FALSE(st.host_misses);
+        EXPECT_EQ(st.misses_read_in_place, 0u);
+        continue;
+      }
+      EXPECT_TRUE(st.host_misses);
+      EXPECT_GT(st.misses_read_in_place, 0u) << "no miss was read in place";
+      if (admit == 0) EXPECT_EQ(st.cache.bypassed, st.misses_read_in_place);
+      else EXPECT_LT(st.cache.bypassed, st.misses_read_in_place) << "no miss was brought in";
+    }
+  }
+}
+
 // Copy overlap (the resident experts' kernels before the copies land, the missed ones after) only
 // moves where each expert's rows sit: the logits and the cache's decisions must be the same as
 // with every expert waiting for the copies, prefill and decode, on bounded caches. Both fixtures:
