@@ -266,6 +266,41 @@ TEST(CudaBackend, MissesReadInPlaceEqualTheSynchronousPath) {
   }
 }
 
+// The same in the fast tier (its fp32 routing, Q8 products and f16 KV): at different budgets and
+// admissions different selections miss and are read in place, while every prefill is the same
+// host-routed pass and every decode token the same graph, so the logits must not change: a miss
+// read from the wrong place (another expert's copy, another layer's) would change them.
+TEST(CudaBackend, MissesReadInPlaceDoNotDependOnTheBudgetInTheFastTier) {
+  RL_REQUIRE_GPU();
+  const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
+  RL_REQUIRE_FIXTURE(path);
+  auto model = Model::open(path);
+  const int n_vocab = model->config().n_vocab;
+  auto options = [&](double fraction, int admit) {
+    cuda::CudaOptions o;
+    o.numerics = Numerics::kFast;
+    o.kv_type = KvType::kF16;
+    o.cache_mib = budget_mib(*model, fraction);
+    o.miss_reads = cuda::CudaOptions::MissReads::kHost;
+    o.miss_admit = admit;
+    return o;
+  };
+  auto reference = cuda::make_cuda_backend(model, options(0.5, 16));
+  auto b = reference->new_session(128);
+  for (auto [fraction, admit] : {std::pair{0.1, 0}, std::pair{0.1, 64}}) {
+    SCOPED_TRACE("budget fraction " + std::to_string(fraction) + ", --miss-admit " + std::to_string(admit));
+    auto in_place = cuda::make_cuda_backend(model, options(fraction, admit));
+    auto a = in_place->new_session(128);
+    b->reset();
+    ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, prompt(9, n_vocab, 3), false, 16));
+    const auto st = in_place->stats();
+    EXPECT_TRUE(st.host_misses);
+    EXPECT_EQ(st.gpu_routed_tokens, 16u);
+    EXPECT_GT(st.misses_read_in_place, 0u) << "no miss was read in place";
+  }
+  EXPECT_GT(reference->stats().misses_read_in_place, 0u);
+}
+
 // Copy overlap (the resident experts' kernels before the copies land, the missed ones after) only
 // moves where each expert's rows sit: the logits and the cache's decisions must be the same as
 // with every expert waiting for the copies, prefill and decode, on bounded caches. Both fixtures:
