@@ -66,8 +66,33 @@ ExpertResidency::~ExpertResidency() {
 // Every expert at its slot layout's offsets (gate, up, down) in one mapped, page-locked host
 // allocation: the GPU-routed token's kernels read a miss there over the link, and a copy into a
 // slot is then one copy, not three. Filled from the mapping by a thread per group of layers.
+namespace {
+// MemAvailable of /proc/meminfo in bytes (free memory plus what the kernel can reclaim), or 0 when
+// it cannot be read.
+size_t host_memory_available() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return (size_t)kib << 10;
+}
+constexpr size_t kHostMemoryReserve = 4ull << 30;  // left to the system beside the page-locked experts
+}  // namespace
+
 bool ExpertResidency::make_host_experts() {
   const size_t bytes = (size_t)n_layer_ * n_expert_ * slot_bytes();
+  // Page-locked memory cannot be paged out: refuse rather than take what the system needs.
+  const size_t available = host_memory_available();
+  if (available && bytes + kHostMemoryReserve > available) {
+    std::fprintf(stderr, "cuda: --miss-reads host: the experts need %.1f GiB of page-locked host memory and "
+                 "%.1f GiB are available (keeping %.0f GiB for the system); misses are copied into the "
+                 "cache instead\n", bytes / 1073741824.0, available / 1073741824.0,
+                 kHostMemoryReserve / 1073741824.0);
+    return false;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   void* p = nullptr;
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
