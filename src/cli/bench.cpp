@@ -408,6 +408,10 @@ int run_bench(const BenchOptions& o) {
                   (unsigned long long)j["prefetched"].get<uint64_t>(),
                   (unsigned long long)j["prefetch_hits"].get<uint64_t>(),
                   (unsigned long long)j["prefetch_wasted"].get<uint64_t>());
+    if (j.contains("miss_reads") && j["miss_reads"] == "host")
+      std::printf("  misses read in place from host memory: %llu (%llu not then copied into the cache)\n",
+                  (unsigned long long)j["misses_read_in_place"].get<uint64_t>(),
+                  (unsigned long long)j["misses_bypassed"].get<uint64_t>());
     if (j.contains("profile_decode"))
       std::printf("decode profile (%d passes):\n%s", o.decode_tokens - 1, j["profile_decode"].get<std::string>().c_str());
   }

@@ -48,6 +48,7 @@ std::string missing_fixture_models() {
   } while (0)
 
 using test::budget_mib;
+using test::expect_identical_passes;
 using test::expect_identical_runs;
 using test::prompt;
 using test::RouterRecorder;
@@ -194,15 +195,7 @@ TEST(CudaBackend, GpuRoutedDecodeEqualsSynchronousPath) {
     if (fraction < 1.0) on.speculation = cuda::CudaOptions::Speculation::kAlways;
     auto routed = cuda::make_cuda_backend(model, on), sync = cuda::make_cuda_backend(model, off);
     auto a = routed->new_session(128), b = sync->new_session(128);
-    const auto toks = prompt(9, n_vocab, 3);
-    for (int pass = 0; pass < 2; pass++) {
-      SCOPED_TRACE("pass " + std::to_string(pass));
-      a->reset();
-      b->reset();
-      // The second pass asks for every position's logits (the prefill's logits buffer grows after
-      // the graph was captured; the graph must not write there).
-      ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, toks, pass == 1, 16));
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_identical_passes(*a, *b, prompt(9, n_vocab, 3), 16));
     const auto st = routed->stats();
     std::printf("budget %.1f: %llu GPU-routed tokens, %llu discarded\n", fraction,
                 (unsigned long long)st.gpu_routed_tokens, (unsigned long long)st.gpu_routed_fallbacks);
@@ -239,13 +232,7 @@ TEST(CudaBackend, MissesReadInPlaceEqualTheSynchronousPath) {
       sync_opts.speculation = cuda::CudaOptions::Speculation::kOff;
       auto in_place = cuda::make_cuda_backend(model, host), sync = cuda::make_cuda_backend(model, sync_opts);
       auto a = in_place->new_session(128), b = sync->new_session(128);
-      const auto toks = prompt(9, n_vocab, 3);
-      for (int pass = 0; pass < 2; pass++) {
-        SCOPED_TRACE("pass " + std::to_string(pass));
-        a->reset();
-        b->reset();
-        ASSERT_NO_FATAL_FAILURE(expect_identical_runs(*a, *b, toks, pass == 1, 16));
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_identical_passes(*a, *b, prompt(9, n_vocab, 3), 16));
       const auto st = in_place->stats();
       std::printf("budget %.1f, admit %d: %llu GPU-routed tokens, %llu misses read in place, %llu bypassed, "
                   "hit rate %.3f\n", fraction, admit, (unsigned long long)st.gpu_routed_tokens,

@@ -89,4 +89,16 @@ inline void expect_identical_runs(Session& a, Session& b, std::span<const int32_
   }
 }
 
+// Two runs of toks on a and b, each session reset first, the second asking for every position's
+// logits (the prefill's logits buffer then grows after a decode graph was captured, which must not
+// write there): expect_identical_runs each time.
+inline void expect_identical_passes(Session& a, Session& b, std::span<const int32_t> toks, int steps) {
+  for (int pass = 0; pass < 2; pass++) {
+    SCOPED_TRACE("pass " + std::to_string(pass));
+    a.reset();
+    b.reset();
+    ASSERT_NO_FATAL_FAILURE(expect_identical_runs(a, b, toks, pass == 1, steps));
+  }
+}
+
 }  // namespace rl::test
