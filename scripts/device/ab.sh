@@ -32,7 +32,8 @@
 #                  8192) with each MODE of $MISS_MODES (default "copy host:16 host:0"; host:N is
 #                  --miss-reads host --miss-admit N), the order alternating by round; MISS_MODEL=skew
 #                  uses the 80B with --router-skew 1.0 (made once in /dev/shm); a line a run: decode
-#                  tok/s, hit rate, misses read in place and bypassed, copy GB/s
+#                  tok/s, hit rate, misses read in place and bypassed, copy GB/s; after step
+#                  patches, each patch's binary runs the host modes beside the tree's
 #     parity-synth the tree's parity on a tiny model of recipe $SYNTH_RECIPE (default all-types)
 #     recipes      per recipe in $RECIPES (default: the realistic ones, which together hold all 23
 #                  types): its 80B made in /dev/shm (removed after), `bench --reps 1` exact then
@@ -272,15 +273,20 @@ for s in "$@"; do
           --router-skew 1.0 --out $mm
       fi
       modes=${MISS_MODES:-copy host:16 host:0}
+      bins="tree=$BUILD/redlite"  # with step patches before: each patch's binary too, its host modes
+      for p in ${PATCHES:-}; do n=$(basename "$p" .patch); [ -x /tmp/rl-bin-$n ] && bins="$bins $n=/tmp/rl-bin-$n"; done
       for mib in ${MISS_MIBS:-8192}; do
         for r in $(seq "${AB_ROUNDS:-2}"); do
           order=$modes; [ $((r % 2)) = 0 ] && order=$(echo $modes | tr ' ' '\n' | tac | tr '\n' ' ')
           for m in $order; do
-            flags="--miss-reads ${m%%:*}"; case $m in *:*) flags="$flags --miss-admit ${m#*:}" ;; esac
-            n="miss-${MISS_MODEL:-uniform}-$mib-${m/:/-}-$r"
-            step "$n" "$BUILD/redlite" bench -m $mm --backend cuda --cache-mib $mib $flags --reps 1 --json
-            f="$OUT/$n.log"
-            log "miss-reads ${MISS_MODEL:-uniform} $mib MiB $m $r: decode $(json_num "$f" decode_tok_s) hit rate $(json_num "$f" hit_rate) in place $(json_num "$f" misses_read_in_place) bypassed $(json_num "$f" misses_bypassed) copy GB/s $(json_num "$f" copy_gb_s) fallbacks $(json_num "$f" gpu_routed_fallbacks)"
+            for b in $bins; do
+              [ "${b%%=*}" != tree ] && [ "${m%%:*}" = copy ] && continue  # the copy path: the tree's only
+              flags="--miss-reads ${m%%:*}"; case $m in *:*) flags="$flags --miss-admit ${m#*:}" ;; esac
+              n="miss-${MISS_MODEL:-uniform}-$mib-${m/:/-}-${b%%=*}-$r"
+              step "$n" "${b#*=}" bench -m $mm --backend cuda --cache-mib $mib $flags --reps 1 --json
+              f="$OUT/$n.log"
+              log "miss-reads ${MISS_MODEL:-uniform} $mib MiB $m ${b%%=*} $r: decode $(json_num "$f" decode_tok_s) hit rate $(json_num "$f" hit_rate) in place $(json_num "$f" misses_read_in_place) bypassed $(json_num "$f" misses_bypassed) copy GB/s $(json_num "$f" copy_gb_s) fallbacks $(json_num "$f" gpu_routed_fallbacks)"
+            done
           done
         done
       done
