@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <system_error>
 #include <thread>
 
 #include "common/error.h"
@@ -52,8 +53,10 @@ ExpertResidency::ExpertResidency(const Model& model, const DeviceWeights& weight
     residency_host_[k] = slot < 0 ? 0 : (uint64_t)(slots_.get<uint8_t>() + (size_t)slot * cache_->slot_bytes());
     residency_dirty_[cache_->layer_of(k)] = true;
   });
-  register_mapping(model.gguf());
-  if (host_misses && !cache_->holds_all()) make_host_experts();
+  // With the host copy nothing is copied from the mapping after it is filled: the mapping is not
+  // page-locked then (the memory check below sees the page-locked copy's room, not the file's too).
+  const bool host_copy = host_misses && !cache_->holds_all() && make_host_experts();
+  if (!host_copy) register_mapping(model.gguf());
 }
 
 ExpertResidency::~ExpertResidency() {
@@ -112,20 +115,30 @@ bool ExpertResidency::make_host_experts() {
   }
   uint8_t* base = static_cast<uint8_t*>(p);
   const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < n_threads; t++)
-    threads.emplace_back([&, t] {
-      for (int L = (int)t; L < n_layer_; L += (int)n_threads) {
-        const MoeDev& moe = weights_.layers[L].moe;
-        for (int e = 0; e < n_expert_; e++) {
-          uint8_t* dst = base + ((size_t)L * n_expert_ + e) * slot_bytes();
-          const TensorView g = moe.gate_exps.matrix(e), u = moe.up_exps.matrix(e), d = moe.down_exps.matrix(e);
-          std::memcpy(dst, g.data, g.nbytes);
-          std::memcpy(dst + moe.up_offset, u.data, u.nbytes);
-          std::memcpy(dst + moe.down_offset, d.data, d.nbytes);
-        }
+  auto fill = [&](unsigned t, unsigned n) {
+    for (int L = (int)t; L < n_layer_; L += (int)n) {
+      const MoeDev& moe = weights_.layers[L].moe;
+      for (int e = 0; e < n_expert_; e++) {
+        uint8_t* dst = base + ((size_t)L * n_expert_ + e) * slot_bytes();
+        const TensorView g = moe.gate_exps.matrix(e), u = moe.up_exps.matrix(e), d = moe.down_exps.matrix(e);
+        std::memcpy(dst, g.data, g.nbytes);
+        std::memcpy(dst + moe.up_offset, u.data, u.nbytes);
+        std::memcpy(dst + moe.down_offset, d.data, d.nbytes);
       }
-    });
+    }
+  };
+  std::vector<std::thread> threads;
+  try {
+    for (unsigned t = 1; t < n_threads; t++) threads.emplace_back(fill, t, n_threads);
+  } catch (const std::system_error&) {  // fewer threads than asked for: the rest on this one
+  }
+  const unsigned started = (unsigned)threads.size() + 1;
+  if (started == n_threads) {
+    fill(0, n_threads);
+  } else {  // the started threads take their share; this thread fills what the others would have
+    for (unsigned t = 0; t < n_threads; t++)
+      if (t == 0 || t >= started) fill(t, n_threads);
+  }
   for (std::thread& t : threads) t.join();
   host_experts_ = base;
   host_experts_dev_ = static_cast<const uint8_t*>(dev);
@@ -174,7 +187,8 @@ void ExpertResidency::sync_residency_rows() {
 void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool wait, bool ahead) {
   if (r.n_misses() == 0) return;
   loads_this_pass_ = true;
-  // A file truncated after open would make the mapping's tail unreadable: refuse before copying.
+  // A file truncated after open would make the mapping's tail unreadable: refuse before copying
+  // (with the host copy, which is read instead of the file, there are no mappings_).
   for (const GgufFile::Mapping& m : mappings_) {
     struct stat sb{};
     if (::stat(m.path.c_str(), &sb) != 0 || (uint64_t)sb.st_size < m.size)
@@ -236,25 +250,36 @@ void ExpertResidency::reserve_and_copy(int L, std::span<const int> experts, bool
 
 void ExpertResidency::admit_misses(const std::vector<std::vector<int>>& misses, int limit) {
   const int n = (int)misses.size();
-  std::vector<int> admit, rest;
+  // At most the slots beyond one layer's selections: a later layer's reservation, which spares only
+  // its own experts, then evicts older experts before any brought in moments earlier.
+  limit = std::min(limit, std::max(0, cache_->n_slots() - model_.config().n_expert_used));
+  std::vector<std::vector<int>> admit(n), rest(n);
   int left = limit, next_first = admit_first_layer_;
   for (int i = 0; i < n; i++) {
     const int L = (admit_first_layer_ + i) % n;
-    admit.clear();
-    rest.clear();
     for (int ex : misses[L]) {
       if (left > 0) {
-        admit.push_back(ex);
+        admit[L].push_back(ex);
         left--;
         next_first = (L + 1) % n;
       } else {
-        rest.push_back(ex);
+        rest[L].push_back(ex);
       }
     }
-    cache_->bypass(L, rest);
-    if (!admit.empty()) reserve_and_copy(L, admit, true);
   }
   admit_first_layer_ = next_first;
+  for (int L = 0; L < n; L++) cache_->bypass(L, rest[L]);
+  for (int L = 0; L < n; L++) {
+    if (admit[L].empty()) continue;
+    try {
+      reserve_and_copy(L, admit[L], true);
+    } catch (...) {
+      // This layer's reservation is aborted (its experts counted as misses by the reservation);
+      // the later layers' stay in host memory, counted as bypassed.
+      for (int M = L + 1; M < n; M++) cache_->bypass(M, admit[M]);
+      throw;
+    }
+  }
 }
 
 void ExpertResidency::prefetch(int L, std::span<const int> predicted) {

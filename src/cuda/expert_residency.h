@@ -47,7 +47,8 @@ class ExpertResidency {
     return slots() + (size_t)cache_->lookup(L, expert) * slot_bytes();
   }
   const uint64_t* residency_row(int L) const { return residency_table_.get<uint64_t>() + (size_t)L * n_expert_; }
-  bool pinned_copies() const { return registered_; }
+  // Copies come from page-locked memory: the registered mapping, or the host copy.
+  bool pinned_copies() const { return registered_ || host_experts_; }
 
   // Misses read in place (--miss-reads host): every expert in slot layout in mapped host memory,
   // expert e of layer L at miss_source(L) + e * miss_stride() (device addresses), which the

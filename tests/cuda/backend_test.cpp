@@ -249,6 +249,17 @@ TEST(CudaBackend, MissesReadInPlaceEqualTheSynchronousPath) {
       EXPECT_GT(st.misses_read_in_place, 0u) << "no miss was read in place";
       if (admit == 0) EXPECT_EQ(st.cache.bypassed, st.misses_read_in_place);
       else EXPECT_LT(st.cache.bypassed, st.misses_read_in_place) << "no miss was brought in";
+      // A decode alone: every selection counted once, as a hit, a miss brought in (at most
+      // `admit` a token) or a miss left in host memory (bypassed), and every miss read in place.
+      a->reset();
+      auto logits = a->prefill(prompt(9, n_vocab, 3), nullptr);
+      in_place->reset_stats();
+      for (int i = 0; i < 8; i++) logits = a->decode(argmax(logits));
+      const auto d = in_place->stats();
+      const Config& cfg = model->config();
+      EXPECT_EQ(d.cache.hits + d.cache.misses, 8ull * cfg.n_layer * cfg.n_expert_used);
+      EXPECT_EQ(d.cache.misses, d.misses_read_in_place);
+      EXPECT_LE(d.cache.misses - d.cache.bypassed, 8ull * admit);
     }
   }
 }
