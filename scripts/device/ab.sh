@@ -29,8 +29,8 @@
 #                  --prefetch-experts), the order alternating by round; a line a run: decode tok/s,
 #                  hit rate, prediction accuracy, prefetched / used / wasted
 #     miss-reads   AB_ROUNDS rounds of the tree's bench at each --cache-mib of $MISS_MIBS (default
-#                  8192) with each MODE of $MISS_MODES (default "copy host:16 host:0"; host:N is
-#                  --miss-reads host --miss-admit N), the order alternating by round; MISS_MODEL=skew
+#                  8192) with each MODE of $MISS_MODES (default "copy host:16 host:0"; host:N[:P] is
+#                  --miss-reads host --miss-admit N [--prefetch P]), the order alternating by round; MISS_MODEL=skew
 #                  uses the 80B with --router-skew 1.0 (made once in /dev/shm); a line a run: decode
 #                  tok/s, hit rate, misses read in place and bypassed, copy GB/s; after step
 #                  patches, each patch's binary runs the host modes beside the tree's
@@ -281,8 +281,9 @@ for s in "$@"; do
           for m in $order; do
             for b in $bins; do
               [ "${b%%=*}" != tree ] && [ "${m%%:*}" = copy ] && continue  # the copy path: the tree's only
-              flags="--miss-reads ${m%%:*}"; case $m in *:*) flags="$flags --miss-admit ${m#*:}" ;; esac
-              n="miss-${MISS_MODEL:-uniform}-$mib-${m/:/-}-${b%%=*}-$r"
+              IFS=: read -r mode admit pre <<< "$m"
+              flags="--miss-reads $mode${admit:+ --miss-admit $admit}${pre:+ --prefetch $pre}"
+              n="miss-${MISS_MODEL:-uniform}-$mib-${m//:/-}-${b%%=*}-$r"
               step "$n" "${b#*=}" bench -m $mm --backend cuda --cache-mib $mib $flags --reps 1 --json
               f="$OUT/$n.log"
               log "miss-reads ${MISS_MODEL:-uniform} $mib MiB $m ${b%%=*} $r: decode $(json_num "$f" decode_tok_s) hit rate $(json_num "$f" hit_rate) in place $(json_num "$f" misses_read_in_place) bypassed $(json_num "$f" misses_bypassed) copy GB/s $(json_num "$f" copy_gb_s) fallbacks $(json_num "$f" gpu_routed_fallbacks)"
