@@ -5,8 +5,8 @@
 // and the token is recomputed on the synchronous path (the KV rows written at this position are
 // overwritten by the recomputation). With --miss-reads host the kernels read such an expert in
 // place from host memory instead, so the token stands (no backups), and some of its misses are
-// copied into the cache after it (ExpertResidency::admit_misses). --speculation decides when the graph is tried; under
-// --profile the same work is launched kernel by kernel with stage marks instead.
+// copied into the cache after it (ExpertResidency::admit_misses). --speculation decides when the
+// graph is tried; under --profile the same work is launched kernel by kernel with stage marks.
 #include <fmt/format.h>
 
 #include <algorithm>

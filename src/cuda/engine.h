@@ -197,7 +197,6 @@ int batch_rows(Engine& e);
 // when the graph could not be captured (then batch_rows gives 0 from now on).
 bool decode_batch_graph(Engine& e, std::span<SessionState* const> sts, std::span<const int32_t> tokens,
                         std::span<std::vector<float>> logits_out);
-// Drops the batched graphs that have st as a row (st is going away).
 // The batch graphs' tables that hold st no longer count as written for it (st goes away).
 void forget_batch_graphs(Engine& e, const SessionState& st);
 

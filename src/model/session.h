@@ -106,8 +106,8 @@ class Backend {
   // Prefills several sequences' prompt pieces: sessions[i] (distinct sessions of this backend)
   // reads chunks[i] at its own position, and out[i] becomes the logits of its last token, as
   // sessions[i]->prefill(chunks[i]) would give them. This default prefills them one after another;
-  // the cpu backend runs them together in passes of up to prefill_chunk() tokens in all, each
-  // weight read once a pass (the server's scheduler with --step-prefill-tokens). Throws rl::Error,
+  // the cpu and cuda backends run them together in passes of up to prefill_chunk() tokens in all,
+  // each weight read once a pass (the server's scheduler with --step-prefill-tokens). Throws rl::Error,
   // with no session changed, when a chunk is empty or runs past its session's context, an id is out
   // of range, a session is given twice, the spans or out differ in length, or (cpu) a session is
   // another's.

@@ -284,7 +284,7 @@ void Scheduler::prefill_step() {
   for (auto& s : slots_)
     if (s->generation && s->generation->prefilling() && s->generation->cancelled()) s->generation->prefill_chunk();
   // The step's chunks, one a sequence in turn, in one Backend::prefill_batch_into call (one pass
-  // over them all on the CPU; one after another on the GPU so far). A call that fails fails every
+  // over them all on either backend while they fit a pass). A call that fails fails every
   // sequence of it, as a failed decode pass does.
   std::vector<Slot*> batch;
   std::vector<Session*> sessions;

@@ -8,7 +8,7 @@
 // step prefills chunks of several sequences in turn while it has prefilled fewer than N tokens
 // (the last may take it past N by up to a chunk): a burst of short prompts all start in one step,
 // and the running sequences wait for their prefills once instead of the batch changing at every
-// step (on the GPU each new set of sequences is a new captured step). Sampling, stop conditions,
+// step (on the GPU a batch of a new size is a newly captured step). Sampling, stop conditions,
 // constraints, streaming, cancellation and the deadline are per sequence (Generation).
 //
 // Memory: a slot's session is created (and its context reserved) when a request is admitted to
