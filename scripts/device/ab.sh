@@ -110,6 +110,7 @@ step() {  # step NAME CMD...: runs under STEP_TIMEOUT, logs to $OUT/NAME.log
   return $rc
 }
 configure() { rl_configure "$@"; }  # configure SRC BUILD (deps.sh)
+round_order() { [ $(($2 % 2)) = 0 ] && echo $1 | tr ' ' '\n' | tac | tr '\n' ' ' || echo $1; }  # round_order "A B C" R: reversed in even rounds
 json_num() { grep "\"$2\"" "$1" | head -1 | tr -dc '0-9.'; }  # json_num LOG KEY: a bench --json number
 speeds() { echo "prefill $(json_num "$1" prefill_tok_s) decode $(json_num "$1" decode_tok_s) (host argmax $(json_num "$1" decode_argmax_ms) ms a token)"; }  # speeds LOG
 model() {
@@ -255,7 +256,7 @@ for s in "$@"; do
       model
       modes=${PREFETCH_MODES:-off on}
       for r in $(seq "${AB_ROUNDS:-2}"); do
-        order=$modes; [ $((r % 2)) = 0 ] && order=$(echo $modes | tr ' ' '\n' | tac | tr '\n' ' ')
+        order=$(round_order "$modes" $r)
         for p in $order; do
           flags="--prefetch ${p%%:*}"; case $p in *:*) flags="$flags --prefetch-experts ${p#*:}" ;; esac
           f="$OUT/prefetch-${p/:/-}-$r.log"
@@ -277,7 +278,7 @@ for s in "$@"; do
       for p in ${PATCHES:-}; do n=$(basename "$p" .patch); [ -x /tmp/rl-bin-$n ] && bins="$bins $n=/tmp/rl-bin-$n"; done
       for mib in ${MISS_MIBS:-8192}; do
         for r in $(seq "${AB_ROUNDS:-2}"); do
-          order=$modes; [ $((r % 2)) = 0 ] && order=$(echo $modes | tr ' ' '\n' | tac | tr '\n' ' ')
+          order=$(round_order "$modes" $r)
           for m in $order; do
             for b in $bins; do
               [ "${b%%=*}" != tree ] && [ "${m%%:*}" = copy ] && continue  # the copy path: the tree's only
