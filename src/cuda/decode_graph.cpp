@@ -186,12 +186,8 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   }
   std::memcpy(logits_out, logits_host, (size_t)c.n_vocab * sizeof(float));
   st.position += 1;
-  std::vector<std::vector<int>> missed(read_in_place ? n_layer : 0);  // each layer's selections read in place
   for (int L = 0; L < n_layer; L++) {
     const int32_t* ids = io_host + (size_t)L * K;
-    if (read_in_place)
-      for (int k = 0; k < K; k++)
-        if (e.residency.cache().lookup(L, ids[k]) < 0) missed[L].push_back(ids[k]);
     e.residency.cache().touch(L, std::span<const int>(ids, (size_t)K));
     if (trace) {
       trace->tensor(fmt::format("ffn_moe_logits-{}", L), 1, E, router_host + (size_t)L * E);
@@ -204,7 +200,7 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
     // happens to them: a failed copy leaves its experts in host memory, where they were read.
     e.stats.misses_read_in_place += (uint64_t)misses;
     try {
-      e.residency.admit_misses(missed, e.opts.miss_admit);
+      e.residency.admit_misses(std::span<const int32_t>(io_host, (size_t)n_layer * K), K, e.opts.miss_admit);
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "cuda: copying a decode token's misses into the expert cache failed (%s); they "
                    "stay in host memory\n", ex.what());

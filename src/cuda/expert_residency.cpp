@@ -10,6 +10,7 @@
 #include <numeric>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "common/error.h"
 #include "gguf/gguf.h"
@@ -248,37 +249,46 @@ void ExpertResidency::reserve_and_copy(int L, std::span<const int> experts, bool
   in_flight_.assign(experts.begin(), experts.end());
 }
 
-void ExpertResidency::admit_misses(const std::vector<std::vector<int>>& misses, int limit) {
-  const int n = (int)misses.size();
+void ExpertResidency::admit_misses(std::span<const int32_t> ids, int k, int limit) {
+  const int n = n_layer_;
   // At most the slots beyond one layer's selections: a later layer's reservation, which spares only
   // its own experts, then evicts older experts before any brought in moments earlier.
-  limit = std::min(limit, std::max(0, cache_->n_slots() - model_.config().n_expert_used));
-  std::vector<std::vector<int>> admit(n), rest(n);
-  int left = limit, next_first = admit_first_layer_;
+  limit = std::min(limit, std::max(0, cache_->n_slots() - k));
+  std::vector<std::pair<int, int>> admit;  // (layer, expert), the layers in turn
+  std::vector<int> rest;
+  int next_first = admit_first_layer_;
   for (int i = 0; i < n; i++) {
     const int L = (admit_first_layer_ + i) % n;
-    for (int ex : misses[L]) {
-      if (left > 0) {
-        admit[L].push_back(ex);
-        left--;
+    rest.clear();
+    for (int j = 0; j < k; j++) {
+      const int ex = ids[(size_t)L * k + j];
+      if (cache_->lookup(L, ex) >= 0) continue;  // a hit (touched by the caller)
+      if ((int)admit.size() < limit) {
+        admit.emplace_back(L, ex);
         next_first = (L + 1) % n;
       } else {
-        rest[L].push_back(ex);
+        rest.push_back(ex);
       }
     }
+    cache_->bypass(L, rest);  // before any reservation changes what is resident
   }
   admit_first_layer_ = next_first;
-  for (int L = 0; L < n; L++) cache_->bypass(L, rest[L]);
-  for (int L = 0; L < n; L++) {
-    if (admit[L].empty()) continue;
+  // Each layer's admissions as one reservation (a layer's entries are consecutive).
+  std::vector<int> experts;
+  for (size_t a = 0; a < admit.size();) {
+    const int L = admit[a].first;
+    experts.clear();
+    size_t b = a;
+    for (; b < admit.size() && admit[b].first == L; b++) experts.push_back(admit[b].second);
     try {
-      reserve_and_copy(L, admit[L], true);
+      reserve_and_copy(L, experts, true);
     } catch (...) {
       // This layer's reservation is aborted (its experts counted as misses by the reservation);
       // the later layers' stay in host memory, counted as bypassed.
-      for (int M = L + 1; M < n; M++) cache_->bypass(M, admit[M]);
+      for (size_t c = b; c < admit.size(); c++) cache_->bypass(admit[c].first, std::span<const int>(&admit[c].second, 1));
       throw;
     }
+    a = b;
   }
 }
 

@@ -60,11 +60,11 @@ class ExpertResidency {
     return host_experts_ ? host_experts_dev_ + (size_t)L * n_expert_ * slot_bytes() : slots();
   }
   size_t miss_stride() const { return host_experts_ ? slot_bytes() : 0; }
-  // After a GPU-routed token whose misses (misses[L]: layer L's selections that were not resident)
-  // were read in place: up to `limit` of them are brought in (reserved and copied from host
-  // memory, the compute stream waiting for the copies; the layers take turns being first), the
-  // others counted as bypassed misses (ExpertCache::bypass). The caller has touched the hits.
-  void admit_misses(const std::vector<std::vector<int>>& misses, int limit);
+  // After a GPU-routed token that read its misses in place (ids [n_layer][k]: its selections; those
+  // not resident are its misses): up to `limit` of them are brought in (reserved and copied from
+  // host memory, the compute stream waiting for the copies; the layers take turns being first),
+  // the others counted as bypassed misses (ExpertCache::bypass). The caller has touched the hits.
+  void admit_misses(std::span<const int32_t> ids, int k, int limit);
 
   // Reserves experts of layer L, enqueues the misses' copies (with wait, the compute stream waits
   // for them), commits and brings the device residency rows up to date; aborts the reservation

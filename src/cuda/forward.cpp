@@ -105,9 +105,7 @@ void deltanet_block(Engine& e, std::span<SessionState* const> sts, int L, const 
   }
   // Decode and short passes: the norm also writes the output projection's Q8 input.
   const Q8Target q8 =
-      (plan.mixer_out == Kernel::kMatvecQ8 || plan.mixer_out == Kernel::kMatmulQ8) && T <= kQ8PassTokens
-          ? e.products.q8_target()
-          : Q8Target{};
+      reads_q8_form(plan.mixer_out) && T <= kQ8PassTokens ? e.products.q8_target() : Q8Target{};
   gated_rms_norm(v.o, v.z, w.norm, v.o, T * nv, dv, c.rms_eps, stream, q8.q, q8.ds);
   if (q8.q) e.products.hold_q8(v.o);
   e.profiler.mark(kProjections, stream);
@@ -241,8 +239,7 @@ void encode_pass(Engine& e, std::span<SessionState* const> sts, const int32_t* i
     // reads it by matvec-q8.
     bool next_in_q8 = false;
     if (T <= kQ8PassTokens && L + 1 < c.n_layer && !tensors)
-      for (Kernel k : plan.layers[L + 1].mixer_in)
-        next_in_q8 = next_in_q8 || k == Kernel::kMatvecQ8 || k == Kernel::kMatmulQ8;
+      for (Kernel k : plan.layers[L + 1].mixer_in) next_in_q8 = next_in_q8 || reads_q8_form(k);
     moe_block(e, L, lp, h, T, x, next_norm, h, trace, gpu_routed, moe_input_q8_ready,
               next_in_q8 ? e.products.q8_target() : Q8Target{});
     if (tensors) trace_rows(e, tensors, fmt::format("l_out-{}", L), x, T, n_embd);

@@ -186,38 +186,30 @@ __device__ __forceinline__ void dmma_16x8x4(double (&d0)[2], double (&d1)[2], do
 #endif
 }
 
-// D = A·B for a 16×32 u8 A (a[0]: row g, columns 4q..4q+3; a[1]: row g + 8; a[2], a[3]: the same
-// rows, columns 16 + 4q..) and a 32×8 B (b0: rows 4q..4q+3 of column g, b1: rows 16 + 4q..), B s8
-// or u8; d0, d1: row g, columns 2q, 2q + 1; d2, d3: row g + 8.
-template <bool kSigned>
+// D = A·B for a 16×32 A (a[0]: row g, columns 4q..4q+3; a[1]: row g + 8; a[2], a[3]: the same
+// rows, columns 16 + 4q..) and a 32×8 B (b0: rows 4q..4q+3 of column g, b1: rows 16 + 4q..); d0,
+// d1: row g, columns 2q, 2q + 1; d2, d3: row g + 8. A u8 (kASigned: s8, the Q6_K values q − 32),
+// B s8 (kSigned) or u8.
+#define RL_IMMA_16X8X32(TYPES)                                                                          \
+  asm("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, " \
+      "{%10, %10, %10, %10};"                                                                            \
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                                   \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0))
+template <bool kSigned, bool kASigned = false>
 __device__ __forceinline__ void imma_16x8x32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  static_assert(kSigned || !kASigned, "s8 x u8 is not used");
 #if __CUDA_ARCH__ >= 800
-  if constexpr (kSigned)
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+  if constexpr (kASigned)
+    RL_IMMA_16X8X32("s8.s8");
+  else if constexpr (kSigned)
+    RL_IMMA_16X8X32("u8.s8");
   else
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %10, %10, %10};"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+    RL_IMMA_16X8X32("u8.u8");
 #else
   __trap();  // the launcher refuses devices below compute capability 8.0
 #endif
 }
-
-// As imma_16x8x32 with A signed too (s8 × s8: the Q6_K values q − 32).
-__device__ __forceinline__ void imma_16x8x32_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %10, %10, %10};"
-      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-#else
-  __trap();  // the launcher refuses devices below compute capability 8.0
-#endif
-}
+#undef RL_IMMA_16X8X32
 
 // Brings the 32-byte sector holding p into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

@@ -111,7 +111,7 @@ struct WeightFetch<T> {
   __device__ void fetch(const uint8_t* row, int c) { raw = Q::load(row, c); }
   template <class Tables>
   __device__ Chunk decode(const uint8_t*, int c, const Tables& tab) const {
-    const IqChunk k = Q::decode(raw, c, tab.grid, tab.masks);
+    const IqChunk k = Q::decode(raw, c, tab.grid);
     return {k.u, (double)k.s * 0x1p474, -((double)k.b * (double)k.s) * 0x1p-600};
   }
   __device__ static Chunk zero() { return {make_uint2(0, 0), 0.0, 0.0}; }

@@ -29,6 +29,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/job_lists.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
 #include "cuda/q6k_fragments.h"
@@ -82,6 +83,28 @@ __device__ __forceinline__ void store_tile(const float (&acc)[2][4], const Matve
   }
 }
 
+// A block's view of a job for lane (g, q): the weight rows g and g + 8 of its 16 (clamped to the
+// last row), the lane's B column (token 8t + g of each 8-token tile t) and the Q8 scales of its two
+// output tokens (8t + 2q, + 1), clamped to the last token; `tiles` 8-token tiles (1 or 2).
+struct LaneTiles {
+  const uint8_t* row[2];
+  const int8_t* xb[2];
+  const float2* xs[2][2];
+  int tiles;
+  __device__ LaneTiles(const MatvecJob& jb, int r0, int cols, int n_tokens, int g, int q) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) row[r] = jb.w + (size_t)min(r0 + g + 8 * r, jb.rows - 1) * jb.row_bytes;
+    tiles = (n_tokens + 7) / 8;
+    const int blocks32 = cols / 32;
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+      xb[t] = jb.xq + (size_t)min(8 * t + g, n_tokens - 1) * cols;
+#pragma unroll
+      for (int i = 0; i < 2; i++) xs[t][i] = jb.xds + (size_t)min(8 * t + 2 * q + i, n_tokens - 1) * blocks32;
+    }
+  }
+};
+
 template <bool kQ5>
 __global__ void __launch_bounds__(32 * kWarps) mma_q8_kernel(const MmaJobs jobs, int cols, int n_tokens) {
   constexpr int kBytes = kQ5 ? 176 : 144, kQs = kQ5 ? 48 : 16;
@@ -92,24 +115,12 @@ __global__ void __launch_bounds__(32 * kWarps) mma_q8_kernel(const MmaJobs jobs,
   pdl_wait();  // the Q8 input comes from the previous kernel
   pdl_trigger();
   if (r0 >= jb.rows) return;  // the whole block
-  const uint8_t* row_a = jb.w + (size_t)min(r0 + g, jb.rows - 1) * jb.row_bytes;
-  const uint8_t* row_b = jb.w + (size_t)min(r0 + g + 8, jb.rows - 1) * jb.row_bytes;
-  const int tiles = (n_tokens + 7) / 8;  // 1 or 2
-  const int blocks32 = cols / 32;
-  // This lane's B column (token t·8 + g) and its two output tokens (t·8 + 2q, + 1) of each tile.
-  const int8_t* xb[2];
-  const float2* xs[2][2];
-#pragma unroll
-  for (int t = 0; t < 2; t++) {
-    xb[t] = jb.xq + (size_t)min(8 * t + g, n_tokens - 1) * cols;
-#pragma unroll
-    for (int i = 0; i < 2; i++) xs[t][i] = jb.xds + (size_t)min(8 * t + 2 * q + i, n_tokens - 1) * blocks32;
-  }
+  const LaneTiles lt(jb, r0, cols, n_tokens, g, q);
   float acc[2][4] = {};
   const int n_super = cols / 256;
   for (int sb = warp; sb < n_super; sb += kWarps) {
-    const uint8_t* ba = row_a + (size_t)sb * kBytes;
-    const uint8_t* bb = row_b + (size_t)sb * kBytes;
+    const uint8_t* ba = lt.row[0] + (size_t)sb * kBytes;
+    const uint8_t* bb = lt.row[1] + (size_t)sb * kBytes;
     const K4Head ha = k4_head(ba), hb = k4_head(bb);
     uint2 qha = {}, qhb = {};
     if constexpr (kQ5) {
@@ -137,11 +148,11 @@ __global__ void __launch_bounds__(32 * kWarps) mma_q8_kernel(const MmaJobs jobs,
         const int blk = sb * 8 + j;
 #pragma unroll
         for (int t = 0; t < 2; t++) {
-          if (t < tiles) {
-            const uint2 x = __ldg(reinterpret_cast<const uint2*>(xb[t] + 32 * blk + 8 * q));
+          if (t < lt.tiles) {
+            const uint2 x = __ldg(reinterpret_cast<const uint2*>(lt.xb[t] + 32 * blk + 8 * q));
             int c[4];
             imma_16x8x32<true>(c, a, x.x, x.y);
-            const float2 s0 = __ldg(xs[t][0] + blk), s1 = __ldg(xs[t][1] + blk);
+            const float2 s0 = __ldg(lt.xs[t][0] + blk), s1 = __ldg(lt.xs[t][1] + blk);
             acc[t][0] += fmaf(dsa * s0.x, (float)c[0], -dma * s0.y);
             acc[t][1] += fmaf(dsa * s1.x, (float)c[1], -dma * s1.y);
             acc[t][2] += fmaf(dsb * s0.x, (float)c[2], -dmb * s0.y);
@@ -169,22 +180,11 @@ __global__ void __launch_bounds__(32 * kWarps) mma_q6k_kernel(const MmaJobs jobs
   pdl_wait();  // the Q8 input comes from the previous kernel
   pdl_trigger();
   if (r0 >= jb.rows) return;  // the whole block
-  const uint8_t* row[2] = {jb.w + (size_t)min(r0 + g, jb.rows - 1) * jb.row_bytes,
-                           jb.w + (size_t)min(r0 + g + 8, jb.rows - 1) * jb.row_bytes};
-  const int tiles = (n_tokens + 7) / 8;
-  const int blocks32 = cols / 32;
-  const int8_t* xb[2];
-  const float2* xs[2][2];
-#pragma unroll
-  for (int t = 0; t < 2; t++) {
-    xb[t] = jb.xq + (size_t)min(8 * t + g, n_tokens - 1) * cols;
-#pragma unroll
-    for (int i = 0; i < 2; i++) xs[t][i] = jb.xds + (size_t)min(8 * t + 2 * q + i, n_tokens - 1) * blocks32;
-  }
+  const LaneTiles lt(jb, r0, cols, n_tokens, g, q);
   float acc[2][4] = {};
   const int n_super = cols / 256;
   for (int sb = warp; sb < n_super; sb += kWarps) {
-    const uint8_t* b[2] = {row[0] + (size_t)sb * kQ6kBytes, row[1] + (size_t)sb * kQ6kBytes};
+    const uint8_t* b[2] = {lt.row[0] + (size_t)sb * kQ6kBytes, lt.row[1] + (size_t)sb * kQ6kBytes};
     float d[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) d[r] = half_bits_to_f32(load_u16(b[r] + kQ6kD));
@@ -208,13 +208,13 @@ __global__ void __launch_bounds__(32 * kWarps) mma_q6k_kernel(const MmaJobs jobs
         const int blk = sb * 8 + 4 * n + gb;
 #pragma unroll
         for (int t = 0; t < 2; t++) {
-          if (t < tiles) {
-            const uint32_t x0 = __ldg(reinterpret_cast<const uint32_t*>(xb[t] + 32 * blk + 4 * q));
-            const uint32_t x1 = __ldg(reinterpret_cast<const uint32_t*>(xb[t] + 32 * blk + 16 + 4 * q));
+          if (t < lt.tiles) {
+            const uint32_t x0 = __ldg(reinterpret_cast<const uint32_t*>(lt.xb[t] + 32 * blk + 4 * q));
+            const uint32_t x1 = __ldg(reinterpret_cast<const uint32_t*>(lt.xb[t] + 32 * blk + 16 + 4 * q));
             int c0[4], c1[4];
-            imma_16x8x32_s8(c0, a0, x0, x1);
-            imma_16x8x32_s8(c1, a1, x0, x1);
-            const float dx0 = __ldg(&xs[t][0][blk].x), dx1 = __ldg(&xs[t][1][blk].x);
+            imma_16x8x32<true, true>(c0, a0, x0, x1);
+            imma_16x8x32<true, true>(c1, a1, x0, x1);
+            const float dx0 = __ldg(&lt.xs[t][0][blk].x), dx1 = __ldg(&lt.xs[t][1][blk].x);
             acc[t][0] += d[0] * dx0 * fmaf(sa0, (float)c0[0], sa1 * (float)c1[0]);
             acc[t][1] += d[0] * dx1 * fmaf(sa0, (float)c0[1], sa1 * (float)c1[1]);
             acc[t][2] += d[1] * dx0 * fmaf(sb0, (float)c0[2], sb1 * (float)c1[2]);
@@ -244,21 +244,14 @@ void matmul_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStre
   if (cols % 256 != 0) throw_error("matmul_q8: " + std::to_string(cols) + " columns is not a whole number of blocks");
   if (columns < 1 || columns > kMaxQ8Columns)
     throw_error("matmul_q8: " + std::to_string(columns) + " token columns, want 1 to " + std::to_string(kMaxQ8Columns));
-  for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
-    const int m = std::min(n - j0, kMaxMatvecJobs);
-    MmaJobs list{};
-    int max_rows = 0;
-    for (int j = 0; j < m; j++) {
-      const MatvecJob& jb = jobs[j0 + j];
-      if (!jb.w || !mma_q8_weights_fit(t, jb.w, jb.row_bytes, cols))
-        throw_error(std::string("matmul_q8: the ") + type_name(t) + " weights must be direct and " +
-                    (t == GgmlType::Q6_K ? "2" : "16") + "-byte aligned");
-      if (!jb.xq || !jb.xds || reinterpret_cast<uintptr_t>(jb.xq) % 16 != 0)
-        throw_error("matmul_q8: a job's Q8 input is missing or not 16-byte aligned");
-      list.job[j] = jb;
-      max_rows = std::max(max_rows, jb.rows);
-    }
-    if (max_rows == 0) continue;
+  auto check = [&](const MatvecJob& jb) {
+    if (!jb.w || !mma_q8_weights_fit(t, jb.w, jb.row_bytes, cols))
+      throw_error(std::string("matmul_q8: the ") + type_name(t) + " weights must be direct and " +
+                  (t == GgmlType::Q6_K ? "2" : "16") + "-byte aligned");
+    if (!jb.xq || !jb.xds || reinterpret_cast<uintptr_t>(jb.xq) % 16 != 0)
+      throw_error("matmul_q8: a job's Q8 input is missing or not 16-byte aligned");
+  };
+  for_each_job_list<MmaJobs>(jobs, n, check, [&](const MmaJobs& list, int m, int max_rows) {
     const dim3 grid((unsigned)((max_rows + kTileRows - 1) / kTileRows), (unsigned)m);
     if (t == GgmlType::Q6_K)
       launch_dependent(mma_q6k_kernel, grid, dim3(32 * kWarps), stream, list, cols, columns);
@@ -267,7 +260,7 @@ void matmul_q8_jobs(GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStre
     else
       launch_dependent(mma_q8_kernel<false>, grid, dim3(32 * kWarps), stream, list, cols, columns);
     RL_CUDA_LAUNCH_CHECK();
-  }
+  });
 }
 
 }  // namespace rl::cuda

@@ -139,8 +139,7 @@ constexpr bool kStageCodebook = GridOf<T>::kEntries * sizeof(uint64_t) < 16 * 10
 // while this one is summed.
 template <GgmlType T, int R>
 __device__ __forceinline__ void iq_lane_dot(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0,
-                                            int step, int n_chunks, const uint64_t* grid, const uint64_t* masks,
-                                            double (&acc)[R]) {
+                                            int step, int n_chunks, const uint64_t* grid, double (&acc)[R]) {
   using Q = Dequant<T>;
   if (c0 >= n_chunks) return;
   typename Q::Raw raw[R];
@@ -165,7 +164,7 @@ __device__ __forceinline__ void iq_lane_dot(const uint8_t* const (&wr)[R], const
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      const IqChunk k = Q::decode(raw[r], c, grid, masks);
+      const IqChunk k = Q::decode(raw[r], c, grid);
       double s = 0.0;
 #pragma unroll
       for (int j = 0; j < 4; j++) s = fma(__hiloint2double(0, (int)__byte_perm(k.u.x, 0, 0x4440 | j)), xs[j], s);
@@ -260,8 +259,7 @@ __device__ __forceinline__ void kquant_unit_f32(const uint8_t* const (&wr)[R], c
 // The integer form in fp32: s · (Σ u·x − b·Σx) per chunk, loads one step ahead as iq_lane_dot.
 template <GgmlType T, int R>
 __device__ __forceinline__ void iq_lane_dot_f32(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0,
-                                                int step, int n_chunks, const uint64_t* grid, const uint64_t* masks,
-                                                float (&acc)[R]) {
+                                                int step, int n_chunks, const uint64_t* grid, float (&acc)[R]) {
   using Q = Dequant<T>;
   if (c0 >= n_chunks) return;
   typename Q::Raw raw[R];
@@ -280,7 +278,7 @@ __device__ __forceinline__ void iq_lane_dot_f32(const uint8_t* const (&wr)[R], c
     const float sum_x = ((xa.x + xa.y) + (xa.z + xa.w)) + ((xb.x + xb.y) + (xb.z + xb.w));
 #pragma unroll
     for (int r = 0; r < R; r++) {
-      const IqChunk k = Q::decode(raw[r], c, grid, masks);
+      const IqChunk k = Q::decode(raw[r], c, grid);
       float s = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; j++) s = fmaf(byte_as_float(k.u.x, j), xf[j], s);
@@ -320,7 +318,7 @@ template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
                                          int n_chunks, const SharedTables<T, kStageCodebook<T>, false>& tab, double (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
-    iq_lane_dot<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
+    iq_lane_dot<T, R>(wr, x, c0, step, n_chunks, tab.grid, acc);
   else
     lane_dot<T, R>(wr, x, c0, step, n_chunks, acc);
 }
@@ -328,7 +326,7 @@ template <GgmlType T, int R>
 __device__ __forceinline__ void row_dots(const uint8_t* const (&wr)[R], const float* __restrict__ x, int c0, int step,
                                          int n_chunks, const SharedTables<T, kStageCodebook<T>, false>& tab, float (&acc)[R]) {
   if constexpr (kIntegerForm<T>)
-    iq_lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, tab.grid, tab.masks, acc);
+    iq_lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, tab.grid, acc);
   else
     lane_dot_f32<T, R>(wr, x, c0, step, n_chunks, acc);
 }

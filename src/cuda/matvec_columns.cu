@@ -17,6 +17,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/job_lists.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
 
@@ -109,18 +110,11 @@ void matvec_f32_columns(int cols, const MatvecJob* jobs, int n, int columns, cud
   if (columns < 1 || columns > kMaxQ8Columns)
     throw_error("matvec_f32_columns: " + std::to_string(columns) + " token columns, want 1 to " +
                 std::to_string(kMaxQ8Columns));
-  for (int j0 = 0; j0 < n; j0 += kMaxMatvecJobs) {
-    const int m = std::min(n - j0, kMaxMatvecJobs);
-    ColumnJobs list{};
-    int max_rows = 0;
-    for (int j = 0; j < m; j++) {
-      const MatvecJob& jb = jobs[j0 + j];
-      if (!f32_columns_supported(jb, cols))
-        throw_error("matvec_f32_columns: weights and input must be 16-byte aligned and the width a multiple of 4");
-      list.job[j] = jb;
-      max_rows = std::max(max_rows, jb.rows);
-    }
-    if (max_rows == 0) continue;
+  auto check = [&](const MatvecJob& jb) {
+    if (!f32_columns_supported(jb, cols))
+      throw_error("matvec_f32_columns: weights and input must be 16-byte aligned and the width a multiple of 4");
+  };
+  for_each_job_list<ColumnJobs>(jobs, n, check, [&](const ColumnJobs& list, int m, int max_rows) {
     const dim3 grid((unsigned)((max_rows + kRows - 1) / kRows), (unsigned)m);
     auto kernel = columns <= 2   ? matvec_f32_columns_kernel<2>
                   : columns <= 4 ? matvec_f32_columns_kernel<4>
@@ -128,7 +122,7 @@ void matvec_f32_columns(int cols, const MatvecJob* jobs, int n, int columns, cud
                                  : matvec_f32_columns_kernel<16>;
     launch_dependent(kernel, grid, dim3(32 * kWarps), stream, list, cols, columns);
     RL_CUDA_LAUNCH_CHECK();
-  }
+  });
 }
 
 }  // namespace rl::cuda

@@ -93,7 +93,7 @@ __device__ __forceinline__ int dot4x4(const uint32_t (&w)[4], const int* x, int 
 
 // ---- per type: a unit of weights against its activations ----------------------------------------
 // Q8Dot<T>: kValues weights a unit; X, the unit's activations (loaded once for all rows); W, a row's
-// unit of weights in the integer form the dot products take (load_w(row, u, grid, masks): loaded
+// unit of weights in the integer form the dot products take (load_w(row, u, grid): loaded
 // and decoded once for all columns); dot(w, x): the unit's part of the row's product, in fp32.
 template <GgmlType T>
 struct Q8Dot;
@@ -115,7 +115,7 @@ struct Q8Dot<GgmlType::Q8_0> {
     uint32_t q[8];
     float d;
   };
-  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*, const uint64_t*) {
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*) {
     const uint8_t* b = row + (size_t)u * 34;
     W w;
     load_words_a2<8>(b + 2, w.q);
@@ -153,7 +153,7 @@ struct Q8DotK4 {
     int sc0, m0, sc1, m1;
     float d, dmin;
   };
-  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*, const uint64_t*) {
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*) {
     const int p = u & 3;
     const uint8_t* b = row + (size_t)(u >> 2) * Dequant<T>::kBytes;
     const uint4 q0 = *reinterpret_cast<const uint4*>(b + (kQ5 ? 48 : 16) + 32 * p);
@@ -222,7 +222,7 @@ struct Q8Dot<GgmlType::Q6_K> {
     float sc[4];
     float d;
   };
-  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*, const uint64_t*) {
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t*) {
     const int n = (u >> 1) & 1, h = u & 1;
     const uint8_t* b = row + (size_t)(u >> 2) * 210;
     uint32_t ql[2][4], qh[4];
@@ -315,13 +315,13 @@ struct Q8DotIq {
   struct W {
     IqChunk k[4];
   };
-  __device__ static W load_w(const uint8_t* row, int u, const uint64_t* grid, const uint64_t* masks) {
+  __device__ static W load_w(const uint8_t* row, int u, const uint64_t* grid) {
     using Q = Dequant<T>;
     typename Q::Raw raw[4];
     IqUnit<T>::load(row, u, raw);
     W w;
 #pragma unroll
-    for (int c = 0; c < 4; c++) w.k[c] = Q::decode(raw[c], 4 * u + c, grid, masks);
+    for (int c = 0; c < 4; c++) w.k[c] = Q::decode(raw[c], 4 * u + c, grid);
     return w;
   }
   __device__ static float dot(const W& w, const X& x) {
@@ -409,11 +409,11 @@ __device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], cons
     if constexpr (N == 1) {  // the one-token decode: one activation unit, a row decoded at a time
       const typename D::X x = x_of(0, u);
 #pragma unroll
-      for (int r = 0; r < R; r++) acc[0][r] += D::dot(D::load_w(wr[r], u, tab.grid, tab.masks), x);
+      for (int r = 0; r < R; r++) acc[0][r] += D::dot(D::load_w(wr[r], u, tab.grid), x);
     } else {
       typename D::W w[R];
 #pragma unroll
-      for (int r = 0; r < R; r++) w[r] = D::load_w(wr[r], u, tab.grid, tab.masks);
+      for (int r = 0; r < R; r++) w[r] = D::load_w(wr[r], u, tab.grid);
 #pragma unroll
       for (int c = 0; c < N; c++) {
         const typename D::X x = x_of(c, u);

@@ -27,6 +27,8 @@ enum class Kernel : uint8_t {
   kMatmulQ8,   // fast tier, 2 to kQ8PassTokens rows of Q4_K / Q5_K / Q6_K: int8 tensor cores on the Q8 form (matmul_q8)
 };
 const char* kernel_name(Kernel k);
+// The kernels that read their input in the Q8 form (quantize_q8, or written by the kernel before).
+constexpr bool reads_q8_form(Kernel k) { return k == Kernel::kMatvecQ8 || k == Kernel::kMatmulQ8; }
 // A pass of up to this many tokens takes the fast tier's matvec-q8 on token columns for its dense
 // products of Q8 types (each matrix read once for up to 8 columns) and its routed experts a
 // (token, selection) pair at a time on the decode kernels; longer ones take the prefill forms.

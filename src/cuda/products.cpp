@@ -9,8 +9,6 @@ namespace rl::cuda {
 
 namespace {
 Sums sums_of(Kernel k) { return k == Kernel::kMatvecF32 ? Sums::kFast : Sums::kExact; }
-// The products that read their input's Q8 form (q8_scratch_, or a form a kernel wrote).
-bool reads_q8(Kernel k) { return k == Kernel::kMatvecQ8 || k == Kernel::kMatmulQ8; }
 // A launch of Q8 jobs on T token columns by kernel k.
 void q8_launch(Kernel k, GgmlType t, int cols, const MatvecJob* jobs, int n, cudaStream_t s, int T) {
   if (k == Kernel::kMatmulQ8)
@@ -58,7 +56,7 @@ void read_q8(Job& j, const Q8Rows& rows) {
 }  // namespace
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
-  if (reads_q8(k)) {  // y [T][rows]
+  if (reads_q8_form(k)) {  // y [T][rows]
     if (x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
     q8_held_ = nullptr;
     MatvecJob j = column_job(w, x, y, 0);  // the kernel writes the T columns
@@ -97,7 +95,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
   // On the decode kernels (matvec-q8 on T token columns, matvec a job a column) consecutive
   // products of one type, width and kernel share a launch; other kernels take a launch a product.
   const bool decode_kernels = T <= q8_scratch_.rows && std::all_of(list.begin(), list.end(), [](const Projection& p) {
-    return reads_q8(p.kernel) || is_matvec(p.kernel);
+    return reads_q8_form(p.kernel) || is_matvec(p.kernel);
   });
   if (!decode_kernels) {
     KqHeld held;
@@ -132,7 +130,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
       l.jobs[l.n++] = column_job(*p.w, p.x, p.y, 0);
       continue;
     }
-    if (!reads_q8(p.kernel)) {
+    if (!reads_q8_form(p.kernel)) {
       for (int t = 0; t < T; t++) l.jobs[l.n++] = column_job(*p.w, p.x, p.y, t);
       continue;
     }
@@ -153,7 +151,7 @@ void Products::project_group(std::initializer_list<Projection> list, int T, cons
   for (size_t i = 0; i < n_launches; i++) {
     const Launch& l = launches[i];
     const cudaStream_t s = branch && i > 0 ? side_->side : stream_;
-    if (reads_q8(l.first->kernel))
+    if (reads_q8_form(l.first->kernel))
       q8_launch(l.first->kernel, l.first->w->type, l.first->w->cols, l.jobs, l.n, s, T);
     else if (l.f32_columns)
       matvec_f32_columns(l.first->w->cols, l.jobs, l.n, T, s);

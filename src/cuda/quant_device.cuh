@@ -310,7 +310,7 @@ struct Dequant<GgmlType::IQ2_XXS> {
     const uint8_t* q = b + 2 + 8 * ((c & 31) >> 2);
     return {(uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16), load_u16(b), q[c & 3]};
   }
-  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t* masks) {
+  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid) {
     const float d = half_bits_to_f32(r.d);
     const float db = d * (0.5f + (float)(r.aux1 >> 28)) * 0.25f;
     return {iq2_signed_bytes(grid[r.idx], iq2_sign_bytes((r.aux1 >> (7 * (c & 3))) & 127)), db, (float)kIq2Bias};
@@ -345,7 +345,7 @@ struct Dequant<GgmlType::IQ2_XS> {
     const int ib = (c & 31) >> 2;
     return {load_u16(b), load_u16(b + 2 + 2 * (4 * ib + (c & 3))), b[66 + ib]};
   }
-  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t* masks) {
+  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid) {
     const float d = half_bits_to_f32(r.d);
     const float db = d * (0.5f + (float)(((c & 3) < 2) ? (r.sc & 0xF) : (r.sc >> 4))) * 0.25f;
     return {iq2_signed_bytes(grid[r.qs & 511], iq2_sign_bytes(r.qs >> 9u)), db, (float)kIq2Bias};
@@ -395,7 +395,7 @@ struct Dequant<GgmlType::IQ1_M> {
     const int ib = (c & 31) >> 2, l = c & 3;
     return {load8_a4(b + 48), b[32 + 2 * ib + (l >> 1)], b[4 * ib + l]};
   }
-  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid, const uint64_t*) {
+  __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid) {
     const int ib = (c & 31) >> 2, l = c & 3;
     const uint32_t w0 = r.sc.x, w1 = r.sc.y;  // scale words 0, 1 and 2, 3
     const float d = iq1m_super_scale(r.sc);
