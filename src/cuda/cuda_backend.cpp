@@ -39,7 +39,8 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
       residency(*model, weights, streams, opts.cache_mib, opts.cache_policy, ws.bytes(),
                 opts.miss_reads == CudaOptions::MissReads::kHost),
       products(model->config(), ws, ws.q8_input, streams.compute, &stats.x32_products),
-      side_products(model->config(), ws, ws.q8_side_input, streams.side, &stats.x32_products) {
+      side_products(model->config(), ws, ws.q8_side_input, streams.side, &stats.x32_products),
+      predict_products(model->config(), ws, ws.q8_predict_input, streams.predict, &stats.x32_products) {
   profiler.on = opts.profile;
   // Independent decode launches of a layer run side by side, except under --profile, which times
   // the stages one after another.

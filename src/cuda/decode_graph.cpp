@@ -130,6 +130,8 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
     // to back and the stage times are kernel times, not launch gaps (the token itself is slower).
     upload_token_position(e, token, st.position);
     if (token_backs_up(e)) allocate_state_backups(e, st);  // before the spin: an allocation would stall the queued work
+    // A token that threw may have left its prediction branch running (a graph's is always joined).
+    RL_CUDA_CHECK(cudaStreamSynchronize(e.streams.predict));
     gpu_spin(20'000'000, stream);
     profiler.mark(kBackups, stream);
     if (token_backs_up(e)) copy_recurrent_states(e, st, true);

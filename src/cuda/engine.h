@@ -106,6 +106,7 @@ struct Engine {
   ExpertResidency residency;
   Products products;
   Products side_products;           // the same launchers on streams.side (the decode graph's shared expert)
+  Products predict_products;        // on streams.predict (the decode graph's prediction branch)
   std::map<int, PassPlan> plans;    // by chunk size
   std::vector<int> grouped_layers;  // the layers of the pass in progress grouped on the GPU
   bool gpu_routed_broken = false;   // capture failed once: stay on the synchronous path
@@ -160,6 +161,11 @@ bool predicts_next_layer(const Engine& e, int L, int T, Routing routing, CudaOpt
 // Enqueues layer L+1's router and top-k on the residual x (normed with layer L+1's post-attention
 // norm) into the prediction buffers, their copy to the host and Streams::prediction_ready.
 void predict_next_layer(Engine& e, int L);
+// --miss-reads host, in the decode graph: layer L+1's router on RMSNorm(x) · its post-attention
+// norm (x: layer L's MoE input residual), its top n predicted experts that are not resident named
+// and copied into the residency's predicted staging for L+1, on Streams::predict (forked here;
+// layer L+1's routing waits for the names, its expert kernels for the copies).
+void stage_next_layer_prediction(Engine& e, int L, const float* x, int n);
 // When layer L's predicted selections are on their way: waits for them and prefetches their misses
 // (ExpertResidency::prefetch).
 void prefetch_predicted(Engine& e, int L);

@@ -7,7 +7,11 @@
 // point where it waits for the GPU anyway, and the predicted misses are reserved and copied on the
 // copy stream while layer L's experts and layer L+1's mixer run. Layer L+1 then routes as always;
 // what it selects that was prefetched it finds resident (its kernels wait for the prefetch's
-// copies), what was mispredicted is a copy for nothing, its slot the next one taken.
+// copies), what was mispredicted is a copy for nothing, its slot the next one taken. With
+// --miss-reads host the GPU-routed token does the same inside its graph: layer L+1's predicted
+// misses are copied from their host copies into staging slots on a branch of their own while
+// layer L's experts and layer L+1's mixer run, and layer L+1's routing reads those it selected
+// from there (stage_next_layer_prediction).
 #include <algorithm>
 #include <span>
 
@@ -40,6 +44,29 @@ void predict_next_layer(Engine& e, int L) {
                                 cudaMemcpyDeviceToHost, stream));
   RL_CUDA_CHECK(cudaEventRecord(e.streams.prediction_ready, stream));
   e.predicted_layer = L + 1;
+}
+
+void stage_next_layer_prediction(Engine& e, int L, const float* x, int n) {
+  const Config& c = e.config();
+  Workspace& ws = e.ws;
+  const LayerDev& next = e.weights.layers[L + 1];
+  const LayerPlan& next_plan = e.plan(1).layers[L + 1];
+  ExpertResidency& r = e.residency;
+  const cudaStream_t predict = e.streams.predict;
+  // The input on the compute stream (the combine rewrites x after this layer's experts); the
+  // branch's previous router read predict_input before it named layer L's predictions, which this
+  // layer's routing waited for, so predict_input is free.
+  rms_norm(x, next.post_norm, ws.predict_input.f(), 1, c.n_embd, c.rms_eps, e.streams.compute);
+  e.streams.fork_predict();
+  e.predict_products.project(next.moe.router, next_plan.router, ws.predict_input.f(), 1, ws.predict_logits.f());
+  route_tokens(ws.predict_logits.f(), 1, c.n_expert, c.n_expert_used, c.expert_weights_scale,
+               ws.predict_ids.get<int32_t>(), ws.predict_weights.f(), predict,
+               e.forms.fast_routing ? Sums::kFast : Sums::kExact);
+  name_predicted_misses(ws.predict_ids.get<int32_t>(), n, r.residency_row(L + 1), r.predicted_staged(L + 1), predict);
+  e.streams.mark_predicted(L + 1);  // layer L+1's routing waits for the names only
+  stage_predicted(r.predicted_staged(L + 1), n, r.miss_source(L + 1), next.moe.expert_bytes, r.miss_stride(),
+                  r.predicted_staging(L + 1), predict);
+  e.streams.staged_predicted(L + 1);  // its expert kernels for the copies
 }
 
 void prefetch_predicted(Engine& e, int L) {

@@ -98,10 +98,30 @@ bool ExpertResidency::make_host_experts() {
     return false;
   }
   const auto t0 = std::chrono::steady_clock::now();
+  const int k = model_.config().n_expert_used;  // the staging slots first: a failure there leaks nothing
+  try {
+    staging_.allocate((size_t)k * slot_bytes());
+    staged_src_.allocate((size_t)k * sizeof(const uint8_t*));
+    n_predicted_slots_ = k;
+    predicted_staging_.allocate((size_t)2 * k * slot_bytes());
+    predicted_staged_.allocate((size_t)2 * k * sizeof(int32_t));
+  } catch (const Error& ex) {
+    cudaGetLastError();
+    staging_.release();
+    staged_src_.release();
+    predicted_staging_.release();
+    std::fprintf(stderr, "cuda: --miss-reads host: no device memory for its %d staging slots (%s); misses are "
+                 "copied into the cache instead\n", 3 * k, ex.what());
+    return false;
+  }
   void* p = nullptr;
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
   if (err != cudaSuccess) {
     cudaGetLastError();
+    staging_.release();
+    staged_src_.release();
+    predicted_staging_.release();
+    predicted_staged_.release();
     std::fprintf(stderr, "cuda: --miss-reads host: could not page-lock %.1f GiB of host memory for the experts (%s); "
                  "misses are copied into the cache instead\n", bytes / 1073741824.0, cudaGetErrorString(err));
     return false;
@@ -110,6 +130,10 @@ bool ExpertResidency::make_host_experts() {
   if (cudaHostGetDevicePointer(&dev, p, 0) != cudaSuccess) {
     cudaGetLastError();
     cudaFreeHost(p);
+    staging_.release();
+    staged_src_.release();
+    predicted_staging_.release();
+    predicted_staged_.release();
     std::fprintf(stderr, "cuda: --miss-reads host: the GPU cannot map host memory; misses are copied into the "
                  "cache instead\n");
     return false;

@@ -60,6 +60,17 @@ class ExpertResidency {
     return host_experts_ ? host_experts_dev_ + (size_t)L * n_expert_ * slot_bytes() : slots();
   }
   size_t miss_stride() const { return host_experts_ ? slot_bytes() : 0; }
+  // With the host copy: a token's staging slots (one a selection, n_expert_used of them) that its
+  // missed experts are copied into before its expert kernels run (stage_misses), and the copies'
+  // sources (the route kernel's miss_src). nullptr without it.
+  uint8_t* staging() const { return host_experts_ ? staging_.get<uint8_t>() : nullptr; }
+  const uint8_t** staged_src() const { return host_experts_ ? staged_src_.get<const uint8_t*>() : nullptr; }
+  // With the host copy: the prediction branch's staging (two sets of n_expert_used slots and their
+  // experts, alternating by layer: a layer's set is read while the next layer's is written).
+  uint8_t* predicted_staging(int L) const {
+    return predicted_staging_.get<uint8_t>() + (size_t)(L % 2) * n_predicted_slots_ * slot_bytes();
+  }
+  int32_t* predicted_staged(int L) const { return predicted_staged_.get<int32_t>() + (L % 2) * n_predicted_slots_; }
   // After a GPU-routed token that read its misses in place (ids [n_layer][k]: its selections; those
   // not resident are its misses): up to `limit` of them are brought in (reserved and copied from
   // host memory, the compute stream waiting for the copies; the layers take turns being first),
@@ -121,6 +132,11 @@ class ExpertResidency {
   uint8_t* host_experts_ = nullptr;               // --miss-reads host: [n_layer][n_expert] slots, page-locked
   const uint8_t* host_experts_dev_ = nullptr;     // its device address
   int admit_first_layer_ = 0;                     // admit_misses: the layer that goes first next time
+  DeviceBuffer staging_;                          // [n_expert_used] slots (staging())
+  DeviceBuffer staged_src_;                       // [n_expert_used] host-copy addresses (staged_src())
+  int n_predicted_slots_ = 0;                     // n_expert_used
+  DeviceBuffer predicted_staging_;                // [2][n_expert_used] slots (predicted_staging())
+  DeviceBuffer predicted_staged_;                 // [2][n_expert_used] int32 (predicted_staged())
   int in_flight_layer_ = -1;           // the last reservation's layer and experts (a prefetch spares them)
   std::vector<int> in_flight_;
   int landing_layer_ = -1;             // the last prefetch's layer and copied experts, this pass

@@ -474,9 +474,33 @@ void moe_combine(float* x, const float* y, const int32_t* assign, const float* w
 // ids/weights/slot_ptrs [k].
 // Sums::kFast: the same rule in fp32 (one warp a token; a selection differs only between
 // probabilities within fp32 rounding of each other).
+// A layer's prediction staged ahead (--miss-reads host with --prefetch): experts[j] (j < n; -1:
+// none) is in staging slot j at slots + j * the host copy's stride.
+struct StagedPrediction {
+  const int32_t* experts = nullptr;
+  int n = 0;
+  const uint8_t* slots = nullptr;
+};
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                int32_t* miss_count, cudaStream_t stream, Sums sums = Sums::kExact, size_t miss_stride = 0);
+                int32_t* miss_count, cudaStream_t stream, Sums sums = Sums::kExact, size_t miss_stride = 0,
+                const uint8_t* staging = nullptr, const uint8_t** miss_src = nullptr,
+                StagedPrediction pred = {});
+// With staging (and a host copy: miss_stride the slot size), a missed selection k reads staging
+// slot k instead (staging + k * miss_stride) and miss_src[k] names its host copy (nullptr for a
+// hit); stage_misses then copies the missed experts there (grid (64, k), 16-byte loads over the
+// link) before the expert kernels run. bytes: an expert's extent in its slot (a multiple of 16).
+void stage_misses(const uint8_t* const* src, uint8_t* staging, int k, size_t bytes, size_t stride,
+                  cudaStream_t stream);
+// The prediction branch's staging of a layer: name_predicted_misses writes staged[j] = ids[j] (a
+// predicted top-n) where that expert is not resident in residency_row, else -1 (one warp), then
+// stage_predicted copies each named one from host + id * stride (bytes of it) to staging + j *
+// stride (grid (64, n)). A missed selection found among them reads that slot (route_topk's pred),
+// once the copies are done. Two launches, so that the routing waits for the names only.
+void name_predicted_misses(const int32_t* ids, int n, const uint64_t* residency_row, int32_t* staged,
+                           cudaStream_t stream);
+void stage_predicted(const int32_t* staged, int n, const uint8_t* host, size_t bytes, size_t stride,
+                     uint8_t* staging, cudaStream_t stream);
 // The same rule for T tokens (logits [T][n_expert]; ids, weights [T][k]), without slots: the
 // synchronous path's routing, whose ids the host reads to reserve the experts.
 void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,

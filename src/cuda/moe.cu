@@ -142,6 +142,28 @@ constexpr int kMaxRouteExperts = 2048;
 
 constexpr int kRouteThreads = 256;
 
+// Where selection k (expert e) of a token reads its expert: its slot when resident (addr); else,
+// with miss_stride 0, `fallback` (any slot: the host discards the token); with a host copy
+// (--miss-reads host, fallback = the layer's experts there, miss_stride apart): the staging slot
+// the prediction branch already filled when e was predicted and staged (pred), else that copy, or,
+// with staging, staging slot k, which stage_misses fills from the copy (miss_src[k]; nullptr for a
+// hit or a staged prediction, which stage_misses skips). One token a call (the decode graph's).
+__device__ __forceinline__ const uint8_t* route_slot(uint64_t addr, int e, int k, const uint8_t* fallback,
+                                                     size_t miss_stride, const uint8_t* staging,
+                                                     const uint8_t** miss_src, const StagedPrediction& pred) {
+  if (addr) {
+    if (staging) miss_src[k] = nullptr;
+    return reinterpret_cast<const uint8_t*>(addr);
+  }
+  for (int j = 0; j < pred.n; j++)
+    if (pred.experts[j] == e) {
+      if (staging) miss_src[k] = nullptr;
+      return pred.slots + (size_t)j * miss_stride;
+    }
+  if (staging) miss_src[k] = fallback + (size_t)e * miss_stride;
+  return staging ? staging + (size_t)k * miss_stride : fallback + (size_t)e * miss_stride;
+}
+
 // One block per token (blockIdx.x; logits, ids, weights, slot_ptrs and miss_count advance by
 // token). The block computes the exponentials (one double exp per expert, the slow part) and the
 // sort keys; then one warp selects, with no further block barriers. Without a residency row only
@@ -155,7 +177,9 @@ constexpr int kRouteThreads = 256;
 // of the oracle's partial_sort.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(
     const float* logits, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
-    size_t miss_stride, int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
+    size_t miss_stride, const uint8_t* staging, const uint8_t** miss_src, StagedPrediction pred, int32_t* ids,
+    float* weights,
+    const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   __shared__ unsigned long long keys[kMaxRouteExperts];
@@ -234,9 +258,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(
       weights[k] = (float)wk;
       if (residency) {
         const uint64_t addr = res[e];
-        slot_ptrs[(size_t)blockIdx.x * K + k] =
-            addr ? reinterpret_cast<const uint8_t*>(addr) : fallback + (size_t)e * miss_stride;
         miss = addr == 0;
+        slot_ptrs[(size_t)blockIdx.x * K + k] = route_slot(addr, e, k, fallback, miss_stride, staging, miss_src, pred);
       }
     }
     misses += __popc(__ballot_sync(0xffffffffu, miss));
@@ -318,7 +341,9 @@ __global__ void __launch_bounds__(kGroupThreads) group_kernel(const int32_t* ids
 constexpr int kRouteWarpsF32 = 4;  // tokens per block (one warp each)
 __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     const float* logits, int T, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
-    size_t miss_stride, int32_t* ids, float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
+    size_t miss_stride, const uint8_t* staging, const uint8_t** miss_src, StagedPrediction pred, int32_t* ids,
+    float* weights,
+    const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   __shared__ float probs[kRouteWarpsF32][kMaxRouteExperts];
@@ -390,9 +415,8 @@ __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     weights[(size_t)t * K + lane] = wk;
     if (residency) {
       const uint64_t addr = residency[my_e];
-      slot_ptrs[(size_t)t * K + lane] =
-          addr ? reinterpret_cast<const uint8_t*>(addr) : fallback + (size_t)my_e * miss_stride;
       miss = addr == 0;
+      slot_ptrs[(size_t)t * K + lane] = route_slot(addr, my_e, lane, fallback, miss_stride, staging, miss_src, pred);
     }
   }
   const int misses = __popc(__ballot_sync(0xffffffffu, miss));
@@ -402,8 +426,13 @@ __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
 
 namespace {
 void launch_route(const float* logits, int T, int n_expert, int k, float scale, const uint64_t* residency_row,
-                  const uint8_t* fallback, size_t miss_stride, int32_t* ids, float* weights,
-                  const uint8_t** slot_ptrs, int32_t* miss_count, cudaStream_t stream, Sums sums) {
+                  const uint8_t* fallback, size_t miss_stride, const uint8_t* staging, const uint8_t** miss_src,
+                  StagedPrediction pred, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
+                  int32_t* miss_count, cudaStream_t stream, Sums sums) {
+  if ((staging || pred.n) && (T != 1 || !residency_row || miss_stride == 0))
+    throw_error("route_topk: staging takes one token with a residency row and a host copy");
+  if (pred.n < 0 || pred.n > kMaxRouteK || (pred.n && (!pred.experts || !pred.slots)))
+    throw_error("route_topk: a staged prediction of " + std::to_string(pred.n) + " experts without its buffers");
   if (k < 1 || k > kMaxRouteK || k > n_expert)
     throw_error("route_topk: " + std::to_string(k) + " experts per token out of 1.." +
                 std::to_string(kMaxRouteK) + " (n_expert " + std::to_string(n_expert) + ")");
@@ -413,11 +442,11 @@ void launch_route(const float* logits, int T, int n_expert, int k, float scale, 
   if (sums == Sums::kFast) {
     if (k > 32) throw_error("route_topk: " + std::to_string(k) + " experts per token (the fast tier's routing takes 32)");
     launch_dependent(route_kernel_f32, dim3((T + kRouteWarpsF32 - 1) / kRouteWarpsF32), dim3(32 * kRouteWarpsF32),
-                     stream, logits, T, n_expert, k, scale, residency_row, fallback, miss_stride, ids, weights,
-                     slot_ptrs, miss_count);
+                     stream, logits, T, n_expert, k, scale, residency_row, fallback, miss_stride, staging, miss_src,
+                     pred, ids, weights, slot_ptrs, miss_count);
   } else {
     launch_dependent(route_kernel, dim3(T), dim3(kRouteThreads), stream, logits, n_expert, k, scale, residency_row,
-                     fallback, miss_stride, ids, weights, slot_ptrs, miss_count);
+                     fallback, miss_stride, staging, miss_src, pred, ids, weights, slot_ptrs, miss_count);
   }
   RL_CUDA_LAUNCH_CHECK();
 }
@@ -425,14 +454,95 @@ void launch_route(const float* logits, int T, int n_expert, int k, float scale, 
 
 void route_topk(const float* logits, int n_expert, int k, float scale, const uint64_t* residency_row,
                 const uint8_t* fallback, int32_t* ids, float* weights, const uint8_t** slot_ptrs,
-                int32_t* miss_count, cudaStream_t stream, Sums sums, size_t miss_stride) {
-  launch_route(logits, 1, n_expert, k, scale, residency_row, fallback, miss_stride, ids, weights, slot_ptrs,
-               miss_count, stream, sums);
+                int32_t* miss_count, cudaStream_t stream, Sums sums, size_t miss_stride, const uint8_t* staging,
+                const uint8_t** miss_src, StagedPrediction pred) {
+  launch_route(logits, 1, n_expert, k, scale, residency_row, fallback, miss_stride, staging, miss_src, pred, ids,
+               weights, slot_ptrs, miss_count, stream, sums);
+}
+
+namespace {
+// Grid (kStageBlocks, k): the blocks of column k copy selection k's expert from its host copy
+// (src[k], mapped host memory; nullptr: a hit, nothing to copy) to staging slot k, 16 bytes a
+// thread a step, so every read over the link is a whole, aligned 16-byte piece of a row of loads.
+constexpr int kStageBlocks = 64, kStageThreads = 256;
+__global__ void __launch_bounds__(kStageThreads)
+    stage_misses_kernel(const uint8_t* const* src, uint8_t* staging, size_t bytes, size_t stride) {
+  pdl_trigger();
+  pdl_wait();  // src comes from the routing before it
+  const uint8_t* from = src[blockIdx.y];
+  if (!from) return;
+  const uint4* in = reinterpret_cast<const uint4*>(from);
+  uint4* out = reinterpret_cast<uint4*>(staging + (size_t)blockIdx.y * stride);
+  const size_t n = bytes / sizeof(uint4);
+  for (size_t i = (size_t)blockIdx.x * kStageThreads + threadIdx.x; i < n; i += (size_t)kStageBlocks * kStageThreads)
+    out[i] = in[i];
+}
+}  // namespace
+
+namespace {
+// One warp: staged[j] = ids[j] where that predicted expert is not resident, else -1.
+__global__ void name_predicted_misses_kernel(const int32_t* ids, int n, const uint64_t* residency, int32_t* staged) {
+  pdl_trigger();
+  pdl_wait();  // ids come from the prediction's routing before it
+  for (int j = threadIdx.x; j < n; j += 32) staged[j] = residency[ids[j]] == 0 ? ids[j] : -1;
+}
+
+// Grid (kStageBlocks, n): the blocks of column j copy predicted miss staged[j] (-1: none) from its
+// host copy to staging slot j, as stage_misses_kernel does.
+__global__ void __launch_bounds__(kStageThreads)
+    stage_predicted_kernel(const int32_t* staged, const uint8_t* host, size_t bytes, size_t stride,
+                           uint8_t* staging) {
+  pdl_trigger();
+  pdl_wait();  // staged comes from name_predicted_misses before it
+  const int e = staged[blockIdx.y];
+  if (e < 0) return;
+  const uint4* in = reinterpret_cast<const uint4*>(host + (size_t)e * stride);
+  uint4* out = reinterpret_cast<uint4*>(staging + (size_t)blockIdx.y * stride);
+  const size_t n = bytes / sizeof(uint4);
+  for (size_t i = (size_t)blockIdx.x * kStageThreads + threadIdx.x; i < n; i += (size_t)kStageBlocks * kStageThreads)
+    out[i] = in[i];
+}
+
+void check_stage_shape(const char* what, size_t bytes, size_t stride, const void* staging) {
+  if (bytes % sizeof(uint4) != 0 || stride % sizeof(uint4) != 0 || bytes > stride ||
+      reinterpret_cast<uintptr_t>(staging) % sizeof(uint4) != 0)
+    throw_error(std::string(what) + ": experts of " + std::to_string(bytes) + " bytes " + std::to_string(stride) +
+                " apart must be whole 16-byte pieces, 16-byte aligned");
+}
+}  // namespace
+
+void name_predicted_misses(const int32_t* ids, int n, const uint64_t* residency_row, int32_t* staged,
+                           cudaStream_t stream) {
+  if (n < 1 || n > kMaxRouteK) throw_error("name_predicted_misses: " + std::to_string(n) + " experts out of 1.." +
+                                            std::to_string(kMaxRouteK));
+  launch_dependent(name_predicted_misses_kernel, dim3(1), dim3(32), stream, ids, n, residency_row, staged);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+void stage_predicted(const int32_t* staged, int n, const uint8_t* host, size_t bytes, size_t stride,
+                     uint8_t* staging, cudaStream_t stream) {
+  if (n < 1 || n > kMaxRouteK) throw_error("stage_predicted: " + std::to_string(n) + " experts out of 1.." +
+                                            std::to_string(kMaxRouteK));
+  check_stage_shape("stage_predicted", bytes, stride, staging);
+  launch_dependent(stage_predicted_kernel, dim3(kStageBlocks, (unsigned)n), dim3(kStageThreads), stream, staged, host,
+                   bytes, stride, staging);
+  RL_CUDA_LAUNCH_CHECK();
+}
+
+void stage_misses(const uint8_t* const* src, uint8_t* staging, int k, size_t bytes, size_t stride,
+                  cudaStream_t stream) {
+  if (k < 1 || k > kMaxRouteK) throw_error("stage_misses: " + std::to_string(k) + " selections out of 1.." +
+                                            std::to_string(kMaxRouteK));
+  check_stage_shape("stage_misses", bytes, stride, staging);
+  launch_dependent(stage_misses_kernel, dim3(kStageBlocks, (unsigned)k), dim3(kStageThreads), stream, src, staging,
+                   bytes, stride);
+  RL_CUDA_LAUNCH_CHECK();
 }
 
 void route_tokens(const float* logits, int T, int n_expert, int k, float scale, int32_t* ids, float* weights,
                   cudaStream_t stream, Sums sums) {
-  launch_route(logits, T, n_expert, k, scale, nullptr, nullptr, 0, ids, weights, nullptr, nullptr, stream, sums);
+  launch_route(logits, T, n_expert, k, scale, nullptr, nullptr, 0, nullptr, nullptr, StagedPrediction{}, ids, weights,
+               nullptr, nullptr, stream, sums);
 }
 
 void softmax_rows(const float* logits, float* probs, int T, int n, cudaStream_t stream) {

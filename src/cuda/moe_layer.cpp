@@ -69,6 +69,13 @@ void combine(Engine& e, int T, const Assignment& a, float* x, const float* next_
 
 // ---- GPU-routed: the decode graph's token ---------------------------------------------------
 
+// --miss-reads host with --prefetch: the decode graph's prediction branch (expert_prefetch.cpp)
+// stages each layer's predicted misses from the layer before; layer L reads what layer L-1 staged.
+bool predicts_in_graph(const Engine& e) {
+  return e.residency.staging() && e.opts.prefetch != CudaOptions::Prefetch::kOff;
+}
+bool predicting_layer(const Engine& e, int L) { return predicts_in_graph(e) && L > 0; }
+
 // route_topk selected on the GPU and read each selection's slot from the residency table (a
 // miss is counted for the host, which then discards the token); pair k is expert row k.
 // shared_on_side: the shared expert ran on the side branch; the combine waits for it.
@@ -80,6 +87,8 @@ void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, fl
   e.profiler.mark(kExperts, e.streams.compute);
   const ExpertGroups groups{ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, nullptr, K, 0, 0, (size_t)K};
   const Assignment a{nullptr, ws.assign_identity.get<int32_t>(), ws.routed_weights.f() + (size_t)L * K};
+  // The previous layer's prediction branch copied some of this layer's misses (predicting_layer).
+  if (predicting_layer(e, L)) e.streams.wait_staged(L);
   expert_products(e, L, plan, h2, 1, groups);
   if (shared_on_side) e.streams.join_side();
   combine(e, 1, a, x, next_norm, h_out, q8);
@@ -340,10 +349,23 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
   const Sums routing_sums = e.forms.fast_routing ? Sums::kFast : Sums::kExact;
   if (routing == Routing::kGpuRouted) {
     int32_t* io = ws.routed_io.get<int32_t>();
-    route_topk(router, E, K, c.expert_weights_scale, e.residency.residency_row(L), e.residency.miss_source(L),
-               io + (size_t)L * K, ws.routed_weights.f() + (size_t)L * K,
-               ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K, io + (size_t)c.n_layer * K + L, stream,
-               routing_sums, e.residency.miss_stride());
+    // --miss-reads host: a missed selection reads a staging slot, which stage_misses fills from the
+    // expert's host copy in whole 16-byte pieces before the expert kernels run, or, when the
+    // previous layer's prediction branch staged it already, that slot.
+    ExpertResidency& r = e.residency;
+    const bool predicting = predicts_in_graph(e);
+    const int n_predicted = std::min(K, e.opts.prefetch_experts);
+    StagedPrediction pred;
+    if (predicting_layer(e, L)) {
+      e.streams.wait_marked(L);
+      pred = {r.predicted_staged(L), n_predicted, r.predicted_staging(L)};
+    }
+    route_topk(router, E, K, c.expert_weights_scale, r.residency_row(L), r.miss_source(L), io + (size_t)L * K,
+               ws.routed_weights.f() + (size_t)L * K, ws.routed_slot_ptrs.get<const uint8_t*>() + (size_t)L * K,
+               io + (size_t)c.n_layer * K + L, stream, routing_sums, r.miss_stride(), r.staging(), r.staged_src(),
+               pred);
+    if (r.staging()) stage_misses(r.staged_src(), r.staging(), K, moe.expert_bytes, r.miss_stride(), stream);
+    if (predicting && L + 1 < c.n_layer) stage_next_layer_prediction(e, L, x, n_predicted);
   } else {
     route_tokens(router, T, E, K, c.expert_weights_scale, ws.route_ids.get<int32_t>(), ws.route_weights.f(), stream,
                  routing_sums);

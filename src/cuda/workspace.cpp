@@ -91,6 +91,7 @@ Workspace::Workspace(const Config& c, const NumericForms& forms, int max_tokens_
     // A pass of up to kQ8PassTokens tokens takes matvec-q8 for its dense products (plan.h).
     alloc_q8(q8_input, kQ8PassTokens, dense);
     alloc_q8(q8_side_input, 1, std::max(n_embd, ff_sh));
+    alloc_q8(q8_predict_input, 1, n_embd);
     alloc_q8(q8_moe_input, kQ8PassTokens, n_embd);
     const size_t pairs = (size_t)kQ8PassTokens * std::max(c.n_expert_used, 1);
     alloc_q8(q8_expert_act, pairs, ff);

@@ -138,6 +138,7 @@ struct Workspace {
   // The Q8 form of decode inputs (NumericForms::q8), one buffer per input that may be live at once.
   Q8Rows q8_input;       // [kQ8PassTokens][max(n_embd, value_dim, q_dim, ff_sh)] a dense product's input
   Q8Rows q8_side_input;  // [1][max(n_embd, ff_sh)] a product's input on the decode graph's side branch
+  Q8Rows q8_predict_input;  // [1][n_embd] the prediction branch's router input (expert_prefetch.cpp)
   Q8Rows q8_moe_input;   // [kQ8PassTokens][n_embd] h2, converted once a layer for every matvec-q8 product of it
   Q8Rows q8_expert_act;  // [kQ8PassTokens·K][ff] the routed experts' SwiGLU outputs, for their down products
   // The next layer's predicted selections (prefetch, decode): never the buffers the real routing uses.

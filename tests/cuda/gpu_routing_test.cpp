@@ -7,6 +7,7 @@
 // (group_by_expert) against the grouping's definition.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -320,4 +321,107 @@ TEST_F(CudaGpuRouting, GroupByExpertMatchesTheDefinition) {
 }
 
 }  // namespace
+// --miss-reads host: a selection that is not resident reads its host copy (host + e * stride) or,
+// with staging, staging slot k (staging + k * stride), whose bytes stage_misses then copies from the
+// host copy; a hit keeps its slot and its staging slot is left alone. Both tiers' route kernels.
+TEST_F(CudaGpuRouting, MissesReadTheirHostCopyOrItsStagedCopy) {
+  const int E = 64, K = 8;
+  const size_t stride = 512, bytes = 384;  // an expert's extent in its slot, 16-byte pieces
+  void* host_p = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&host_p, E * stride, cudaHostAllocMapped), cudaSuccess);
+  const std::unique_ptr<void, cudaError_t (*)(void*)> host_owner(host_p, cudaFreeHost);
+  uint8_t* host = static_cast<uint8_t*>(host_p);
+  for (size_t i = 0; i < E * stride; i++) host[i] = (uint8_t)(i * 7 + i / stride);
+  void* host_dev = nullptr;
+  ASSERT_EQ(cudaHostGetDevicePointer(&host_dev, host_p, 0), cudaSuccess);
+  const uint8_t* copy = static_cast<const uint8_t*>(host_dev);
+  std::vector<uint64_t> residency(E);
+  for (int e = 0; e < E; e++) residency[e] = e % 2 ? 0 : 0x1000u * (uint64_t)(e + 1);
+  const auto logits = random_floats(E, 31, 0.5f);
+  auto dl = to_device(logits), dr = to_device(residency);
+  for (cuda::Sums sums : {cuda::Sums::kExact, cuda::Sums::kFast}) {
+    SCOPED_TRACE(sums == cuda::Sums::kFast ? "fast" : "exact");
+    cuda::DeviceBuffer dids(K * 4), dw(K * 4), dptr(K * 8), dmiss(4), staging(K * stride), src(K * 8);
+    cuda::route_topk(dl.f(), E, K, 0.0f, dr.get<uint64_t>(), copy, dids.get<int32_t>(), dw.f(),
+                     dptr.get<const uint8_t*>(), dmiss.get<int32_t>(), nullptr, sums, stride);
+    auto ids = to_host<int32_t>(dids, K);
+    auto ptr = to_host<uint64_t>(dptr, K);
+    int misses = 0;
+    for (int k = 0; k < K; k++) {
+      const bool hit = residency[ids[k]] != 0;
+      misses += !hit;
+      EXPECT_EQ(ptr[k], hit ? residency[ids[k]] : (uint64_t)(copy + ids[k] * stride)) << "k=" << k;
+    }
+    ASSERT_GT(misses, 0);
+    ASSERT_LT(misses, K);
+    EXPECT_EQ(to_host<int32_t>(dmiss, 1)[0], misses);
+
+    // The sources start as readable non-null addresses (expert 0's copy): a hit whose source the
+    // route kernel left unwritten would have its staging slot overwritten.
+    const std::vector<uint64_t> stale(K, (uint64_t)copy);
+    auto reset_src = [&] { ASSERT_EQ(cudaMemcpy(src.get(), stale.data(), K * 8, cudaMemcpyHostToDevice), cudaSuccess); };
+    ASSERT_NO_FATAL_FAILURE(reset_src());
+    ASSERT_EQ(cudaMemset(staging.get(), 0xEE, K * stride), cudaSuccess);
+    cuda::route_topk(dl.f(), E, K, 0.0f, dr.get<uint64_t>(), copy, dids.get<int32_t>(), dw.f(),
+                     dptr.get<const uint8_t*>(), dmiss.get<int32_t>(), nullptr, sums, stride,
+                     staging.get<uint8_t>(), src.get<const uint8_t*>());
+    cuda::stage_misses(src.get<const uint8_t*>(), staging.get<uint8_t>(), K, bytes, stride, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ids = to_host<int32_t>(dids, K);
+    ptr = to_host<uint64_t>(dptr, K);
+    const auto staged = to_host<uint8_t>(staging, K * stride);
+    for (int k = 0; k < K; k++) {
+      const bool hit = residency[ids[k]] != 0;
+      EXPECT_EQ(ptr[k], hit ? residency[ids[k]] : (uint64_t)(staging.get<uint8_t>() + k * stride)) << "k=" << k;
+      for (size_t i = 0; i < stride; i++) {
+        const uint8_t want = !hit && i < bytes ? host[ids[k] * stride + i] : 0xEE;
+        ASSERT_EQ(staged[k * stride + i], want) << "k=" << k << " byte " << i << (hit ? " (hit)" : " (miss)");
+      }
+    }
+    // A staged prediction (stage_predicted) of the first missed selection and the first hit: the
+    // miss reads the predicted slot and is not staged again; the hit is marked -1 and not copied.
+    int miss_k = -1, hit_k = -1;
+    for (int k = 0; k < K; k++) {
+      if (residency[ids[k]] == 0 && miss_k < 0) miss_k = k;
+      if (residency[ids[k]] != 0 && hit_k < 0) hit_k = k;
+    }
+    const std::vector<int32_t> predicted = {ids[hit_k], ids[miss_k]};
+    auto dpred = to_device(predicted);
+    cuda::DeviceBuffer pred_slots(2 * stride), staged_ids(2 * 4);
+    ASSERT_EQ(cudaMemset(pred_slots.get(), 0xDD, 2 * stride), cudaSuccess);
+    cuda::name_predicted_misses(dpred.get<int32_t>(), 2, dr.get<uint64_t>(), staged_ids.get<int32_t>(), nullptr);
+    cuda::stage_predicted(staged_ids.get<int32_t>(), 2, copy, bytes, stride, pred_slots.get<uint8_t>(), nullptr);
+    ASSERT_NO_FATAL_FAILURE(reset_src());
+    ASSERT_EQ(cudaMemset(staging.get(), 0xEE, K * stride), cudaSuccess);
+    const cuda::StagedPrediction pred{staged_ids.get<int32_t>(), 2, pred_slots.get<uint8_t>()};
+    cuda::route_topk(dl.f(), E, K, 0.0f, dr.get<uint64_t>(), copy, dids.get<int32_t>(), dw.f(),
+                     dptr.get<const uint8_t*>(), dmiss.get<int32_t>(), nullptr, sums, stride,
+                     staging.get<uint8_t>(), src.get<const uint8_t*>(), pred);
+    cuda::stage_misses(src.get<const uint8_t*>(), staging.get<uint8_t>(), K, bytes, stride, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto staged_h = to_host<int32_t>(staged_ids, 2);
+    EXPECT_EQ(staged_h[0], -1);
+    EXPECT_EQ(staged_h[1], ids[miss_k]);
+    const auto pred_bytes = to_host<uint8_t>(pred_slots, 2 * stride);
+    for (size_t i = 0; i < stride; i++) {
+      ASSERT_EQ(pred_bytes[i], 0xDD) << "the resident prediction was copied, byte " << i;
+      ASSERT_EQ(pred_bytes[stride + i], i < bytes ? host[ids[miss_k] * stride + i] : 0xDD) << "byte " << i;
+    }
+    ptr = to_host<uint64_t>(dptr, K);
+    EXPECT_EQ(to_host<int32_t>(dmiss, 1)[0], misses);  // still a miss of the cache
+    EXPECT_EQ(ptr[miss_k], (uint64_t)(pred_slots.get<uint8_t>() + stride));
+    const auto staged_again = to_host<uint8_t>(staging, K * stride);
+    for (size_t i = 0; i < stride; i++) ASSERT_EQ(staged_again[miss_k * stride + i], 0xEE) << "staged twice";
+    for (int k = 0; k < K; k++) {  // the other selections as without the prediction
+      const bool hit = residency[ids[k]] != 0;
+      if (k == miss_k) continue;
+      EXPECT_EQ(ptr[k], hit ? residency[ids[k]] : (uint64_t)(staging.get<uint8_t>() + k * stride)) << "k=" << k;
+      for (size_t i = 0; i < stride; i++) {
+        const uint8_t want = !hit && i < bytes ? host[ids[k] * stride + i] : 0xEE;
+        ASSERT_EQ(staged_again[k * stride + i], want) << "k=" << k << " byte " << i;
+      }
+    }
+  }
+}
+
 }  // namespace rl
