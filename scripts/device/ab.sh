@@ -24,7 +24,7 @@
 #     parity-80b   the tree's parity on the 80B model at budgets 1, 0.5, 0.1, with and without
 #                  --x32-always (the parity prompts are too short for the default to use X32)
 #     bench-8g     the tree's bench with --cache-mib 8192 (one rep)
-#     prefetch     AB_ROUNDS rounds of the tree's bench-8g with each --prefetch MODE[:N] of
+#     prefetch     AB_ROUNDS rounds of the tree's bench-8g (--miss-reads copy) with each --prefetch MODE[:N] of
 #                  $PREFETCH_MODES (default "off on"; e.g. "off on on:10 late:10": N is
 #                  --prefetch-experts), the order alternating by round; a line a run: decode tok/s,
 #                  hit rate, prediction accuracy, prefetched / used / wasted
@@ -58,6 +58,8 @@
 #                  reverted; the tree's redlite is rebuilt last. Several experiments, one call
 #     patch-test   each patch of $PATCHES applied in turn, the tree's test_cuda rebuilt and run
 #                  (TEST_FILTER), then reverted; the tree's test_cuda is rebuilt last
+#     patch-both   steps patches and patch-test at once: each patch's build of redlite and test_cuda
+#                  (one compile of what it changes), its binary kept and its test_cuda run
 #     ncu-detail   Nsight Compute's detailed sections for the first $NCU_COUNT (default 2) kernels
 #                  matching $NCU_RE after the prefill of depth $NCU_DETAIL_DEPTH (default 32768)
 #     ncu          GPU time of each kernel matching $NCU_RE (default: attention) over 2 decode tokens
@@ -128,16 +130,17 @@ vocab_model() {
 # tree's build and `FN NAME` run (NAME: the file name less .patch), then the patch reverted;
 # TARGET is rebuilt for the tree last.
 each_patch() {
-  local target=$1 fn=$2 p n
+  local targets=$1 fn=$2 p n t=${1// /+}
   for p in ${PATCHES:-}; do
     n=$(basename "$p" .patch)
-    (cd "$ROOT" && patch -p1 --forward < "$ROOT/$p") > "$OUT/patch-$target-$n.log" 2>&1 || { log "patch $n: does not apply"; status=1; continue; }
-    STEP_TIMEOUT=400 step "build-$target-$n" ninja -C $BUILD -j16 $target && $fn "$n"
-    (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-$target-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
+    (cd "$ROOT" && patch -p1 --forward < "$ROOT/$p") > "$OUT/patch-$t-$n.log" 2>&1 || { log "patch $n: does not apply"; status=1; continue; }
+    STEP_TIMEOUT=400 step "build-$t-$n" ninja -C $BUILD -j16 $targets && $fn "$n"
+    (cd "$ROOT" && patch -R -p1 < "$ROOT/$p") >> "$OUT/patch-$t-$n.log" 2>&1 || { log "patch $n: does not revert"; exit 1; }
   done
-  STEP_TIMEOUT=400 step "build-$target-tree-again" ninja -C $BUILD -j16 $target || exit 1
+  STEP_TIMEOUT=400 step "build-$t-tree-again" ninja -C $BUILD -j16 $targets || exit 1
 }
 keep_patch_bin() { cp $BUILD/redlite "/tmp/rl-bin-$1"; }
+keep_and_test_patch() { keep_patch_bin "$1"; test_patch "$1"; }
 test_patch() { REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step "test_cuda-$1" "$BUILD/test_cuda" ${TEST_FILTER:+--gtest_filter=$TEST_FILTER}; }
 for s in "$@"; do
   case "$s" in
@@ -260,7 +263,7 @@ for s in "$@"; do
         for p in $order; do
           flags="--prefetch ${p%%:*}"; case $p in *:*) flags="$flags --prefetch-experts ${p#*:}" ;; esac
           f="$OUT/prefetch-${p/:/-}-$r.log"
-          step "prefetch-${p/:/-}-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 $flags --reps 1 --json
+          step "prefetch-${p/:/-}-$r" "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --miss-reads copy $flags --reps 1 --json
           log "prefetch $p $r: decode $(json_num "$f" decode_tok_s) hit rate $(json_num "$f" hit_rate) accuracy $(json_num "$f" prediction_accuracy) prefetched $(json_num "$f" prefetched) used $(json_num "$f" prefetch_hits) wasted $(json_num "$f" prefetch_wasted)"
         done
       done
@@ -323,6 +326,10 @@ for s in "$@"; do
       each_patch redlite keep_patch_bin
       ;;
     patch-test) each_patch test_cuda test_patch ;;
+    patch-both)
+      for p in ${PATCHES:-}; do rm -f "/tmp/rl-bin-$(basename "$p" .patch)"; done
+      each_patch "redlite test_cuda" keep_and_test_patch
+      ;;
     variant-depths) model; step depths-variant /tmp/rl-build-variant/redlite bench -m $M80 --backend cuda --reps 1 --depths "$DEPTHS" ;;
     ncu-detail)
       model

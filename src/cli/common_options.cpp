@@ -68,11 +68,16 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
       ->group(group);
   using M = cuda::CudaOptions::MissReads;
   const std::map<std::string, M> miss_reads = {{"copy", M::kCopy}, {"host", M::kHost}};
+  // The commands read a bounded cache's misses from the host copy unless told otherwise: it decoded
+  // faster than the copy path at every budget and routing measured (docs/PERF.md). CudaOptions keeps
+  // copy as its own default, so a test names the path it exercises.
+  opts.miss_reads = M::kHost;
   app.add_option_function<std::string>(
          "--miss-reads", [&opts, miss_reads](const std::string& v) { opts.miss_reads = miss_reads.at(v); },
-         "cuda, bounded expert cache: copy (default: a decode layer's misses copied into the cache before "
-         "its experts run) or host (the experts also kept in page-locked host memory, which the GPU-routed "
-         "decode token's kernels read in place; up to --miss-admit misses a token copied in after it)")
+         "cuda, bounded expert cache: host (default: the experts also kept in page-locked host memory, "
+         "which the GPU-routed decode token's kernels read in place, staged into device memory; up to "
+         "--miss-admit misses a token copied in after it; copy where that memory cannot be had) or copy (a "
+         "decode layer's misses copied into the cache before its experts run)")
       ->check(CLI::IsMember(miss_reads))
       ->group(group);
   app.add_option("--miss-admit", opts.miss_admit,

@@ -65,7 +65,8 @@ struct CudaOptions {
   // page-locked host memory; the decode token is the GPU-routed graph whatever --speculation says,
   // its expert kernels read a miss where it is, over the link, and after the token up to
   // miss_admit of its misses are copied into the cache. Falls back to copy, with a message, when
-  // that host memory cannot be had.
+  // that host memory cannot be had. The commands' default is host (cli/common_options.cpp); this
+  // struct's stays copy, so each test names the path it exercises.
   enum class MissReads { kCopy, kHost };
   MissReads miss_reads = MissReads::kCopy;
   // --miss-reads host: misses of a decode token copied into the cache after it (--miss-admit, 0 to

@@ -21,6 +21,19 @@ TEST(CudaFlags, HelpListsThem) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << " missing from:\n" << r.out;
 }
 
+// The commands read a bounded cache's misses from the host copy by default (CudaOptions itself
+// defaults to copy); the help says which. Behaviour: `bench --json` reports "miss_reads" on a GPU.
+TEST(CudaFlags, HelpNamesHostAsTheMissReadsDefault) {
+  const auto r = run_redlite("bench --help");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const size_t flag = r.out.find("--miss-reads");
+  ASSERT_NE(flag, std::string::npos) << r.out;
+  const size_t host = r.out.find("host (default", flag), copy = r.out.find("copy (default", flag);
+  EXPECT_NE(host, std::string::npos) << r.out;
+  EXPECT_EQ(copy, std::string::npos) << r.out;
+  EXPECT_EQ(rl::cuda::CudaOptions{}.miss_reads, rl::cuda::CudaOptions::MissReads::kCopy);
+}
+
 TEST(CudaFlags, DocumentedValuesAreAccepted) {
   const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
   RL_REQUIRE_FIXTURE(model);
