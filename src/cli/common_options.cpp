@@ -44,21 +44,30 @@ void add_common_options(CLI::App& app, CommonOptions& opts, bool model_required)
   add_cuda_options(app, opts.cuda);
 }
 
+namespace {
+// An option whose values are the names of `names`, setting `target` to the named value; by name
+// only (a CheckedTransformer would also take the enumerators' numbers).
+template <class E>
+CLI::Option* add_named_option(CLI::App& app, const std::string& flag, E& target, std::map<std::string, E> names,
+                              const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          flag, [&target, names](const std::string& v) { target = names.at(v); }, help)
+      ->check(CLI::IsMember(names));
+}
+}  // namespace
+
 void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
   using S = cuda::CudaOptions::Speculation;
-  const std::map<std::string, S> speculation = {
-      {"off", S::kOff}, {"resident", S::kFullyResident}, {"warm", S::kWarmCache}, {"always", S::kAlways}};
   const char* group = "CUDA backend";
   app.add_flag_function(
          "--no-preload", [&opts](int64_t) { opts.preload = false; },
          "cuda: do not load every expert at open when the cache holds them all (load on first use)")
       ->group(group);
-  // By name only: a CheckedTransformer would also take the enumerators' numbers.
-  app.add_option_function<std::string>(
-         "--speculation", [&opts, speculation](const std::string& v) { opts.speculation = speculation.at(v); },
-         "cuda: when decode runs the GPU-routed graph: off, resident (default: when every expert is "
-         "resident), warm (also after a pass that loaded no expert), always (every token)")
-      ->check(CLI::IsMember(speculation))
+  add_named_option(app, "--speculation", opts.speculation,
+                   {{"off", S::kOff}, {"resident", S::kFullyResident}, {"warm", S::kWarmCache}, {"always", S::kAlways}},
+                   "cuda: when decode runs the GPU-routed graph: off, resident (default: when every expert is "
+                   "resident), warm (also after a pass that loaded no expert), always (every token)")
       ->group(group);
   app.add_option_function<std::string>(
          "--cache-policy", [&opts](const std::string& v) { opts.cache_policy = parse_cache_policy(v); },
@@ -67,31 +76,27 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
       ->check(CLI::IsMember({"lru", "lrfu"}))
       ->group(group);
   using M = cuda::CudaOptions::MissReads;
-  const std::map<std::string, M> miss_reads = {{"copy", M::kCopy}, {"host", M::kHost}};
   // The commands read a bounded cache's misses from the host copy unless told otherwise: it decoded
   // faster than the copy path at every budget and routing measured (docs/PERF.md). CudaOptions keeps
   // copy as its own default, so a test names the path it exercises.
   opts.miss_reads = M::kHost;
-  app.add_option_function<std::string>(
-         "--miss-reads", [&opts, miss_reads](const std::string& v) { opts.miss_reads = miss_reads.at(v); },
-         "cuda, bounded expert cache: host (default: the experts also kept in page-locked host memory, "
-         "which the GPU-routed decode token's kernels read in place, staged into device memory; up to "
-         "--miss-admit misses a token copied in after it; copy where that memory cannot be had) or copy (a "
-         "decode layer's misses copied into the cache before its experts run)")
-      ->check(CLI::IsMember(miss_reads))
+  add_named_option(app, "--miss-reads", opts.miss_reads, {{"copy", M::kCopy}, {"host", M::kHost}},
+                   "cuda, bounded expert cache: host (default: the experts also kept in page-locked host memory, "
+                   "which the GPU-routed decode token's kernels read in place, staged into device memory; up to "
+                   "--miss-admit misses a token copied in after it; copy where that memory cannot be had) or copy "
+                   "(a decode layer's misses copied into the cache before its experts run)")
       ->group(group);
   app.add_option("--miss-admit", opts.miss_admit,
                  "cuda, --miss-reads host: misses of a decode token copied into the cache after it (default 16)")
       ->check(CLI::Range(0, 512))
       ->group(group);
   using P = cuda::CudaOptions::Prefetch;
-  const std::map<std::string, P> prefetch = {{"off", P::kOff}, {"on", P::kEarly}, {"early", P::kEarly}, {"late", P::kLate}};
-  app.add_option_function<std::string>(
-         "--prefetch", [&opts, prefetch](const std::string& v) { opts.prefetch = prefetch.at(v); },
-         "cuda, bounded expert cache: predict each decode layer's experts with its router on the previous "
-         "layer's hidden state and copy the predicted misses ahead (the real selection is always used): "
-         "on (default; = early: on the previous layer's MoE input), late (on the previous layer's output), or off")
-      ->check(CLI::IsMember(prefetch))
+  add_named_option(app, "--prefetch", opts.prefetch,
+                   {{"off", P::kOff}, {"on", P::kEarly}, {"early", P::kEarly}, {"late", P::kLate}},
+                   "cuda, bounded expert cache: predict each decode layer's experts with its router on the previous "
+                   "layer's hidden state and copy the predicted misses ahead (the real selection is always used): "
+                   "on (default; = early: on the previous layer's MoE input), late (on the previous layer's "
+                   "output), or off")
       ->group(group);
   app.add_option("--prefetch-experts", opts.prefetch_experts,
                  "cuda, --prefetch: how many of the predicted experts (the most likely first) are copied ahead "
