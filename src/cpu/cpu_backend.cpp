@@ -237,28 +237,19 @@ class CpuBackend final : public Backend {
     run_together(sessions, one, out);
   }
 
-  // The chunks in passes of up to kMaxBatch tokens in all (consecutive sequences together; a chunk
-  // longer than that, or one of a traced session, alone through its session's prefill).
+  // The chunks in passes of up to kMaxBatch tokens in all (prefill_in_passes; a traced session's
+  // alone through its prefill).
   void prefill_batch_into(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
                           std::span<std::vector<float>> out) override {
     check_prefill_batch(sessions, chunks, out);
     own_sessions("prefill_batch", sessions);
-    auto alone = [&](size_t i) {
-      return chunks[i].size() > (size_t)kMaxBatch || static_cast<const CpuSession*>(sessions[i])->traced();
-    };
-    for (size_t first = 0; first < sessions.size();) {
-      if (alone(first)) {
-        out[first] = sessions[first]->prefill(chunks[first]);
-        first++;
-        continue;
-      }
-      size_t end = first, tokens = 0;
-      while (end < sessions.size() && !alone(end) && tokens + chunks[end].size() <= (size_t)kMaxBatch)
-        tokens += chunks[end++].size();
-      run_together(sessions.subspan(first, end - first), std::span(chunks).subspan(first, end - first),
-                   out.subspan(first, end - first));
-      first = end;
-    }
+    prefill_in_passes(
+        sessions, chunks, out, (size_t)kMaxBatch,
+        [&](size_t i) { return !static_cast<const CpuSession*>(sessions[i])->traced(); },
+        [&](size_t first, size_t end) {
+          run_together(sessions.subspan(first, end - first), chunks.subspan(first, end - first),
+                       out.subspan(first, end - first));
+        });
   }
 
  private:

@@ -130,5 +130,25 @@ void check_decode_batch(std::span<Session* const> sessions, std::span<const int3
 // The checks prefill_batch_into makes on its arguments, common to every backend.
 void check_prefill_batch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
                          std::span<std::vector<float>> out);
+// A backend's prefill_batch_into in passes, its arguments checked: consecutive pieces that may share
+// a pass (joins(i)) go together while they fit max_tokens in all, two or more by together(first,
+// end); any other piece alone through its session's prefill (a piece longer than a pass, one of a
+// session that may not share one, one left without a partner).
+template <class Joins, class Together>
+void prefill_in_passes(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
+                       std::span<std::vector<float>> out, size_t max_tokens, Joins&& joins, Together&& together) {
+  for (size_t first = 0; first < sessions.size();) {
+    size_t end = first, tokens = 0;
+    while (end < sessions.size() && tokens + chunks[end].size() <= max_tokens && joins(end))
+      tokens += chunks[end++].size();
+    if (end - first >= 2) {
+      together(first, end);
+      first = end;
+    } else {
+      out[first] = sessions[first]->prefill(chunks[first]);
+      first++;
+    }
+  }
+}
 
 }  // namespace rl
