@@ -43,7 +43,8 @@ constexpr bool reads_q8_form(Kernel k) { return k == Kernel::kMatvecQ8 || k == K
 constexpr int kQ8PassTokens = 16;
 // From this many tokens a short pass's Q4_K / Q5_K / Q6_K dense products take mma-q8 (the int8 tensor
 // cores on the same Q8 form) instead of matvec-q8 columns, where the device has them. A 16-row
-// batched step's graph 16.71 ms against 20.61 on matvec-q8 columns (H100, PERF.md, 2026-12-06);
+// batched step's graph 16.71 ms against 20.61 on matvec-q8 columns (H100, 2026-12-06, 05ab62b with
+// the mma-q8 patch; PERF.md's row at 3bacc40);
 // the threshold itself is not measured: `bench_cuda_kernels --filter columns` times fast-mma
 // against fast-q8 at 2, 4, 8 and 16 columns.
 constexpr int kMmaQ8FromTokens = 2;
