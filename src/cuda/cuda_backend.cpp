@@ -109,33 +109,25 @@ class CudaBackendImpl final : public CudaBackend {
   }
   // Consecutive sessions' pieces as one pass (run_pass_batch: the products and the MoE over all
   // their tokens, each session's DeltaNet and attention on its own rows) while they fit a pass
-  // (--prefill-chunk tokens); a piece alone in its pass, or of a traced session, through its
-  // session's prefill.
+  // (--prefill-chunk tokens; prefill_in_passes); a traced session's through its prefill.
   void prefill_batch_into(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> chunks,
                           std::span<std::vector<float>> out) override {
     check_prefill_batch(sessions, chunks, out);
     for (size_t i = 0; i < sessions.size(); i++) check_session_of(engine_, *sessions[i], i);
-    const size_t max = (size_t)engine_.ws.max_tokens, n_vocab = (size_t)engine_.config().n_vocab;
-    std::vector<SessionState*> sts;
-    std::vector<float*> into;
-    for (size_t first = 0; first < sessions.size();) {
-      size_t end = first, tokens = 0;
-      while (end < sessions.size() && tokens + chunks[end].size() <= max) tokens += chunks[end++].size();
-      sts.clear();
-      into.clear();
-      for (size_t i = first; i < end; i++) {
-        sts.push_back(batch_row(*sessions[i]));  // its snapshots' rows frozen where the pass writes
-        out[i].resize(n_vocab);
-        into.push_back(out[i].data());
-      }
-      if (end - first >= 2 && std::find(sts.begin(), sts.end(), nullptr) == sts.end()) {
-        run_pass_batch(engine_, sts, chunks.subspan(first, end - first), into);
-        first = end;
-      } else {
-        out[first] = sessions[first]->prefill(chunks[first]);
-        first++;
-      }
-    }
+    const size_t n_vocab = (size_t)engine_.config().n_vocab;
+    std::vector<SessionState*> rows(sessions.size());  // batch_row: its snapshots' rows frozen where the pass writes
+    prefill_in_passes(
+        sessions, chunks, out, (size_t)engine_.ws.max_tokens,
+        [&](size_t i) { return (rows[i] = batch_row(*sessions[i])) != nullptr; },  // null: a traced session
+        [&](size_t first, size_t end) {
+          std::vector<float*> into;
+          for (size_t i = first; i < end; i++) {
+            out[i].resize(n_vocab);
+            into.push_back(out[i].data());
+          }
+          run_pass_batch(engine_, std::span(rows).subspan(first, end - first), chunks.subspan(first, end - first),
+                         into);
+        });
   }
   EngineStats stats() const override {
     EngineStats s = engine_.stats;

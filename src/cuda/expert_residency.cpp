@@ -3,11 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -88,15 +91,20 @@ constexpr size_t kHostMemoryReserve = 4ull << 30;  // left to the system beside 
 
 bool ExpertResidency::make_host_experts() {
   const size_t bytes = (size_t)n_layer_ * n_expert_ * slot_bytes();
+  // Gives up with a message, what was taken released: misses are then copied as without it.
+  auto give_up = [&](void* pinned, const std::string& why) {
+    if (pinned) cudaFreeHost(pinned);
+    for (DeviceBuffer* b : {&staging_, &staged_src_, &predicted_staging_, &predicted_staged_}) b->release();
+    std::fprintf(stderr, "cuda: --miss-reads host: %s; misses are copied into the cache instead\n", why.c_str());
+    return false;
+  };
   // Page-locked memory cannot be paged out: refuse rather than take what the system needs.
   const size_t available = host_memory_available();
-  if (available && bytes + kHostMemoryReserve > available) {
-    std::fprintf(stderr, "cuda: --miss-reads host: the experts need %.1f GiB of page-locked host memory and "
-                 "%.1f GiB are available (keeping %.0f GiB for the system); misses are copied into the "
-                 "cache instead\n", bytes / 1073741824.0, available / 1073741824.0,
-                 kHostMemoryReserve / 1073741824.0);
-    return false;
-  }
+  if (available && bytes + kHostMemoryReserve > available)
+    return give_up(nullptr, fmt::format("the experts need {:.1f} GiB of page-locked host memory and {:.1f} GiB are "
+                                        "available (keeping {:.0f} GiB for the system)",
+                                        bytes / 1073741824.0, available / 1073741824.0,
+                                        kHostMemoryReserve / 1073741824.0));
   const auto t0 = std::chrono::steady_clock::now();
   const int k = model_.config().n_expert_used;  // the staging slots first: a failure there leaks nothing
   try {
@@ -107,36 +115,19 @@ bool ExpertResidency::make_host_experts() {
     predicted_staged_.allocate((size_t)2 * k * sizeof(int32_t));
   } catch (const Error& ex) {
     cudaGetLastError();
-    staging_.release();
-    staged_src_.release();
-    predicted_staging_.release();
-    std::fprintf(stderr, "cuda: --miss-reads host: no device memory for its %d staging slots (%s); misses are "
-                 "copied into the cache instead\n", 3 * k, ex.what());
-    return false;
+    return give_up(nullptr, fmt::format("no device memory for its {} staging slots ({})", 3 * k, ex.what()));
   }
   void* p = nullptr;
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    staging_.release();
-    staged_src_.release();
-    predicted_staging_.release();
-    predicted_staged_.release();
-    std::fprintf(stderr, "cuda: --miss-reads host: could not page-lock %.1f GiB of host memory for the experts (%s); "
-                 "misses are copied into the cache instead\n", bytes / 1073741824.0, cudaGetErrorString(err));
-    return false;
+    return give_up(nullptr, fmt::format("could not page-lock {:.1f} GiB of host memory for the experts ({})",
+                                        bytes / 1073741824.0, cudaGetErrorString(err)));
   }
   void* dev = nullptr;
   if (cudaHostGetDevicePointer(&dev, p, 0) != cudaSuccess) {
     cudaGetLastError();
-    cudaFreeHost(p);
-    staging_.release();
-    staged_src_.release();
-    predicted_staging_.release();
-    predicted_staged_.release();
-    std::fprintf(stderr, "cuda: --miss-reads host: the GPU cannot map host memory; misses are copied into the "
-                 "cache instead\n");
-    return false;
+    return give_up(p, "the GPU cannot map host memory");
   }
   uint8_t* base = static_cast<uint8_t*>(p);
   const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 16u);
@@ -157,13 +148,10 @@ bool ExpertResidency::make_host_experts() {
     for (unsigned t = 1; t < n_threads; t++) threads.emplace_back(fill, t, n_threads);
   } catch (const std::system_error&) {  // fewer threads than asked for: the rest on this one
   }
+  // This thread fills share 0 and those of the threads that could not be started.
   const unsigned started = (unsigned)threads.size() + 1;
-  if (started == n_threads) {
-    fill(0, n_threads);
-  } else {  // the started threads take their share; this thread fills what the others would have
-    for (unsigned t = 0; t < n_threads; t++)
-      if (t == 0 || t >= started) fill(t, n_threads);
-  }
+  for (unsigned t = 0; t < n_threads; t++)
+    if (t == 0 || t >= started) fill(t, n_threads);
   for (std::thread& t : threads) t.join();
   host_experts_ = base;
   host_experts_dev_ = static_cast<const uint8_t*>(dev);

@@ -24,7 +24,7 @@
 // two products, one with the second 16 columns of A zeroed and one with the first, each scaled by
 // its sub-block's scale: y += d · dₓ · (sc₀ · C₀ + sc₁ · C₁), matvec-q8's Q6_K form (d · Σ sc_j ·
 // dₓ · Σ q·qₓ) in another order of fp32 additions. Its rows are 2-byte aligned (210-byte blocks):
-// 32-bit words are read as two aligned ones joined by a funnel shift.
+// its words are read by load_word_a2 (quant_device.cuh), as matvec-q8's Q6_K.
 #include <algorithm>
 #include <string>
 
@@ -165,14 +165,6 @@ __global__ void __launch_bounds__(32 * kWarps) mma_q8_kernel(const MmaJobs jobs,
   store_tile(acc, jb, r0, n_tokens);
 }
 
-// A 32-bit word at a 2-byte aligned address: the aligned word, or two joined (never reading past
-// p + 4 rounded up to a word, inside the 210-byte block for every offset this kernel reads).
-__device__ __forceinline__ uint32_t load_u32_a2(const uint8_t* p) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
-  return (a & 2) ? __funnelshift_r(w[0], w[1], 16) : w[0];
-}
-
 __global__ void __launch_bounds__(32 * kWarps) mma_q6k_kernel(const MmaJobs jobs, int cols, int n_tokens) {
   const MatvecJob& jb = jobs.job[blockIdx.y];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -194,9 +186,9 @@ __global__ void __launch_bounds__(32 * kWarps) mma_q6k_kernel(const MmaJobs jobs
 #pragma unroll
       for (int r = 0; r < 2; r++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) w[r].ql[i] = load_u32_a2(b[r] + q6k_ql_offset(n, i, q));
+        for (int i = 0; i < 4; i++) w[r].ql[i] = load_word_a2(b[r] + q6k_ql_offset(n, i, q));
 #pragma unroll
-        for (int i = 0; i < 2; i++) w[r].qh[i] = load_u32_a2(b[r] + q6k_qh_offset(n, i, q));
+        for (int i = 0; i < 2; i++) w[r].qh[i] = load_word_a2(b[r] + q6k_qh_offset(n, i, q));
       }
 #pragma unroll
       for (int gb = 0; gb < 4; gb++) {

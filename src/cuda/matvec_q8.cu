@@ -70,21 +70,6 @@ __device__ __forceinline__ void load_x16(const int8_t* __restrict__ xq, int v, i
   const int4 a = __ldg(reinterpret_cast<const int4*>(xq + v));
   w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
 }
-// 4N bytes at a 2-byte aligned address p as N little-endian words: 32-bit loads of the aligned
-// words, joined by funnel shifts where p is not 4-byte aligned (the Q6_K, Q8_0 blocks every other
-// block), never reading outside [p, p + 4N).
-template <int N>
-__device__ __forceinline__ void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
-  const bool odd = (reinterpret_cast<uintptr_t>(p) & 2) != 0;
-  const uint8_t* base = p - (odd ? 2 : 0);
-  uint32_t a[N + 1];
-  a[0] = odd ? (uint32_t)load_u16(p) << 16 : load_u32(base);
-#pragma unroll
-  for (int i = 1; i < N; i++) a[i] = load_u32(base + 4 * i);
-  a[N] = odd ? (uint32_t)load_u16(base + 4 * N) : 0u;
-#pragma unroll
-  for (int i = 0; i < N; i++) w[i] = __funnelshift_r(a[i], a[i + 1], odd ? 16 : 0);
-}
 __device__ __forceinline__ int dot4x4(const uint32_t (&w)[4], const int* x, int acc) {
 #pragma unroll
   for (int i = 0; i < 4; i++) acc = __dp4a((int)w[i], x[i], acc);

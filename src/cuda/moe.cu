@@ -151,17 +151,12 @@ constexpr int kRouteThreads = 256;
 __device__ __forceinline__ const uint8_t* route_slot(uint64_t addr, int e, int k, const uint8_t* fallback,
                                                      size_t miss_stride, const uint8_t* staging,
                                                      const uint8_t** miss_src, const StagedPrediction& pred) {
-  if (addr) {
-    if (staging) miss_src[k] = nullptr;
-    return reinterpret_cast<const uint8_t*>(addr);
-  }
-  for (int j = 0; j < pred.n; j++)
-    if (pred.experts[j] == e) {
-      if (staging) miss_src[k] = nullptr;
-      return pred.slots + (size_t)j * miss_stride;
-    }
-  if (staging) miss_src[k] = fallback + (size_t)e * miss_stride;
-  return staging ? staging + (size_t)k * miss_stride : fallback + (size_t)e * miss_stride;
+  const uint8_t* slot = addr ? reinterpret_cast<const uint8_t*>(addr) : nullptr;
+  for (int j = 0; !slot && j < pred.n; j++)
+    if (pred.experts[j] == e) slot = pred.slots + (size_t)j * miss_stride;
+  const uint8_t* copy = fallback + (size_t)e * miss_stride;  // the miss's source (host copy or any slot)
+  if (staging) miss_src[k] = slot ? nullptr : copy;
+  return slot ? slot : staging ? staging + (size_t)k * miss_stride : copy;
 }
 
 // One block per token (blockIdx.x; logits, ids, weights, slot_ptrs and miss_count advance by
@@ -461,21 +456,26 @@ void route_topk(const float* logits, int n_expert, int k, float scale, const uin
 }
 
 namespace {
-// Grid (kStageBlocks, k): the blocks of column k copy selection k's expert from its host copy
-// (src[k], mapped host memory; nullptr: a hit, nothing to copy) to staging slot k, 16 bytes a
-// thread a step, so every read over the link is a whole, aligned 16-byte piece of a row of loads.
+// The staging kernels' grids are (kStageBlocks, experts): the blocks of column j copy one expert,
+// 16 bytes a thread a step, so every read over the link is a whole, aligned 16-byte piece of a row
+// of loads.
 constexpr int kStageBlocks = 64, kStageThreads = 256;
+__device__ __forceinline__ void stage_expert(const uint8_t* from, uint8_t* to, size_t bytes) {
+  const uint4* in = reinterpret_cast<const uint4*>(from);
+  uint4* out = reinterpret_cast<uint4*>(to);
+  const size_t n = bytes / sizeof(uint4);
+  for (size_t i = (size_t)blockIdx.x * kStageThreads + threadIdx.x; i < n; i += (size_t)kStageBlocks * kStageThreads)
+    out[i] = in[i];
+}
+
+// Column k: selection k's expert from its host copy (src[k], mapped host memory; nullptr: a hit,
+// nothing to copy) to staging slot k.
 __global__ void __launch_bounds__(kStageThreads)
     stage_misses_kernel(const uint8_t* const* src, uint8_t* staging, size_t bytes, size_t stride) {
   pdl_trigger();
   pdl_wait();  // src comes from the routing before it
   const uint8_t* from = src[blockIdx.y];
-  if (!from) return;
-  const uint4* in = reinterpret_cast<const uint4*>(from);
-  uint4* out = reinterpret_cast<uint4*>(staging + (size_t)blockIdx.y * stride);
-  const size_t n = bytes / sizeof(uint4);
-  for (size_t i = (size_t)blockIdx.x * kStageThreads + threadIdx.x; i < n; i += (size_t)kStageBlocks * kStageThreads)
-    out[i] = in[i];
+  if (from) stage_expert(from, staging + (size_t)blockIdx.y * stride, bytes);
 }
 }  // namespace
 
@@ -487,20 +487,14 @@ __global__ void name_predicted_misses_kernel(const int32_t* ids, int n, const ui
   for (int j = threadIdx.x; j < n; j += 32) staged[j] = residency[ids[j]] == 0 ? ids[j] : -1;
 }
 
-// Grid (kStageBlocks, n): the blocks of column j copy predicted miss staged[j] (-1: none) from its
-// host copy to staging slot j, as stage_misses_kernel does.
+// Column j: predicted miss staged[j] (-1: none) from its host copy to staging slot j.
 __global__ void __launch_bounds__(kStageThreads)
     stage_predicted_kernel(const int32_t* staged, const uint8_t* host, size_t bytes, size_t stride,
                            uint8_t* staging) {
   pdl_trigger();
   pdl_wait();  // staged comes from name_predicted_misses before it
   const int e = staged[blockIdx.y];
-  if (e < 0) return;
-  const uint4* in = reinterpret_cast<const uint4*>(host + (size_t)e * stride);
-  uint4* out = reinterpret_cast<uint4*>(staging + (size_t)blockIdx.y * stride);
-  const size_t n = bytes / sizeof(uint4);
-  for (size_t i = (size_t)blockIdx.x * kStageThreads + threadIdx.x; i < n; i += (size_t)kStageBlocks * kStageThreads)
-    out[i] = in[i];
+  if (e >= 0) stage_expert(host + (size_t)e * stride, staging + (size_t)blockIdx.y * stride, bytes);
 }
 
 void check_stage_shape(const char* what, size_t bytes, size_t stride, const void* staging) {

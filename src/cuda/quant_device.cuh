@@ -68,6 +68,26 @@ void upload_quant_tables_matvec_q8(const QuantTablesHost& h);
 __device__ __forceinline__ float half_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// 4N bytes at a 2-byte aligned address p as N little-endian words: 32-bit loads of the aligned
+// words, joined by funnel shifts where p is not 4-byte aligned (the Q6_K, Q8_0 blocks every other
+// block: matvec_q8.cu, matmul_q8.cu), never reading outside [p, p + 4N).
+template <int N>
+__device__ __forceinline__ void load_words_a2(const uint8_t* p, uint32_t (&w)[N]) {
+  const bool odd = (reinterpret_cast<uintptr_t>(p) & 2) != 0;
+  const uint8_t* base = p - (odd ? 2 : 0);
+  uint32_t a[N + 1];
+  a[0] = odd ? (uint32_t)load_u16(p) << 16 : load_u32(base);
+#pragma unroll
+  for (int i = 1; i < N; i++) a[i] = load_u32(base + 4 * i);
+  a[N] = odd ? (uint32_t)load_u16(base + 4 * N) : 0u;
+#pragma unroll
+  for (int i = 0; i < N; i++) w[i] = __funnelshift_r(a[i], a[i + 1], odd ? 16 : 0);
+}
+__device__ __forceinline__ uint32_t load_word_a2(const uint8_t* p) {
+  uint32_t w[1];
+  load_words_a2<1>(p, w);
+  return w[0];
+}
 // Eight bytes as two little-endian words, from a 4-byte (load8_a4) or 2-byte (load8_a2) aligned
 // address: one or two wide loads instead of eight byte loads.
 __device__ __forceinline__ uint2 load8_a4(const uint8_t* p) { return make_uint2(load_u32(p), load_u32(p + 4)); }
@@ -257,25 +277,17 @@ __device__ __forceinline__ uint2 iq2_signed_bytes(uint64_t grid, uint64_t masks)
   return make_uint2(iq2_signed_bytes((uint32_t)grid, (uint32_t)masks),
                     iq2_signed_bytes((uint32_t)(grid >> 32), (uint32_t)(masks >> 32)));
 }
-// The byte masks of a 7-bit IQ2 sign code without a table: bit j < 4 of a nibble goes to bit 8j
-// by one multiply (the nibble's four shifted copies do not overlap, so nothing carries), and each
-// byte's 0 or 1 times 0xFF is its mask. Equal to iq2_sign_mask(code) for every code (emulated on
-// the host for all 128; the IQ2 kernel tests compare the decoded values with the CPU's); the
-// decode products take it instead of a shared-memory table, whose random 64-bit reads cost bank
-// conflicts (PERF.md, Nsight Compute).
+// The byte masks of a 7-bit IQ2 sign code: byte j is 0xFF when ksigns(code) has bit j. Without a
+// table or a loop: bit j < 4 of a nibble goes to bit 8j by one multiply (the nibble's four shifted
+// copies do not overlap, so nothing carries), and each byte's 0 or 1 times 0xFF is its mask (the
+// IQ2 kernel tests compare the decoded values with the CPU's). The decode products compute it
+// instead of reading a shared-memory table, whose random 64-bit reads cost bank conflicts
+// (PERF.md, Nsight Compute); the X24 kernels' table is filled with it.
 __device__ __forceinline__ uint64_t iq2_sign_bytes(uint32_t code) {
   const uint32_t bits = ksigns((int)code);
   const uint32_t lo = (((bits & 0xFu) * 0x00204081u) & 0x01010101u) * 0xFFu;
   const uint32_t hi = (((bits >> 4) * 0x00204081u) & 0x01010101u) * 0xFFu;
   return (uint64_t)hi << 32 | lo;
-}
-// The same from the definition (the X24 kernels' shared-memory table).
-__device__ __forceinline__ uint64_t iq2_sign_mask(int code) {
-  const int bits = ksigns(code);
-  uint64_t m = 0;
-  for (int j = 0; j < 8; j++)
-    if ((bits >> j) & 1) m |= (uint64_t)0xFF << (8 * j);
-  return m;
 }
 
 // 8 groups of 32, each four 8-value grid points (byte indices) with 7-bit sign patterns and a
@@ -453,7 +465,7 @@ struct SharedTables {
       }
       if constexpr (kMasks && kSignMasks<T>) {
         __shared__ uint64_t m[128];
-        for (int i = threadIdx.x; i < 128; i += blockDim.x) m[i] = iq2_sign_mask(i);
+        for (int i = threadIdx.x; i < 128; i += blockDim.x) m[i] = iq2_sign_bytes(i);
         masks = m;
       }
       __syncthreads();
