@@ -29,8 +29,8 @@
 #                  --prefetch-experts), the order alternating by round; a line a run: decode tok/s,
 #                  hit rate, prediction accuracy, prefetched / used / wasted
 #     miss-reads   AB_ROUNDS rounds of the tree's bench at each --cache-mib of $MISS_MIBS (default
-#                  8192) with each MODE of $MISS_MODES (default "copy host:16 host:0"; host:N[:P] is
-#                  --miss-reads host --miss-admit N [--prefetch P]), the order alternating by round; MISS_MODEL=skew
+#                  8192) with each MODE of $MISS_MODES (default "copy host:16 host:0"; host:N[:P[:E]] is
+#                  --miss-reads host --miss-admit N [--prefetch P [--prefetch-experts E]]), the order alternating by round; MISS_MODEL=skew
 #                  uses the 80B with --router-skew 1.0 (made once in /dev/shm); a line a run: decode
 #                  tok/s, hit rate, misses read in place and bypassed, copy GB/s; after step
 #                  patches, each patch's binary runs the host modes beside the tree's
@@ -285,8 +285,8 @@ for s in "$@"; do
           for m in $order; do
             for b in $bins; do
               [ "${b%%=*}" != tree ] && [ "${m%%:*}" = copy ] && continue  # the copy path: the tree's only
-              IFS=: read -r mode admit pre <<< "$m"
-              flags="--miss-reads $mode${admit:+ --miss-admit $admit}${pre:+ --prefetch $pre}"
+              IFS=: read -r mode admit pre experts <<< "$m"
+              flags="--miss-reads $mode${admit:+ --miss-admit $admit}${pre:+ --prefetch $pre}${experts:+ --prefetch-experts $experts}"
               n="miss-${MISS_MODEL:-uniform}-$mib-${m//:/-}-${b%%=*}-$r"
               step "$n" "${b#*=}" bench -m $mm --backend cuda --cache-mib $mib $flags --reps 1 --json
               f="$OUT/$n.log"

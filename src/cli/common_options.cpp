@@ -98,9 +98,12 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
                    "on (default; = early: on the previous layer's MoE input), late (on the previous layer's "
                    "output), or off")
       ->group(group);
+  // The commands leave the count to the path (cuda::prefetch_count); CudaOptions keeps 8.
+  opts.prefetch_experts = 0;
   app.add_option("--prefetch-experts", opts.prefetch_experts,
                  "cuda, --prefetch: how many of the predicted experts (the most likely first) are copied ahead "
-                 "(default 8; at most the model's experts per token)")
+                 "(default: " + std::to_string(cuda::kStagedPrefetchExperts) + " with --miss-reads host, " +
+                     std::to_string(cuda::kCopyPrefetchExperts) + " with copy; at most the model's experts per token)")
       ->check(CLI::Range(1, 512))
       ->group(group);
   app.add_flag("--profile", opts.profile,

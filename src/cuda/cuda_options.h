@@ -85,12 +85,11 @@ struct CudaOptions {
   // decode token otherwise waits for.
   Prefetch prefetch = Prefetch::kEarly;
   // How many of the prediction's top experts (by router logit) are prefetched (--prefetch-experts;
-  // at most n_expert_used). A wrong one costs a copy on the link the real misses need, and the
-  // lower ranks are wrong more often: on a 16-layer synthetic model of the 80B's widths
-  // (bench/prefetch_accuracy, docs/cuda.md) rank 1 of the early prediction was selected 92 % of the
-  // time, rank 8 54 %, rank 10 37 % (deeper layers are predicted better); 8 keeps the ranks that are
-  // right at least half the time. Prefetch was timed on the H200 with 8 (above); other counts not
-  // yet (scripts/device/ab.sh prefetch with PREFETCH_MODES "on:N").
+  // at most n_expert_used); 0: the path's own count (prefetch_count below, the commands' default).
+  // A wrong one costs a copy on the link the real misses need, and the lower ranks are wrong more
+  // often: on a 16-layer synthetic model of the 80B's widths (bench/prefetch_accuracy, docs/cuda.md)
+  // rank 1 of the early prediction was selected 92 % of the time, rank 8 54 %, rank 10 37 %. The
+  // copy path was timed on the H200 with 8 (above); this struct keeps 8, so a test names its count.
   int prefetch_experts = 8;
   // Tokens a prefill pass takes at most (--prefill-chunk, 1 to kMaxPrefillChunk); the workspace holds
   // a pass of this many. 2048: with ~10 of 512 experts a token, a 512-token pass gave each expert
@@ -119,6 +118,18 @@ struct CudaOptions {
   // matvecs, bf16 prefill products), the routing, the attention, the DeltaNet kernels.
   bool fast_products = true, fast_routing = true, fast_attention = true, fast_deltanet = true;
 };
+
+// The predictions a decode layer copies ahead: prefetch_experts, or where that is 0 (the commands'
+// default) the path's own count. staged (--miss-reads host, the GPU-routed token staging its misses
+// from the host copy): 6. On the H100 (2026-12-06, docs/PERF.md) the staged prediction of 8 was
+// slower than none at 2 GiB (84.1 against 88.5 tok/s, uniform routers: nearly every selection
+// misses and a wrong guess takes link time a needed copy wanted); 6 decoded 90.4 / 92.5 there,
+// 116.6 at 8 GiB (8: 108.0) and 168.3 / 169.1 on the skewed model (8: 167.5; 4: 161.2 / 161.6,
+// though 4 was best at 2 GiB, 94.3–97.3). copy (the host-routed path): 8, as timed on the H200.
+constexpr int kStagedPrefetchExperts = 6, kCopyPrefetchExperts = 8;
+inline int prefetch_count(const CudaOptions& o, bool staged) {
+  return o.prefetch_experts > 0 ? o.prefetch_experts : staged ? kStagedPrefetchExperts : kCopyPrefetchExperts;
+}
 
 // The --prefetch value of a setting (off, early, late).
 inline const char* prefetch_name(CudaOptions::Prefetch p) {

@@ -34,6 +34,29 @@ TEST(CudaFlags, HelpNamesHostAsTheMissReadsDefault) {
   EXPECT_EQ(rl::cuda::CudaOptions{}.miss_reads, rl::cuda::CudaOptions::MissReads::kCopy);
 }
 
+// The commands leave --prefetch-experts to the path: 6 where the GPU-routed token stages its
+// misses from the host copy, 8 where a layer's misses are copied (the counts measured for each,
+// cuda_options.h); a given count is used on both; CudaOptions itself keeps 8. The help names both.
+TEST(CudaFlags, PrefetchExpertsDefaultFollowsTheMissPath) {
+  using rl::cuda::CudaOptions;
+  using rl::cuda::prefetch_count;
+  CudaOptions unset;
+  unset.prefetch_experts = 0;
+  EXPECT_EQ(prefetch_count(unset, true), 6);
+  EXPECT_EQ(prefetch_count(unset, false), 8);
+  CudaOptions given;
+  given.prefetch_experts = 3;
+  EXPECT_EQ(prefetch_count(given, true), 3);
+  EXPECT_EQ(prefetch_count(given, false), 3);
+  EXPECT_EQ(CudaOptions{}.prefetch_experts, 8);
+  EXPECT_EQ(prefetch_count(CudaOptions{}, true), 8);
+  const auto r = run_redlite("bench --help");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const size_t flag = r.out.find("--prefetch-experts");
+  ASSERT_NE(flag, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("default: 6 with --miss-reads host, 8 with copy", flag), std::string::npos) << r.out;
+}
+
 TEST(CudaFlags, DocumentedValuesAreAccepted) {
   const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
   RL_REQUIRE_FIXTURE(model);
