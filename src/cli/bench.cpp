@@ -369,7 +369,7 @@ int run_bench(const BenchOptions& o) {
     // Prefetch (--prefetch): experts predicted, the share of them the layer then selected, the
     // predicted misses copied ahead, of those the ones then selected and the ones copied for nothing.
     j["prefetch"] = cuda::prefetch_name(o.common.cuda.prefetch);
-    j["prefetch_experts"] = cuda::prefetch_count(o.common.cuda, s.host_misses);
+    j["prefetch_experts"] = s.prefetch_experts;
     j["predicted"] = s.cache.predicted;
     j["prediction_accuracy"] = s.cache.predicted ? (double)s.cache.predicted_used / (double)s.cache.predicted : 0.0;
     j["prefetched"] = s.cache.prefetched;

@@ -98,11 +98,13 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
                    "on (default; = early: on the previous layer's MoE input), late (on the previous layer's "
                    "output), or off")
       ->group(group);
-  // The commands leave the count to the path (cuda::prefetch_count); CudaOptions keeps 8.
+  // The commands leave the count to the path and the cache (cuda::prefetch_count); CudaOptions keeps 8.
   opts.prefetch_experts = 0;
   app.add_option("--prefetch-experts", opts.prefetch_experts,
                  "cuda, --prefetch: how many of the predicted experts (the most likely first) are copied ahead "
-                 "(default: " + std::to_string(cuda::kStagedPrefetchExperts) + " with --miss-reads host, " +
+                 "(default: with --miss-reads host " + std::to_string(cuda::kStagedPrefetchExperts) + ", or " +
+                     std::to_string(cuda::kStagedPrefetchExpertsSmallCache) +
+                     " where the cache holds under a quarter of the experts; " +
                      std::to_string(cuda::kCopyPrefetchExperts) + " with copy; at most the model's experts per token)")
       ->check(CLI::Range(1, 512))
       ->group(group);

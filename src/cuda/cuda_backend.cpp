@@ -59,6 +59,10 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
   // plan reads the mode from opts.
   if (!residency.host_misses()) opts.miss_reads = CudaOptions::MissReads::kCopy;
   stats.host_misses = residency.host_misses();
+  // The prediction's count: the one asked for, else the path's for this cache (cuda_options.h).
+  opts.prefetch_experts =
+      prefetch_count(opts, residency.host_misses(), (double)stats.n_slots / std::max(stats.n_experts_total, 1));
+  stats.prefetch_experts = opts.prefetch_experts;
   if (cache.holds_all() && opts.preload) stats.preload_seconds = residency.preload_all();
 }
 

@@ -120,15 +120,20 @@ struct CudaOptions {
 };
 
 // The predictions a decode layer copies ahead: prefetch_experts, or where that is 0 (the commands'
-// default) the path's own count. staged (--miss-reads host, the GPU-routed token staging its misses
-// from the host copy): 6. On the H100 (2026-12-06, docs/PERF.md) the staged prediction of 8 was
-// slower than none at 2 GiB (84.1 against 88.5 tok/s, uniform routers: nearly every selection
-// misses and a wrong guess takes link time a needed copy wanted); 6 decoded 90.4 / 92.5 there,
-// 116.6 at 8 GiB (8: 108.0) and 168.3 / 169.1 on the skewed model (8: 167.5; 4: 161.2 / 161.6,
-// though 4 was best at 2 GiB, 94.3–97.3). copy (the host-routed path): 8, as timed on the H200.
-constexpr int kStagedPrefetchExperts = 6, kCopyPrefetchExperts = 8;
-inline int prefetch_count(const CudaOptions& o, bool staged) {
-  return o.prefetch_experts > 0 ? o.prefetch_experts : staged ? kStagedPrefetchExperts : kCopyPrefetchExperts;
+// default) the path's own count, which the engine resolves once at open. staged (--miss-reads host,
+// the GPU-routed token staging its misses from the host copy): 6, or 4 where the cache holds less
+// than a quarter of the experts (cache_share: slots / (layers × experts)), where nearly every
+// selection misses and a wrong guess takes link time a needed copy wanted. On the H100 (2026-12-06,
+// docs/PERF.md), decode tok/s with 4 / 6 / 8: uniform routers at 2 GiB (share 0.10) 94.3–97.3 /
+// 90.4–92.5 / 84.0–84.1 (none: 87.0–88.5); at 8 GiB (share 0.38) 116.8 / 116.6 / 108.0; the skewed
+// model at 8 GiB 161.2–161.6 / 168.3–169.1 / 167.5. copy (the host-routed path): 8, as timed on
+// the H200.
+constexpr int kStagedPrefetchExperts = 6, kStagedPrefetchExpertsSmallCache = 4, kCopyPrefetchExperts = 8;
+constexpr double kSmallCacheShare = 0.25;
+inline int prefetch_count(const CudaOptions& o, bool staged, double cache_share) {
+  if (o.prefetch_experts > 0) return o.prefetch_experts;
+  if (!staged) return kCopyPrefetchExperts;
+  return cache_share < kSmallCacheShare ? kStagedPrefetchExpertsSmallCache : kStagedPrefetchExperts;
 }
 
 // The --prefetch value of a setting (off, early, late).

@@ -74,7 +74,7 @@ void prefetch_predicted(Engine& e, int L) {
   e.predicted_layer = -1;
   RL_CUDA_CHECK(cudaEventSynchronize(e.streams.prediction_ready));
   const int32_t* ids = e.ws.predict_ids_host.get<int32_t>();
-  e.residency.prefetch(L, std::span<const int>(ids, std::min(e.config().n_expert_used, prefetch_count(e.opts, false))));
+  e.residency.prefetch(L, std::span<const int>(ids, std::min(e.config().n_expert_used, e.opts.prefetch_experts)));
 }
 
 }  // namespace rl::cuda

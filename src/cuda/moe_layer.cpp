@@ -354,7 +354,7 @@ void moe_block(Engine& e, int L, const LayerPlan& plan, const float* h2, int T, 
     // previous layer's prediction branch staged it already, that slot.
     ExpertResidency& r = e.residency;
     const bool predicting = predicts_in_graph(e);
-    const int n_predicted = std::min(K, prefetch_count(e.opts, true));
+    const int n_predicted = std::min(K, e.opts.prefetch_experts);
     StagedPrediction pred;
     if (predicting_layer(e, L)) {
       e.streams.wait_marked(L);

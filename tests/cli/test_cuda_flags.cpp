@@ -34,27 +34,37 @@ TEST(CudaFlags, HelpNamesHostAsTheMissReadsDefault) {
   EXPECT_EQ(rl::cuda::CudaOptions{}.miss_reads, rl::cuda::CudaOptions::MissReads::kCopy);
 }
 
-// The commands leave --prefetch-experts to the path: 6 where the GPU-routed token stages its
-// misses from the host copy, 8 where a layer's misses are copied (the counts measured for each,
-// cuda_options.h); a given count is used on both; CudaOptions itself keeps 8. The help names both.
-TEST(CudaFlags, PrefetchExpertsDefaultFollowsTheMissPath) {
+// The commands leave --prefetch-experts to the path and the cache: where the GPU-routed token
+// stages its misses from the host copy 6, or 4 below a quarter of the experts cached (the 80B at
+// --cache-mib 2048 holds about a tenth of them: 2,361 slots of 24,576 experts, H100 bench); 8 where a
+// layer's misses are copied, whatever the cache (the counts measured for each, cuda_options.h). A
+// given count is used everywhere; CudaOptions itself keeps 8. The help names the defaults.
+TEST(CudaFlags, PrefetchExpertsDefaultFollowsTheMissPathAndTheCache) {
   using rl::cuda::CudaOptions;
   using rl::cuda::prefetch_count;
   CudaOptions unset;
   unset.prefetch_experts = 0;
-  EXPECT_EQ(prefetch_count(unset, true), 6);
-  EXPECT_EQ(prefetch_count(unset, false), 8);
+  EXPECT_EQ(prefetch_count(unset, true, 2361.0 / 24576), 4);
+  EXPECT_EQ(prefetch_count(unset, true, 0.2499), 4);
+  EXPECT_EQ(prefetch_count(unset, true, 0.25), 6);
+  EXPECT_EQ(prefetch_count(unset, true, 0.38), 6);
+  EXPECT_EQ(prefetch_count(unset, false, 0.096), 8);
+  EXPECT_EQ(prefetch_count(unset, false, 0.38), 8);
   CudaOptions given;
   given.prefetch_experts = 3;
-  EXPECT_EQ(prefetch_count(given, true), 3);
-  EXPECT_EQ(prefetch_count(given, false), 3);
+  for (const bool staged : {true, false})
+    for (const double share : {0.05, 0.5}) EXPECT_EQ(prefetch_count(given, staged, share), 3);
   EXPECT_EQ(CudaOptions{}.prefetch_experts, 8);
-  EXPECT_EQ(prefetch_count(CudaOptions{}, true), 8);
+  EXPECT_EQ(prefetch_count(CudaOptions{}, true, 0.05), 8);
   const auto r = run_redlite("bench --help");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const size_t flag = r.out.find("--prefetch-experts");
   ASSERT_NE(flag, std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("default: 6 with --miss-reads host, 8 with copy", flag), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("default: with --miss-reads host 6, or 4 where the cache holds under a quarter of the "
+                       "experts; 8 with copy",
+                       flag),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(CudaFlags, DocumentedValuesAreAccepted) {
