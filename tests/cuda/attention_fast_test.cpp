@@ -13,6 +13,7 @@
 // 10× the case's bound, measured against max(|o_h|, a quarter of the case's RMS head norm) so
 // that a head whose weighted values cancel does not inflate it.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -67,8 +68,8 @@ struct Caches {
 const Caches& caches(int shape, KvType type = KvType::kF32) {
   static const int kCtx[] = {262144, 70100, 70100, 5000, 5000};  // 4/2 reaches the 80B's full context
   static_assert(sizeof kCtx / sizeof kCtx[0] == kShapeCount);
-  static Caches made[4][kShapeCount];
-  Caches& c = made[(int)type][shape];
+  static std::array<std::array<Caches, kShapeCount>, 4> made;  // by KvType, then shape
+  Caches& c = made.at((size_t)type).at((size_t)shape);
   if (c.n_ctx == 0) {
     c.n_kv = kShapes[shape].n_kv;
     c.hd = kShapes[shape].hd;
