@@ -40,6 +40,10 @@
 #                  fast; a summary line per recipe and tier
 #     parity-recipes  per recipe in $RECIPES: `parity --backend cuda` on its tiny model, exact
 #                  (budgets 1, 0.5, 0.1; PASS/FAIL) and fast (report: teacher-forced figures)
+#     cpu-experts  bench_fast_decode (the CPU fast tier's one-token products by kind) on a 4-layer 80B-wide
+#                  model at each of CPU_THREADS (default "16 8"): the host's rates for missed experts
+#     handoff      bench_host_handoff: a layer's cost of handing work to the CPU in the decode graph (host
+#                  node, or spinning on mapped flags) with HANDOFF_WORK_US (default "0 20") of CPU work
 #     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill);
 #                  CPU_THREADS (default 16) may list several counts, e.g. "16 8 4"; $OUT/cpu-fast-N.log
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary (the base's where built), alternating
@@ -252,6 +256,28 @@ for s in "$@"; do
         STEP_TIMEOUT=300 step cpu-fast-$t "$BUILD/redlite" bench -m $M80 --backend cpu --numerics fast --threads $t \
           --reps 1 --decode-tokens 32 --prefill-tokens 64 --json
         log "cpu-fast $t threads: $(speeds "$OUT/cpu-fast-$t.log")"
+      done
+      ;;
+    cpu-experts)
+      # The CPU fast tier's one-token products by kind on a 4-layer model of the 80B's widths (its
+      # IQ2_XS and IQ1_M experts, Q4_K projections), at each of CPU_THREADS (default "16 8"): how fast
+      # the host's cores could compute missed experts (issue 22 item 4).
+      configure "$ROOT" $BUILD && STEP_TIMEOUT=400 step build-bench-fast-decode ninja -C $BUILD -j16 bench_fast_decode
+      m4=/dev/shm/redlite/80b-4l.gguf
+      [ -e $m4 ] || step synth-80b-4l "$BUILD/redlite" synth --preset 80b --recipe seed-mix --seed 1 --n-layer 4 --out $m4
+      for t in ${CPU_THREADS:-16 8}; do
+        step cpu-experts-$t "$BUILD/bench_fast_decode" $m4 $t
+        grep -E "experts|thread pool" "$OUT/cpu-experts-$t.log" | sed "s/^/cpu-experts $t threads: /" | tee -a "$OUT/summary.txt"
+      done
+      ;;
+    handoff)
+      # What a layer pays to hand work to the CPU inside the decode graph and take the result back
+      # (bench/host_handoff): a host node, or a CPU thread and the GPU spinning on mapped flags, with
+      # each of HANDOFF_WORK_US (default "0 20") microseconds of CPU work a layer.
+      configure "$ROOT" $BUILD && STEP_TIMEOUT=400 step build-handoff ninja -C $BUILD -j16 bench_host_handoff
+      for w in ${HANDOFF_WORK_US:-0 20}; do
+        step handoff-$w "$BUILD/bench_host_handoff" --layers 48 --work-us $w --reps 200
+        grep -E "token" "$OUT/handoff-$w.log" | sed "s/^/handoff work $w us: /" | tee -a "$OUT/summary.txt"
       done
       ;;
     bench-8g) model; step bench-80b-8g "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ;;
