@@ -74,7 +74,7 @@ __global__ void combine_kernel(Shared* s, float* x, int layer, bool wait) {
     if (threadIdx.x == 0) {
       const long long t0 = now_ns();
       while (s->done != (unsigned)layer + 1) {
-        if (now_ns() - t0 > kSpinLimitNs) {
+        if (s->failed || now_ns() - t0 > kSpinLimitNs) {  // once one layer gave up, the rest do at once
           s->failed = 1;
           break;
         }
