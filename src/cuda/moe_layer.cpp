@@ -77,7 +77,8 @@ bool predicts_in_graph(const Engine& e) {
 bool predicting_layer(const Engine& e, int L) { return predicts_in_graph(e) && L > 0; }
 
 // route_topk selected on the GPU and read each selection's slot from the residency table (a
-// miss is counted for the host, which then discards the token); pair k is expert row k.
+// miss is counted for the host, which then discards the token, or with --miss-reads host reads its
+// staged or host copy); pair k is expert row k.
 // shared_on_side: the shared expert ran on the side branch; the combine waits for it.
 void run_gpu_routed(Engine& e, int L, const LayerPlan& plan, const float* h2, float* x, const float* next_norm,
                     float* h_out, bool shared_on_side, const Q8Target& q8) {

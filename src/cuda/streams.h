@@ -8,8 +8,8 @@
 // the decode graph's prediction branch on `predict` (--miss-reads host: the next layer's predicted
 // misses staged from host memory beside this layer's experts, expert_prefetch.cpp), where it
 // starts, where layer M's predicted experts are known (index M % 2) and where they are copied.
-// step_begin / step_graph_end / step_end (timing): a
-// batched decode step's graph and its logits' copy to the host, for EngineStats.
+// step_begin / step_graph_end / step_end (timing): a batched decode step's graph and its logits'
+// copy to the host, for EngineStats.
 #pragma once
 #include <cuda_runtime.h>
 
