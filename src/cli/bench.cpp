@@ -378,7 +378,9 @@ int run_bench(const BenchOptions& o) {
     // --miss-reads host: the decode tokens' misses read in place from host memory, of which those
     // not then copied into the cache (bypassed).
     j["miss_reads"] = s.host_misses ? "host" : "copy";
+    // -1: adaptive (cache/admission.h); miss_admit_last: the count of the last token that read misses.
     j["miss_admit"] = o.common.cuda.miss_admit;
+    j["miss_admit_last"] = s.miss_admit_last;
     j["misses_read_in_place"] = misses_in_place;
     j["misses_bypassed"] = s.cache.bypassed;
     j["gpu_routed_tokens"] = gpu_routed_tokens;

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <map>
 
+#include "cache/admission.h"
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/thread_pool.h"
@@ -86,8 +87,14 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
                    "--miss-admit misses a token copied in after it; copy where that memory cannot be had) or copy "
                    "(a decode layer's misses copied into the cache before its experts run)")
       ->group(group);
+  // The commands adapt the admissions to the hit rate unless given a count (cache/admission.h).
+  opts.miss_admit = -1;
   app.add_option("--miss-admit", opts.miss_admit,
-                 "cuda, --miss-reads host: misses of a decode token copied into the cache after it (default 16)")
+                 "cuda, --miss-reads host: misses of a decode token copied into the cache after it (default: " +
+                     std::to_string(AdaptiveAdmission::kAdmitLow) + ", or " +
+                     std::to_string(AdaptiveAdmission::kAdmitHigh) +
+                     " while the hit rate of the recent decode tokens is at least " +
+                     fmt::format("{}", AdaptiveAdmission::kAdmitHitRate) + ")")
       ->check(CLI::Range(0, 512))
       ->group(group);
   using P = cuda::CudaOptions::Prefetch;

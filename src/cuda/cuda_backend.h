@@ -32,6 +32,7 @@ struct EngineStats {
   bool host_misses = false;          // --miss-reads host in force: GPU-routed tokens read misses in place
   uint64_t misses_read_in_place = 0; // of those tokens' selections, the ones read from host memory
   int prefetch_experts = 0;          // the predictions a decode layer copies ahead (prefetch_count)
+  int miss_admit_last = 0;           // the misses the last such token could bring into the cache (AdaptiveAdmission)
   // Weight bytes one decode token reads: every dense matrix, one embedding row, the LM head and
   // n_expert_used experts per layer.
   size_t decode_bytes_per_token = 0;

@@ -71,6 +71,8 @@ struct CudaOptions {
   MissReads miss_reads = MissReads::kCopy;
   // --miss-reads host: misses of a decode token copied into the cache after it (--miss-admit, 0 to
   // 512; the layers take turns). Each costs the link time of one expert before the next token.
+  // Negative (the commands' default): adaptive, 16 or 64 by the recent decode hit rate
+  // (cache/admission.h).
   int miss_admit = 16;
   // Prediction and prefetch on a bounded cache (--prefetch off|on|early|late; docs/cuda.md
   // "Prediction and prefetch"): a host-routed decode token computes layer L+1's router and top-k on

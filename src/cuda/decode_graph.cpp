@@ -188,6 +188,7 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
   }
   std::memcpy(logits_out, logits_host, (size_t)c.n_vocab * sizeof(float));
   st.position += 1;
+  if (e.residency.host_misses()) e.admission.observe(n_layer * K - misses, n_layer * K);
   for (int L = 0; L < n_layer; L++) {
     const int32_t* ids = io_host + (size_t)L * K;
     e.residency.cache().touch(L, std::span<const int>(ids, (size_t)K));
@@ -202,7 +203,8 @@ bool decode_gpu_routed(Engine& e, SessionState& st, int32_t token, float* logits
     // happens to them: a failed copy leaves its experts in host memory, where they were read.
     e.stats.misses_read_in_place += (uint64_t)misses;
     try {
-      e.residency.admit_misses(std::span<const int32_t>(io_host, (size_t)n_layer * K), K, e.opts.miss_admit);
+      e.stats.miss_admit_last = e.admission.limit();
+      e.residency.admit_misses(std::span<const int32_t>(io_host, (size_t)n_layer * K), K, e.stats.miss_admit_last);
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "cuda: copying a decode token's misses into the expert cache failed (%s); they "
                    "stay in host memory\n", ex.what());

@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "cache/admission.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_weights.h"
@@ -119,6 +120,8 @@ struct Engine {
   const AttentionRow* batch_attention = nullptr;
   int batch_max_splits = 0;
   int predicted_layer = -1;         // the layer whose predicted selections are on their way to the host
+  // --miss-reads host: how many of a token's misses come into the cache (--miss-admit, or adaptive).
+  AdaptiveAdmission admission{opts.miss_admit};
 };
 
 // ---- forward.cpp ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -87,6 +88,12 @@ size_t host_memory_available() {
   return (size_t)kib << 10;
 }
 constexpr size_t kHostMemoryReserve = 4ull << 30;  // left to the system beside the page-locked experts
+
+// Expert e's gate, up and down matrices (in the mapping) with their offsets in a slot.
+std::array<std::pair<size_t, TensorView>, 3> slot_parts(const MoeDev& moe, int e) {
+  return {{{0, moe.gate_exps.matrix(e)}, {moe.up_offset, moe.up_exps.matrix(e)},
+           {moe.down_offset, moe.down_exps.matrix(e)}}};
+}
 }  // namespace
 
 bool ExpertResidency::make_host_experts() {
@@ -110,7 +117,6 @@ bool ExpertResidency::make_host_experts() {
   try {
     staging_.allocate((size_t)k * slot_bytes());
     staged_src_.allocate((size_t)k * sizeof(const uint8_t*));
-    n_predicted_slots_ = k;
     predicted_staging_.allocate((size_t)2 * k * slot_bytes());
     predicted_staged_.allocate((size_t)2 * k * sizeof(int32_t));
   } catch (const Error& ex) {
@@ -136,10 +142,7 @@ bool ExpertResidency::make_host_experts() {
       const MoeDev& moe = weights_.layers[L].moe;
       for (int e = 0; e < n_expert_; e++) {
         uint8_t* dst = base + ((size_t)L * n_expert_ + e) * slot_bytes();
-        const TensorView g = moe.gate_exps.matrix(e), u = moe.up_exps.matrix(e), d = moe.down_exps.matrix(e);
-        std::memcpy(dst, g.data, g.nbytes);
-        std::memcpy(dst + moe.up_offset, u.data, u.nbytes);
-        std::memcpy(dst + moe.down_offset, d.data, d.nbytes);
+        for (const auto& [offset, part] : slot_parts(moe, e)) std::memcpy(dst + offset, part.data, part.nbytes);
       }
     }
   };
@@ -229,12 +232,10 @@ void ExpertResidency::copy_misses(int L, const ExpertCache::Reservation& r, bool
       bytes += moe.expert_bytes;
       continue;
     }
-    const TensorView g = moe.gate_exps.matrix(e.expert), u = moe.up_exps.matrix(e.expert),
-                     d = moe.down_exps.matrix(e.expert);
-    RL_CUDA_CHECK(cudaMemcpyAsync(dst, g.data, g.nbytes, cudaMemcpyHostToDevice, copy));
-    RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.up_offset, u.data, u.nbytes, cudaMemcpyHostToDevice, copy));
-    RL_CUDA_CHECK(cudaMemcpyAsync(dst + moe.down_offset, d.data, d.nbytes, cudaMemcpyHostToDevice, copy));
-    bytes += g.nbytes + u.nbytes + d.nbytes;
+    for (const auto& [offset, part] : slot_parts(moe, e.expert)) {
+      RL_CUDA_CHECK(cudaMemcpyAsync(dst + offset, part.data, part.nbytes, cudaMemcpyHostToDevice, copy));
+      bytes += part.nbytes;
+    }
   }
   RL_CUDA_CHECK(cudaEventRecord(stop, streams_.copy));
   pending_copy_bytes_.push_back(bytes);

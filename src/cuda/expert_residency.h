@@ -68,9 +68,11 @@ class ExpertResidency {
   // With the host copy: the prediction branch's staging (two sets of n_expert_used slots and their
   // experts, alternating by layer: a layer's set is read while the next layer's is written).
   uint8_t* predicted_staging(int L) const {
-    return predicted_staging_.get<uint8_t>() + (size_t)(L % 2) * n_predicted_slots_ * slot_bytes();
+    return predicted_staging_.get<uint8_t>() + (size_t)(L % 2) * model_.config().n_expert_used * slot_bytes();
   }
-  int32_t* predicted_staged(int L) const { return predicted_staged_.get<int32_t>() + (L % 2) * n_predicted_slots_; }
+  int32_t* predicted_staged(int L) const {
+    return predicted_staged_.get<int32_t>() + (L % 2) * model_.config().n_expert_used;
+  }
   // After a GPU-routed token that read its misses in place (ids [n_layer][k]: its selections; those
   // not resident are its misses): up to `limit` of them are brought in (reserved and copied from
   // host memory, the compute stream waiting for the copies; the layers take turns being first),
@@ -134,7 +136,6 @@ class ExpertResidency {
   int admit_first_layer_ = 0;                     // admit_misses: the layer that goes first next time
   DeviceBuffer staging_;                          // [n_expert_used] slots (staging())
   DeviceBuffer staged_src_;                       // [n_expert_used] host-copy addresses (staged_src())
-  int n_predicted_slots_ = 0;                     // n_expert_used
   DeviceBuffer predicted_staging_;                // [2][n_expert_used] slots (predicted_staging())
   DeviceBuffer predicted_staged_;                 // [2][n_expert_used] int32 (predicted_staged())
   int in_flight_layer_ = -1;           // the last reservation's layer and experts (a prefetch spares them)

@@ -173,8 +173,7 @@ __device__ __forceinline__ const uint8_t* route_slot(uint64_t addr, int e, int k
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(
     const float* logits, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
     size_t miss_stride, const uint8_t* staging, const uint8_t** miss_src, StagedPrediction pred, int32_t* ids,
-    float* weights,
-    const uint8_t** slot_ptrs, int32_t* miss_count) {
+    float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   __shared__ unsigned long long keys[kMaxRouteExperts];
@@ -337,8 +336,7 @@ constexpr int kRouteWarpsF32 = 4;  // tokens per block (one warp each)
 __global__ void __launch_bounds__(32 * kRouteWarpsF32) route_kernel_f32(
     const float* logits, int T, int E, int K, float scale, const uint64_t* residency, const uint8_t* fallback,
     size_t miss_stride, const uint8_t* staging, const uint8_t** miss_src, StagedPrediction pred, int32_t* ids,
-    float* weights,
-    const uint8_t** slot_ptrs, int32_t* miss_count) {
+    float* weights, const uint8_t** slot_ptrs, int32_t* miss_count) {
   pdl_trigger();
   pdl_wait();  // launched as a programmatic dependent: its inputs are the previous kernel's output
   __shared__ float probs[kRouteWarpsF32][kMaxRouteExperts];
@@ -477,9 +475,7 @@ __global__ void __launch_bounds__(kStageThreads)
   const uint8_t* from = src[blockIdx.y];
   if (from) stage_expert(from, staging + (size_t)blockIdx.y * stride, bytes);
 }
-}  // namespace
 
-namespace {
 // One warp: staged[j] = ids[j] where that predicted expert is not resident, else -1.
 __global__ void name_predicted_misses_kernel(const int32_t* ids, int n, const uint64_t* residency, int32_t* staged) {
   pdl_trigger();
@@ -503,20 +499,24 @@ void check_stage_shape(const char* what, size_t bytes, size_t stride, const void
     throw_error(std::string(what) + ": experts of " + std::to_string(bytes) + " bytes " + std::to_string(stride) +
                 " apart must be whole 16-byte pieces, 16-byte aligned");
 }
+
+// The staging launchers' count of experts (what: the launcher; noun: what it counts).
+void check_stage_count(const char* what, int n, const char* noun) {
+  if (n < 1 || n > kMaxRouteK)
+    throw_error(std::string(what) + ": " + std::to_string(n) + " " + noun + " out of 1.." + std::to_string(kMaxRouteK));
+}
 }  // namespace
 
 void name_predicted_misses(const int32_t* ids, int n, const uint64_t* residency_row, int32_t* staged,
                            cudaStream_t stream) {
-  if (n < 1 || n > kMaxRouteK) throw_error("name_predicted_misses: " + std::to_string(n) + " experts out of 1.." +
-                                            std::to_string(kMaxRouteK));
+  check_stage_count("name_predicted_misses", n, "experts");
   launch_dependent(name_predicted_misses_kernel, dim3(1), dim3(32), stream, ids, n, residency_row, staged);
   RL_CUDA_LAUNCH_CHECK();
 }
 
 void stage_predicted(const int32_t* staged, int n, const uint8_t* host, size_t bytes, size_t stride,
                      uint8_t* staging, cudaStream_t stream) {
-  if (n < 1 || n > kMaxRouteK) throw_error("stage_predicted: " + std::to_string(n) + " experts out of 1.." +
-                                            std::to_string(kMaxRouteK));
+  check_stage_count("stage_predicted", n, "experts");
   check_stage_shape("stage_predicted", bytes, stride, staging);
   launch_dependent(stage_predicted_kernel, dim3(kStageBlocks, (unsigned)n), dim3(kStageThreads), stream, staged, host,
                    bytes, stride, staging);
@@ -525,8 +525,7 @@ void stage_predicted(const int32_t* staged, int n, const uint8_t* host, size_t b
 
 void stage_misses(const uint8_t* const* src, uint8_t* staging, int k, size_t bytes, size_t stride,
                   cudaStream_t stream) {
-  if (k < 1 || k > kMaxRouteK) throw_error("stage_misses: " + std::to_string(k) + " selections out of 1.." +
-                                            std::to_string(kMaxRouteK));
+  check_stage_count("stage_misses", k, "selections");
   check_stage_shape("stage_misses", bytes, stride, staging);
   launch_dependent(stage_misses_kernel, dim3(kStageBlocks, (unsigned)k), dim3(kStageThreads), stream, src, staging,
                    bytes, stride);

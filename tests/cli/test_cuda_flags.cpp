@@ -67,6 +67,19 @@ TEST(CudaFlags, PrefetchExpertsDefaultFollowsTheMissPathAndTheCache) {
       << r.out;
 }
 
+// The commands adapt --miss-admit to the decode hit rate unless given a count (cache/admission.h;
+// CudaOptions keeps 16); the help says so with the counts and the threshold.
+TEST(CudaFlags, HelpNamesTheAdaptiveMissAdmitDefault) {
+  const auto r = run_redlite("bench --help");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const size_t flag = r.out.find("--miss-admit");
+  ASSERT_NE(flag, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(default: 16, or 64 while the hit rate of the recent decode tokens is at least 0.6)", flag),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(rl::cuda::CudaOptions{}.miss_admit, 16);
+}
+
 TEST(CudaFlags, DocumentedValuesAreAccepted) {
   const std::string model = rl::test::fixture("tiny-qwen3next-q4km.gguf");
   RL_REQUIRE_FIXTURE(model);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "cache/admission.h"
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
@@ -215,7 +216,8 @@ TEST(CudaBackend, GpuRoutedDecodeEqualsSynchronousPath) {
 // from the experts' copy in page-locked host memory (the same bytes as a slot's), so its logits are
 // the synchronous path's bit for bit, with no token discarded, at any budget and any admission
 // (0: the cache keeps what the prefill brought; 16: some misses come in after each token, from the
-// host copy). A cache that holds every expert keeps no host copy.
+// host copy; -1: the commands' adaptive count, 16 or 64 by the recent hit rate). A cache that holds
+// every expert keeps no host copy.
 TEST(CudaBackend, MissesReadInPlaceEqualTheSynchronousPath) {
   RL_REQUIRE_GPU();
   const std::string path = test::fixture("tiny-qwen3next-q4km.gguf");
@@ -223,7 +225,7 @@ TEST(CudaBackend, MissesReadInPlaceEqualTheSynchronousPath) {
   auto model = Model::open(path);
   const int n_vocab = model->config().n_vocab;
   for (double fraction : {1.0, 0.5, 0.1}) {
-    for (int admit : {0, 16}) {
+    for (int admit : {0, 16, -1}) {
       SCOPED_TRACE("budget fraction " + std::to_string(fraction) + ", --miss-admit " + std::to_string(admit));
       cuda::CudaOptions host, sync_opts;
       host.cache_mib = sync_opts.cache_mib = fraction == 1.0 ? 0 : budget_mib(*model, fraction);
@@ -259,7 +261,13 @@ TEST(CudaBackend, MissesReadInPlaceEqualTheSynchronousPath) {
       const Config& cfg = model->config();
       EXPECT_EQ(d.cache.hits + d.cache.misses, 8ull * cfg.n_layer * cfg.n_expert_used);
       EXPECT_EQ(d.cache.misses, d.misses_read_in_place);
-      EXPECT_LE(d.cache.misses - d.cache.bypassed, 8ull * admit);
+      const int most = admit < 0 ? AdaptiveAdmission::kAdmitHigh : admit;
+      EXPECT_LE(d.cache.misses - d.cache.bypassed, 8ull * most);
+      if (admit < 0)
+        EXPECT_TRUE(d.miss_admit_last == AdaptiveAdmission::kAdmitLow || d.miss_admit_last == AdaptiveAdmission::kAdmitHigh)
+            << d.miss_admit_last;
+      else
+        EXPECT_EQ(d.miss_admit_last, admit);
     }
   }
 }

@@ -320,7 +320,6 @@ TEST_F(CudaGpuRouting, GroupByExpertMatchesTheDefinition) {
                Error);
 }
 
-}  // namespace
 // --miss-reads host: a selection that is not resident reads its host copy (host + e * stride) or,
 // with staging, staging slot k (staging + k * stride), whose bytes stage_misses then copies from the
 // host copy; a hit keeps its slot and its staging slot is left alone. Both tiers' route kernels.
@@ -369,15 +368,21 @@ TEST_F(CudaGpuRouting, MissesReadTheirHostCopyOrItsStagedCopy) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ids = to_host<int32_t>(dids, K);
     ptr = to_host<uint64_t>(dptr, K);
-    const auto staged = to_host<uint8_t>(staging, K * stride);
-    for (int k = 0; k < K; k++) {
-      const bool hit = residency[ids[k]] != 0;
-      EXPECT_EQ(ptr[k], hit ? residency[ids[k]] : (uint64_t)(staging.get<uint8_t>() + k * stride)) << "k=" << k;
-      for (size_t i = 0; i < stride; i++) {
-        const uint8_t want = !hit && i < bytes ? host[ids[k] * stride + i] : 0xEE;
-        ASSERT_EQ(staged[k * stride + i], want) << "k=" << k << " byte " << i << (hit ? " (hit)" : " (miss)");
+    // Each selection but `skip`: a hit keeps its slot and its staging slot untouched (0xEE); a miss
+    // reads staging slot k, which holds its expert's first `bytes` bytes of the host copy.
+    auto expect_staged = [&](int skip) {
+      const auto staged = to_host<uint8_t>(staging, K * stride);
+      for (int k = 0; k < K; k++) {
+        if (k == skip) continue;
+        const bool hit = residency[ids[k]] != 0;
+        EXPECT_EQ(ptr[k], hit ? residency[ids[k]] : (uint64_t)(staging.get<uint8_t>() + k * stride)) << "k=" << k;
+        for (size_t i = 0; i < stride; i++) {
+          const uint8_t want = !hit && i < bytes ? host[ids[k] * stride + i] : 0xEE;
+          ASSERT_EQ(staged[k * stride + i], want) << "k=" << k << " byte " << i << (hit ? " (hit)" : " (miss)");
+        }
       }
-    }
+    };
+    ASSERT_NO_FATAL_FAILURE(expect_staged(-1));
     // A staged prediction (stage_predicted) of the first missed selection and the first hit: the
     // miss reads the predicted slot and is not staged again; the hit is marked -1 and not copied.
     int miss_k = -1, hit_k = -1;
@@ -412,16 +417,9 @@ TEST_F(CudaGpuRouting, MissesReadTheirHostCopyOrItsStagedCopy) {
     EXPECT_EQ(ptr[miss_k], (uint64_t)(pred_slots.get<uint8_t>() + stride));
     const auto staged_again = to_host<uint8_t>(staging, K * stride);
     for (size_t i = 0; i < stride; i++) ASSERT_EQ(staged_again[miss_k * stride + i], 0xEE) << "staged twice";
-    for (int k = 0; k < K; k++) {  // the other selections as without the prediction
-      const bool hit = residency[ids[k]] != 0;
-      if (k == miss_k) continue;
-      EXPECT_EQ(ptr[k], hit ? residency[ids[k]] : (uint64_t)(staging.get<uint8_t>() + k * stride)) << "k=" << k;
-      for (size_t i = 0; i < stride; i++) {
-        const uint8_t want = !hit && i < bytes ? host[ids[k] * stride + i] : 0xEE;
-        ASSERT_EQ(staged_again[k * stride + i], want) << "k=" << k << " byte " << i;
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_staged(miss_k));  // the other selections as without the prediction
   }
 }
 
+}  // namespace
 }  // namespace rl

@@ -1,0 +1,75 @@
+// AdaptiveAdmission (cache/admission.h): a given --miss-admit is used as it is; unset, the count is
+// the low one until the recent hit rate (the first token's, then a moving average) reaches the
+// threshold, the high one while it stays there, the low one again once it falls below. The
+// averages and token counts are hand-computed (the recurrence r += (x - r) / 32).
+#include <gtest/gtest.h>
+
+#include "cache/admission.h"
+
+namespace rl {
+namespace {
+
+TEST(AdaptiveAdmission, AGivenCountIsUsedWhateverTheHitRate) {
+  for (const int given : {0, 16, 64, 512}) {
+    AdaptiveAdmission a(given);
+    EXPECT_FALSE(a.adaptive());
+    EXPECT_EQ(a.limit(), given);
+    for (int i = 0; i < 200; i++) a.observe(480, 480);
+    EXPECT_EQ(a.limit(), given);
+  }
+}
+
+TEST(AdaptiveAdmission, TheRateIsTheFirstTokensThenAMovingAverage) {
+  AdaptiveAdmission a;
+  EXPECT_TRUE(a.adaptive());
+  EXPECT_EQ(a.recent_hit_rate(), 0.0);
+  EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitLow);
+  a.observe(360, 480);
+  EXPECT_DOUBLE_EQ(a.recent_hit_rate(), 0.75);
+  EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitHigh);
+  a.observe(0, 480);  // 0.75 + (0 - 0.75) / 32
+  EXPECT_DOUBLE_EQ(a.recent_hit_rate(), 0.75 - 0.75 / 32);
+  a.observe(480, 480);
+  const double r = 0.75 - 0.75 / 32;
+  EXPECT_DOUBLE_EQ(a.recent_hit_rate(), r + (1 - r) / 32);
+}
+
+TEST(AdaptiveAdmission, TheCountFollowsTheRateAcrossTheThreshold) {
+  // A uniform model's rate at 8 GiB (178 of 480 selections hit, 0.37): the low count.
+  AdaptiveAdmission a;
+  a.observe(178, 480);
+  EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitLow);
+  // Then a skewed model's (408 of 480, 0.85): r_n = 0.85 - (0.85 - 0.37) (31/32)^n reaches 0.6 at
+  // n = 21 ((31/32)^20 = 0.530 > 0.25 / 0.479 = 0.522 > (31/32)^21 = 0.513).
+  int n = 0;
+  while (a.limit() == AdaptiveAdmission::kAdmitLow) {
+    a.observe(408, 480);
+    n++;
+    ASSERT_LT(n, 1000);
+  }
+  EXPECT_EQ(n, 21);
+  for (int i = n; i < 200; i++) a.observe(408, 480);
+  EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitHigh);
+  EXPECT_NEAR(a.recent_hit_rate(), 0.85, 0.002);
+  // Back to 0.37: r falls from about 0.85 under 0.6 after 24 tokens.
+  int m = 0;
+  while (a.limit() == AdaptiveAdmission::kAdmitHigh) {
+    a.observe(178, 480);
+    m++;
+    ASSERT_LT(m, 1000);
+  }
+  EXPECT_EQ(m, 24);
+  EXPECT_LT(a.recent_hit_rate(), AdaptiveAdmission::kAdmitHitRate);
+}
+
+TEST(AdaptiveAdmission, ImpossibleCountsAreRefused) {
+  AdaptiveAdmission a;
+  EXPECT_THROW(a.observe(1, 0), Error);
+  EXPECT_THROW(a.observe(-1, 10), Error);
+  EXPECT_THROW(a.observe(11, 10), Error);
+  EXPECT_EQ(a.recent_hit_rate(), 0.0);
+  EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitLow);
+}
+
+}  // namespace
+}  // namespace rl
