@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
     double ms_sum = 0;
     for (int r = -10; r < reps; r++) {  // 10 warm-up replays
       s->ready = 0;
-  s->done = 0;
+      s->done = 0;
       check(cudaEventRecord(t0, stream), "record");
       check(cudaGraphLaunch(exec, stream), "launch");
       check(cudaEventRecord(t1, stream), "record");

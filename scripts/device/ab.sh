@@ -30,7 +30,9 @@
 #                  hit rate, prediction accuracy, prefetched / used / wasted
 #     miss-reads   AB_ROUNDS rounds of the tree's bench at each --cache-mib of $MISS_MIBS (default
 #                  8192) with each MODE of $MISS_MODES (default "copy host:16 host:0"; host:N[:P[:E]] is
-#                  --miss-reads host --miss-admit N [--prefetch P [--prefetch-experts E]]), the order alternating by round; MISS_MODEL=skew
+#                  --miss-reads host --miss-admit N [--prefetch P [--prefetch-experts E]], an empty
+#                  field leaving its flag to the commands' default, e.g. host or host::off), the
+#                  order alternating by round; MISS_MODEL=skew
 #                  uses the 80B with --router-skew 1.0 (made once in /dev/shm); a line a run: decode
 #                  tok/s, hit rate, misses read in place and bypassed, copy GB/s; after step
 #                  patches, each patch's binary runs the host modes beside the tree's

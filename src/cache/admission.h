@@ -2,13 +2,14 @@
 // docs/cuda.md "Misses read in place"). Each admission costs the link time of one expert before the
 // next token, and pays only if the expert is selected again before it is evicted: under uniform
 // routing (every expert as likely; the hit rate stays near the cache's share of the experts) few
-// admissions pay, under skewed routing (real routers: some experts far more often) many do. On the
-// H100 (2026-12-06, docs/PERF.md): uniform routers at 8 GiB (hit rate 0.37) decoded 110.2 tok/s
-// admitting 16 a token against 103.4 admitting 64; the skewed model (`--router-skew 1.0`, hit rate
-// 0.85) 164.7 admitting 64, and before the staged reads 152.6 against 136.6 admitting 16.
+// admissions pay, under skewed routing (real routers: some experts far more often) many do. On one
+// H100 host (2026-12-06, d9f9889's A/B, docs/PERF.md), decode tok/s admitting 16 / 64: uniform
+// routers at 8 GiB (hit rate 0.37 admitting 16) 92.8, 92.3 / 89.8, 90.0, at 2 GiB 73.1, 73.4 / 69.0,
+// 69.1; the skewed model (`--router-skew 1.0`, 0.85 admitting 64) 153.1, 152.9 / 155.1, 154.4.
 //
 // With no count given (--miss-admit unset), the count follows the recent decode hit rate: kAdmitLow
-// while it is under kAdmitHitRate, kAdmitHigh from there on. The rate is the first token's, then an
+// while it is under kAdmitHitRate, kAdmitHigh from there on. The threshold lies between the rates
+// measured (0.11, 0.37 uniform; 0.85 skewed); it was not tuned further. The rate is the first token's, then an
 // exponential moving average over the tokens (weight 1 / kAdmitWindow for the newest). Pure CPU,
 // unit-tested.
 #pragma once

@@ -9,6 +9,17 @@
 namespace rl {
 namespace {
 
+// Tokens of `hits` of 480 selections observed until the count changes from what it was; -1 when it
+// has not after 1,000.
+int tokens_until_the_count_changes(AdaptiveAdmission& a, int hits) {
+  const int before = a.limit();
+  for (int n = 1; n <= 1000; n++) {
+    a.observe(hits, 480);
+    if (a.limit() != before) return n;
+  }
+  return -1;
+}
+
 TEST(AdaptiveAdmission, AGivenCountIsUsedWhateverTheHitRate) {
   for (const int given : {0, 16, 64, 512}) {
     AdaptiveAdmission a(given);
@@ -41,24 +52,15 @@ TEST(AdaptiveAdmission, TheCountFollowsTheRateAcrossTheThreshold) {
   EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitLow);
   // Then a skewed model's (408 of 480, 0.85): r_n = 0.85 - (0.85 - 0.37) (31/32)^n reaches 0.6 at
   // n = 21 ((31/32)^20 = 0.530 > 0.25 / 0.479 = 0.522 > (31/32)^21 = 0.513).
-  int n = 0;
-  while (a.limit() == AdaptiveAdmission::kAdmitLow) {
-    a.observe(408, 480);
-    n++;
-    ASSERT_LT(n, 1000);
-  }
-  EXPECT_EQ(n, 21);
+  const int n = tokens_until_the_count_changes(a, 408);
+  ASSERT_EQ(n, 21);
+  EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitHigh);
   for (int i = n; i < 200; i++) a.observe(408, 480);
   EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitHigh);
   EXPECT_NEAR(a.recent_hit_rate(), 0.85, 0.002);
   // Back to 0.37: r falls from about 0.85 under 0.6 after 24 tokens.
-  int m = 0;
-  while (a.limit() == AdaptiveAdmission::kAdmitHigh) {
-    a.observe(178, 480);
-    m++;
-    ASSERT_LT(m, 1000);
-  }
-  EXPECT_EQ(m, 24);
+  EXPECT_EQ(tokens_until_the_count_changes(a, 178), 24);
+  EXPECT_EQ(a.limit(), AdaptiveAdmission::kAdmitLow);
   EXPECT_LT(a.recent_hit_rate(), AdaptiveAdmission::kAdmitHitRate);
 }
 
