@@ -49,7 +49,8 @@
 #     cpu-fast     the 80B on the CPU backend's fast tier, 16 threads (32 decode tokens, 64-token prefill);
 #                  CPU_THREADS (default 16) may list several counts, e.g. "16 8 4"; $OUT/cpu-fast-N.log
 #     main         AB_ROUNDS (default 2) rounds of `bench --reps 1` on each binary (the base's where built), alternating
-#                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier);
+#                  (--numerics $AB_NUMERICS, default exact: the base may know only that tier; $AB_FLAGS
+#                  added, e.g. "--prefill-chunk 512");
 #                  AB_VARIANT=1 adds the variant's binary (step variant) to each round; the
 #                  binaries of step patches ($PATCHES) join each round too
 #     depths       `bench --depths $DEPTHS` on the tree's binary (default 0,4096,16384,32768,65536)
@@ -336,7 +337,7 @@ for s in "$@"; do
             tree) bin=$BUILD/redlite ;; base) bin=$BASE_BUILD/redlite ;; variant) bin=/tmp/rl-build-variant/redlite ;;
             *) bin=/tmp/rl-bin-$b ;;
           esac
-          step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json --numerics ${AB_NUMERICS:-exact}
+          step "ab-$b-$r" "$bin" bench -m $M80 --backend cuda --reps 1 --json --numerics ${AB_NUMERICS:-exact} ${AB_FLAGS:-}
           log "ab $b $r: $(speeds "$OUT/ab-$b-$r.log")"
         done
       done
