@@ -40,7 +40,6 @@ class AdaptiveAdmission {
     return rate_ < kAdmitHitRate ? kAdmitLow : kAdmitHigh;
   }
   double recent_hit_rate() const { return rate_; }
-  bool adaptive() const { return given_ < 0; }
 
  private:
   int given_;

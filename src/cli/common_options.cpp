@@ -90,11 +90,10 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
   // The commands adapt the admissions to the hit rate unless given a count (cache/admission.h).
   opts.miss_admit = -1;
   app.add_option("--miss-admit", opts.miss_admit,
-                 "cuda, --miss-reads host: misses of a decode token copied into the cache after it (default: " +
-                     std::to_string(AdaptiveAdmission::kAdmitLow) + ", or " +
-                     std::to_string(AdaptiveAdmission::kAdmitHigh) +
-                     " while the hit rate of the recent decode tokens is at least " +
-                     fmt::format("{}", AdaptiveAdmission::kAdmitHitRate) + ")")
+                 fmt::format("cuda, --miss-reads host: misses of a decode token copied into the cache after it "
+                             "(default: {}, or {} while the hit rate of the recent decode tokens is at least {})",
+                             AdaptiveAdmission::kAdmitLow, AdaptiveAdmission::kAdmitHigh,
+                             AdaptiveAdmission::kAdmitHitRate))
       ->check(CLI::Range(0, 512))
       ->group(group);
   using P = cuda::CudaOptions::Prefetch;
@@ -108,11 +107,11 @@ void add_cuda_options(CLI::App& app, cuda::CudaOptions& opts) {
   // The commands leave the count to the path and the cache (cuda::prefetch_count); CudaOptions keeps 8.
   opts.prefetch_experts = 0;
   app.add_option("--prefetch-experts", opts.prefetch_experts,
-                 "cuda, --prefetch: how many of the predicted experts (the most likely first) are copied ahead "
-                 "(default: with --miss-reads host " + std::to_string(cuda::kStagedPrefetchExperts) + ", or " +
-                     std::to_string(cuda::kStagedPrefetchExpertsSmallCache) +
-                     " where the cache holds under a quarter of the experts; " +
-                     std::to_string(cuda::kCopyPrefetchExperts) + " with copy; at most the model's experts per token)")
+                 fmt::format("cuda, --prefetch: how many of the predicted experts (the most likely first) are "
+                             "copied ahead (default: with --miss-reads host {}, or {} where the cache holds under a "
+                             "quarter of the experts; {} with copy; at most the model's experts per token)",
+                             cuda::kStagedPrefetchExperts, cuda::kStagedPrefetchExpertsSmallCache,
+                             cuda::kCopyPrefetchExperts))
       ->check(CLI::Range(1, 512))
       ->group(group);
   app.add_flag("--profile", opts.profile,
