@@ -8,6 +8,7 @@
 
 #include "cpu/attention_fast.h"
 #include "cpu/delta_rule.h"
+#include "cpu/fast_simd.h"
 #include "cpu/ops.h"
 #include "cpu/products.h"
 
@@ -389,7 +390,10 @@ void deltanet_layer(const Products& mm, const Config& c, const DeltaNetWeights& 
         delta_rule_step_exact(S, q, k, v, decay, b, dk, dv, oj);
       rmsnorm(oj, vec.ssm_norm.data(), c.rms_eps, dv, oj);
       const float* zj = z.data() + (size_t)t * value_dim + j * dv;
-      for (int i = 0; i < dv; i++) oj[i] *= silu(zj[i]);
+      if (fast)
+        simd::mul_silu_fast(oj, zj, dv);
+      else
+        for (int i = 0; i < dv; i++) oj[i] *= silu(zj[i]);
     }
   });
   mm.matmul(w.out, o.data(), T, out);
@@ -424,12 +428,14 @@ void route(const Config& c, const float* logits, int T, int32_t* ids, float* wei
 }
 
 // g = SiLU(g) * u, element-wise, over the pool in chunks (a decode step's ten experts are 5,120
-// values at the 80B's widths).
-void swiglu_into(ThreadPool& pool, Buf& g, const Buf& u) {
+// values at the 80B's widths); the fast tier's SiLU in fp32 on eight lanes (simd::swiglu_fast),
+// the oracle's in double.
+void swiglu_into(ThreadPool& pool, Buf& g, const Buf& u, bool fast) {
   constexpr int64_t kChunk = 2048;
   pool.run(((int64_t)g.size() + kChunk - 1) / kChunk, [&](int64_t task) {
-    const size_t end = std::min(g.size(), (size_t)(task + 1) * kChunk);
-    for (size_t i = (size_t)task * kChunk; i < end; i++) g[i] = silu(g[i]) * u[i];
+    const size_t begin = (size_t)task * kChunk, end = std::min(g.size(), begin + kChunk);
+    if (fast) return simd::swiglu_fast(g.data() + begin, u.data() + begin, end - begin);
+    for (size_t i = begin; i < end; i++) g[i] = silu(g[i]) * u[i];
   });
 }
 
@@ -482,8 +488,9 @@ void moe_layer(const Products& mm, const Config& c, const MoeWeights& w, int lay
   gate_up.push_back({w.shared_gate_inp, h2, T, shared_gate.data()});
   down.push_back({w.down_shexp, shared_g.data(), T, shared.data()});
   mm.matmul_batch(gate_up);
-  swiglu_into(mm.pool(), gate, up);
-  swiglu_into(mm.pool(), shared_g, shared_u);
+  const bool fast = mm.numerics() == Numerics::kFast;
+  swiglu_into(mm.pool(), gate, up, fast);
+  swiglu_into(mm.pool(), shared_g, shared_u, fast);
   mm.matmul_batch(down);
   Buf expert_out((size_t)T * K * n_embd);  // [T][K][n_embd]
   for (int e = 0, row = 0; e < E; row += (int)slots[e].size(), e++)
