@@ -147,6 +147,10 @@ Agreement compare(const std::vector<float>& a, const std::vector<float>& ref, si
 // boundary moves by a whole step, so a few millesimal changes of the cache give logits changes
 // of that order. The accuracy that matters is FastTierParity's (every type meets the tier's bar
 // against llama.cpp's reference); these bounds catch a cache that stores the wrong values.
+// Since the fast tier's SiLU is fp32 (simd::silu8, 2026-12-06) the same run measures f16 4.39e-3 /
+// 7.98e-3 / 1.0000, bf16 6.14e-3 / 9.17e-3 / 0.9885, q8_0 7.04e-3 / 3.19e-2 / 0.9885: bf16 lost its
+// outlier and q8_0 gained one (position 55; every other position within 1.2e-2), so q8_0's maximum
+// bound is twice that measurement, as the others were made; the means and top-1 bounds stand.
 TEST_F(KvTypeModelB, EachTypeWithinItsBoundOfTheF32Cache) {
   const size_t V = (size_t)model_->config().n_vocab;
   const std::vector<float> ref = logits(KvType::kF32);
@@ -157,7 +161,7 @@ TEST_F(KvTypeModelB, EachTypeWithinItsBoundOfTheF32Cache) {
     double mean_rel_rms, max_rel_rms, top1;
   };
   for (const Bound& b : {Bound{KvType::kF16, 8.7e-3, 1.62e-2, 0.982}, Bound{KvType::kBF16, 1.26e-2, 4.4e-2, 0.971},
-                         Bound{KvType::kQ8_0, 1.37e-2, 1.87e-2, 0.982}}) {
+                         Bound{KvType::kQ8_0, 1.37e-2, 6.4e-2, 0.982}}) {
     const Agreement g = compare(logits(b.type), ref, V);
     std::printf("%s: mean rel rms %.3e, max %.3e, top-1 %.4f\n", kv_type_name(b.type), g.mean_rel_rms,
                 g.max_rel_rms, g.top1);
