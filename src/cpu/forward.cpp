@@ -91,7 +91,12 @@ class Buf {
  private:
   static constexpr size_t kPooled = 32;
   static std::vector<std::vector<float>>& pool() {
-    thread_local std::vector<std::vector<float>> freed;
+    // Reserved once, so that a destructor's push_back never allocates.
+    thread_local std::vector<std::vector<float>> freed = [] {
+      std::vector<std::vector<float>> v;
+      v.reserve(kPooled);
+      return v;
+    }();
     return freed;
   }
   // The smallest freed vector that holds n values, else the largest (assign grows it).

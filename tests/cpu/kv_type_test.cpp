@@ -119,7 +119,7 @@ class KvTypeModelB : public test::ModelBTest {
 };
 
 struct Agreement {
-  double mean_rel_rms = 0, max_rel_rms = 0, top1 = 0;
+  double mean_rel_rms = 0, max_rel_rms = 0, second_rel_rms = 0, top1 = 0;  // second: the second-largest position's
 };
 
 Agreement compare(const std::vector<float>& a, const std::vector<float>& ref, size_t n_vocab) {
@@ -129,6 +129,7 @@ Agreement compare(const std::vector<float>& a, const std::vector<float>& ref, si
     const std::span<const float> x(a.data() + t * n_vocab, n_vocab), y(ref.data() + t * n_vocab, n_vocab);
     const double r = relative_rms(x, y);
     g.mean_rel_rms += r / n;
+    g.second_rel_rms = std::max(g.second_rel_rms, std::min(g.max_rel_rms, r));
     g.max_rel_rms = std::max(g.max_rel_rms, r);
     g.top1 += (argmax(x) == argmax(y)) / (double)n;
   }
@@ -150,7 +151,8 @@ Agreement compare(const std::vector<float>& a, const std::vector<float>& ref, si
 // Since the fast tier's SiLU is fp32 (simd::silu8, 2026-12-06) the same run measures f16 4.39e-3 /
 // 7.98e-3 / 1.0000, bf16 6.14e-3 / 9.17e-3 / 0.9885, q8_0 7.04e-3 / 3.19e-2 / 0.9885: bf16 lost its
 // outlier and q8_0 gained one (position 55; every other position within 1.2e-2), so q8_0's maximum
-// bound is twice that measurement, as the others were made; the means and top-1 bounds stand.
+// bound is twice that measurement, as the others were made, and its second-largest position keeps
+// the old maximum's bound (1.87e-2); the means and top-1 bounds stand.
 TEST_F(KvTypeModelB, EachTypeWithinItsBoundOfTheF32Cache) {
   const size_t V = (size_t)model_->config().n_vocab;
   const std::vector<float> ref = logits(KvType::kF32);
@@ -158,15 +160,17 @@ TEST_F(KvTypeModelB, EachTypeWithinItsBoundOfTheF32Cache) {
   EXPECT_EQ(std::memcmp(logits(KvType::kF32).data(), ref.data(), ref.size() * sizeof(float)), 0);
   struct Bound {
     KvType type;
-    double mean_rel_rms, max_rel_rms, top1;
+    double mean_rel_rms, max_rel_rms, second_rel_rms, top1;
   };
-  for (const Bound& b : {Bound{KvType::kF16, 8.7e-3, 1.62e-2, 0.982}, Bound{KvType::kBF16, 1.26e-2, 4.4e-2, 0.971},
-                         Bound{KvType::kQ8_0, 1.37e-2, 6.4e-2, 0.982}}) {
+  for (const Bound& b : {Bound{KvType::kF16, 8.7e-3, 1.62e-2, 1.62e-2, 0.982},
+                         Bound{KvType::kBF16, 1.26e-2, 4.4e-2, 4.4e-2, 0.971},
+                         Bound{KvType::kQ8_0, 1.37e-2, 6.4e-2, 1.87e-2, 0.982}}) {
     const Agreement g = compare(logits(b.type), ref, V);
-    std::printf("%s: mean rel rms %.3e, max %.3e, top-1 %.4f\n", kv_type_name(b.type), g.mean_rel_rms,
-                g.max_rel_rms, g.top1);
+    std::printf("%s: mean rel rms %.3e, max %.3e, second %.3e, top-1 %.4f\n", kv_type_name(b.type), g.mean_rel_rms,
+                g.max_rel_rms, g.second_rel_rms, g.top1);
     EXPECT_LE(g.mean_rel_rms, b.mean_rel_rms) << kv_type_name(b.type);
     EXPECT_LE(g.max_rel_rms, b.max_rel_rms) << kv_type_name(b.type);
+    EXPECT_LE(g.second_rel_rms, b.second_rel_rms) << kv_type_name(b.type);
     EXPECT_GE(g.top1, b.top1) << kv_type_name(b.type);
   }
 }
