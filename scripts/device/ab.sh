@@ -6,6 +6,8 @@
 #
 #   scripts/device/ab.sh STEP...     steps, in order:
 #     build        build both (redlite; the tree's test_cuda too); SKIP_BASE=1: the tree only
+#     build-bin    the tree's redlite alone (no tests, no base): with `patches main`, an A/B for a call
+#                  short of device time, e.g. PATCHES=P AB_NUMERICS=fast ab.sh build-bin patches main
 #     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX); TEST_FILTER: a --gtest_filter
 #     unpack-a     fixture A and its references from .deps/fixApack (the gguf as .xz, the two
 #                  reference JSONs as refs-json.tar.xz, the last-logits files) into /tmp/rl-fix-a:
@@ -151,12 +153,16 @@ keep_and_test_patch() { keep_patch_bin "$1"; test_patch "$1"; }
 test_patch() { REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step "test_cuda-$1" "$BUILD/test_cuda" ${TEST_FILTER:+--gtest_filter=$TEST_FILTER}; }
 for s in "$@"; do
   case "$s" in
+    build-bin)
+      configure "$ROOT" $BUILD || { log "configure failed"; exit 1; }
+      STEP_TIMEOUT=500 step build-bin ninja -C $BUILD -j16 redlite || exit 1
+      ;;
     build)
-      if [ ! -d $BASE_SRC ]; then mkdir -p $BASE_SRC && tar -xzf "$ROOT/.deps/base/base-src.tgz" -C $BASE_SRC; fi
       if [ "${SKIP_BASE:-0}" = 1 ]; then
         configure "$ROOT" $BUILD || { log "configure failed"; exit 1; }
         STEP_TIMEOUT=500 step build ninja -C $BUILD -j16 redlite test_cuda test_cache || exit 1
       else
+        if [ ! -d $BASE_SRC ]; then mkdir -p $BASE_SRC && tar -xzf "$ROOT/.deps/base/base-src.tgz" -C $BASE_SRC; fi
         configure "$ROOT" $BUILD && configure $BASE_SRC $BASE_BUILD || { log "configure failed"; exit 1; }
         STEP_TIMEOUT=500 step build bash -c "ninja -C $BUILD -j16 redlite test_cuda test_cache & p=\$!; ninja -C $BASE_BUILD -j16 redlite; r=\$?; wait \$p && exit \$r" || exit 1
       fi
