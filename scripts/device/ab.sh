@@ -10,7 +10,7 @@
 #                  short of device time, e.g. PATCHES=P AB_NUMERICS=fast ab.sh build-bin patches main
 #     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX); TEST_FILTER: a --gtest_filter
 #     unpack-a     fixture A and its references from .deps/fixApack (the gguf as .xz, the two
-#                  reference JSONs as refs-json.tar.xz, the last-logits files) into /tmp/rl-fix-a:
+#                  reference JSONs as refs-json.tar.xz, the last-logits files, loose or as logits.tar.xz) into /tmp/rl-fix-a:
 #                  with the tree they fit a call's 64 MiB only without .deps/debs, so run it on a
 #                  warm machine right after a call that built, e.g.
 #                  FIX_DIR=/tmp/rl-fix-a ab.sh unpack-a test parity parity-fast   (carry .deps/fixApack)
@@ -171,7 +171,8 @@ for s in "$@"; do
     unpack-a)
       P=$ROOT/.deps/fixApack A=/tmp/rl-fix-a
       mkdir -p $A && xz -dc $P/tiny-qwen3next-iq2xxs.gguf.xz > $A/tiny-qwen3next-iq2xxs.gguf &&
-        tar -xJf $P/refs-json.tar.xz -C $A && cp $P/*.last_logits.f32 $A/ && log "unpack-a: $(ls $A | wc -l) files in $A" ||
+        tar -xJf $P/refs-json.tar.xz -C $A &&
+        { [ -f $P/logits.tar.xz ] && tar -xJf $P/logits.tar.xz -C $A || cp $P/*.last_logits.f32 $A/; } && log "unpack-a: $(ls $A | wc -l) files in $A" ||
         { log "unpack-a failed"; status=1; }
       ;;
     parity)
@@ -286,7 +287,7 @@ for s in "$@"; do
       configure "$ROOT" $BUILD && STEP_TIMEOUT=400 step build-handoff ninja -C $BUILD -j16 bench_host_handoff
       for w in ${HANDOFF_WORK_US:-0 20}; do
         step handoff-$w "$BUILD/bench_host_handoff" --layers 48 --work-us $w --reps 200
-        grep -E "token" "$OUT/handoff-$w.log" | sed "s/^/handoff work $w us: /" | tee -a "$OUT/summary.txt"
+        grep -E "token|failed" "$OUT/handoff-$w.log" | sed "s/^/handoff work $w us: /" | tee -a "$OUT/summary.txt"
       done
       ;;
     bench-8g) model; step bench-80b-8g "$BUILD/redlite" bench -m $M80 --backend cuda --cache-mib 8192 --reps 1 --json ;;

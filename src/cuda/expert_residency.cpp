@@ -268,8 +268,9 @@ void ExpertResidency::admit_misses(std::span<const int32_t> ids, int k, int limi
   // At most the slots beyond one layer's selections: a later layer's reservation, which spares only
   // its own experts, then evicts older experts before any brought in moments earlier.
   limit = std::min(limit, std::max(0, cache_->n_slots() - k));
-  std::vector<std::pair<int, int>> admit;  // (layer, expert), the layers in turn
-  std::vector<int> rest;
+  std::vector<std::pair<int, int>>& admit = admit_scratch_;  // (layer, expert), the layers in turn
+  std::vector<int>& rest = rest_scratch_;
+  admit.clear();
   int next_first = admit_first_layer_;
   for (int i = 0; i < n; i++) {
     const int L = (admit_first_layer_ + i) % n;
@@ -288,7 +289,7 @@ void ExpertResidency::admit_misses(std::span<const int32_t> ids, int k, int limi
   }
   admit_first_layer_ = next_first;
   // Each layer's admissions as one reservation (a layer's entries are consecutive).
-  std::vector<int> experts;
+  std::vector<int>& experts = rest_scratch_;
   for (size_t a = 0; a < admit.size();) {
     const int L = admit[a].first;
     experts.clear();

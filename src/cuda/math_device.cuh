@@ -214,6 +214,24 @@ __device__ __forceinline__ void imma_16x8x32(int (&d)[4], const uint32_t (&a)[4]
 // Brings the 32-byte sector holding p into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Copies of 16, 8 or 4 bytes into shared memory; an invalid one writes zeros (source size 0).
+template <int N>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
+  static_assert(N == 4 || N == 8 || N == 16);
+  if constexpr (N == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_addr(dst)), "l"(src), "n"(N),
+                 "r"(valid ? N : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
+// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
 // The Q8 form of four consecutive values a thread holds (value index `at`, a multiple of 4), eight
 // consecutive lanes holding one block of 32: quantize_q8's arithmetic (matvec_q8.cu) on the same
 // values, so the same bits — int8 per value, (d, d·Σq) per block, d NaN for a block with a value

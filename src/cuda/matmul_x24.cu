@@ -22,10 +22,11 @@
 // rows of gate and the same 8 of up) × 16 tokens (two 8-token sub-tiles, those wholly past the
 // group's tokens skipped), stepping 32 columns at a time; the A fragment of k16 half h of a step is
 // lane (g, q)'s four weights 16h + 4q .. +3 of rows g and g + 8, which is half q % 2 of the 8-value
-// chunk 2h + q / 2, so a lane looks up its grid word directly. The three limb planes of a step are
-// staged in shared memory (double-buffered) so that lane (g, q) reads its B words conflict-free;
-// the weights' raw fields and the step's activations are read a step ahead, and each row's
-// super-block kPrefetchSupers ahead is prefetched into L2. (On the H200 the kernel is not bound by
+// chunk 2h + q / 2, so a lane looks up its grid word directly. The limb planes of a super-block's
+// eight steps are copied into shared memory at once (cp.async, double-buffered, one barrier a
+// super-block instead of one a step) so that lane (g, q) reads its B words conflict-free; the
+// weights' raw fields are read two steps ahead, and each row's super-block kPrefetchSupers ahead is
+// prefetched into L2. (On the H200 the kernel is not bound by
 // memory — DRAM 6-7 % busy — and not by the multiply-adds of m either: a variant without them,
 // six accumulating mma per half instead, ran no faster. Nsight Compute: issue slots ~60 % busy at
 // 16 warps an SM, the largest stall fixed-latency dependencies: the sixth and seventh sessions of
@@ -263,9 +264,10 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
   const int cnt = row_cnt ? row_cnt[g] : n_tokens;
   const int tile_t = blockIdx.y * kTokens;
   if (tile_t >= cnt) return;
-  // Staged limbs: [buffer][limb][half][token] of 16 bytes (lane (g, q)'s B word of sub-tile s is
-  // word q of entry [l][h][8s + g]: a warp reads 32 consecutive words).
-  __shared__ uint4 xs[2][L * 2 * kTokens];
+  // Staged limbs, a super-block at a time: [buffer][step][limb][half][token] of 16 bytes (lane
+  // (g, q)'s B word of sub-tile s in step j is word q of entry [j][l][h][8s + g]: a warp reads 32
+  // consecutive words).
+  __shared__ uint4 xs[2][kStepsPerSuper][L * 2 * kTokens];
   constexpr int kStepBytes = L * kStep;  // a token's bytes of one step: [limb][32]
   const SharedTables<T> tab;
   const uint32_t* grid32 = reinterpret_cast<const uint32_t*>(tab.grid);
@@ -293,21 +295,34 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
     wrow[i] = b + (size_t)(w_valid[i] ? r : 0) * row_bytes;
   }
 
-  // Piece p of a step (p < n_pieces): 16 bytes of limb l, half h of token t, p = (2l + h)·n + t
-  // with n = active·8 tokens (zeros past the tile's tokens).
+  // Piece p of a super-block (p < kStepsPerSuper · n_pieces; a thread's pieces are tid + k · kThreads):
+  // 16 bytes of limb l, half h of token t in step j, p = j · n_pieces + (2l + h) · n + t with
+  // n = active·8 tokens; tokens past the tile's are copied as zeros. Where each of the thread's
+  // pieces goes (its entry of xs[buf]; -1: none) and comes from (its offset in a super-block's
+  // activations; -1: a zero piece).
+  constexpr int kPieces = (kStepsPerSuper * L * 2 * kTokens + kThreads - 1) / kThreads;
   const int n_tok = active * 8, n_pieces = n_tok * L * 2;
-  const int p_lh = tid / n_tok, p_t = tid % n_tok;
-  auto load_piece = [&](int step) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (tid < n_pieces && p_t < tile_n)
-      v = *reinterpret_cast<const uint4*>(xg + (size_t)p_t * x_row + (size_t)step * kStepBytes + 16 * p_lh);
-    return v;
+  int piece_entry[kPieces];
+  long long piece_src[kPieces];
+#pragma unroll
+  for (int k = 0; k < kPieces; k++) {
+    const int p = tid + k * kThreads, j = p / n_pieces, lh = p % n_pieces / n_tok, t = p % n_tok;
+    piece_entry[k] = p < kStepsPerSuper * n_pieces ? j * (L * 2 * kTokens) + lh * kTokens + t : -1;
+    piece_src[k] = t < tile_n ? (long long)((size_t)t * x_row + (size_t)j * kStepBytes + 16 * lh) : -1;
+  }
+  auto copy_super = [&](int sb, int b) {
+    const uint8_t* src = xg + (size_t)sb * kStepsPerSuper * kStepBytes;
+#pragma unroll
+    for (int k = 0; k < kPieces; k++)
+      if (piece_entry[k] >= 0)
+        cp_async<16>(&xs[b][0][0] + piece_entry[k], src + (piece_src[k] >= 0 ? piece_src[k] : 0), piece_src[k] >= 0);
+    cp_async_commit();
   };
-  typename W::Raw raw[2];
-  auto fetch_weights = [&](int step) {
+  typename W::Raw raw[2], raw_next[2];  // the weights of the step being decoded and of the next
+  auto fetch_weights = [&](typename W::Raw (&r)[2], int step) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
-      if (w_valid[i]) raw[i] = W::load(wrow[i], step, fq);
+      if (w_valid[i]) r[i] = W::load(wrow[i], step, fq);
   };
   // L2 prefetches of the weights of the super-block kPrefetchSupers ahead (each row's block by its
   // 4 lanes: offsets 0, 32, 64 and the last byte cover the block's sectors).
@@ -317,65 +332,71 @@ __global__ void __launch_bounds__(kThreads, 2) x24_kernel(
       if (w_valid[i]) prefetch_l2(wrow[i] + (size_t)sb * W::kBytes + min(32 * fq, W::kBytes - 1));
   };
   for (int sb = 0; sb < kPrefetchSupers && sb < nsb; sb++) prefetch_weights(sb);
-  uint4 xr = load_piece(0);
-  fetch_weights(0);
+  if (nsb > 0) {  // (no columns: the outputs are zeros, and no copy may be left in flight)
+    copy_super(0, 0);
+    fetch_weights(raw, 0);
+    fetch_weights(raw_next, 1);
+  }
 
   int acc[kSubTiles][L][4];
   double out[kSubTiles][4] = {};
-  int buf = 0;
-  for (int step = 0; step < steps; step++, buf ^= 1) {
-    if ((step & (kStepsPerSuper - 1)) == 0) {
+  // A super-block's activations are staged at once, with one barrier: the copies of super-block
+  // sb + 1 go into the other buffer once every warp has passed super-block sb's barrier, so has
+  // read super-block sb - 1's; each thread waits for its own copies before the barrier. The
+  // weights are read into registers two steps ahead.
+  for (int sb = 0; sb < nsb; sb++) {
+    const int buf = sb & 1;
 #pragma unroll
-      for (int s = 0; s < kSubTiles; s++)
+    for (int s = 0; s < kSubTiles; s++)
 #pragma unroll
-        for (int l = 0; l < L; l++)
+      for (int l = 0; l < L; l++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) acc[s][l][e] = 0;
-      const int sb_ahead = step / kStepsPerSuper + kPrefetchSupers;
-      if (sb_ahead < nsb) prefetch_weights(sb_ahead);
-    }
-    if (tid < n_pieces) xs[buf][p_lh * kTokens + p_t] = xr;
-    X24Chunk c[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      if (w_valid[i]) {
-        c[i] = W::decode(raw[i], fq, step, grid32, masks32);
-      } else {
-        c[i].a[0] = c[i].a[1] = 0;
-        c[i].m[0] = c[i].m[1] = 0;
-      }
-    }
-    if (step + 1 < steps) {
-      xr = load_piece(step + 1);
-      fetch_weights(step + 1);
-    }
+        for (int e = 0; e < 4; e++) acc[s][l][e] = 0;
+    if (sb + kPrefetchSupers < nsb) prefetch_weights(sb + kPrefetchSupers);
+    cp_async_wait<0>();
     __syncthreads();
-    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs[buf]) + 4 * fg + fq;
+    if (sb + 1 < nsb) copy_super(sb + 1, buf ^ 1);
+    for (int j = 0; j < kStepsPerSuper; j++) {
+      const int step = sb * kStepsPerSuper + j;
+      X24Chunk c[2];
 #pragma unroll
-    for (int s = 0; s < kSubTiles; s++) {
-      if (s < active) {
+      for (int i = 0; i < 2; i++) {
+        if (w_valid[i]) {
+          c[i] = W::decode(raw[i], fq, step, grid32, masks32);
+        } else {
+          c[i].a[0] = c[i].a[1] = 0;
+          c[i].m[0] = c[i].m[1] = 0;
+        }
+      }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+      for (int i = 0; i < 2; i++) raw[i] = raw_next[i];
+      if (step + 2 < steps) fetch_weights(raw_next, step + 2);
+      const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs[buf][j]) + 4 * fg + fq;
 #pragma unroll
-          for (int l = 0; l < L; l++) {
-            const uint32_t b = xw[4 * ((2 * l + h) * kTokens + 8 * s)];
-            int d[4];
-            if (l == 0)
-              imma_16x8x16<true>(d, c[0].a[h], c[1].a[h], b);
-            else
-              imma_16x8x16<false>(d, c[0].a[h], c[1].a[h], b);
-            acc[s][l][0] += c[0].m[h] * d[0];
-            acc[s][l][1] += c[0].m[h] * d[1];
-            acc[s][l][2] += c[1].m[h] * d[2];
-            acc[s][l][3] += c[1].m[h] * d[3];
+      for (int s = 0; s < kSubTiles; s++) {
+        if (s < active) {
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int l = 0; l < L; l++) {
+              const uint32_t b = xw[4 * ((2 * l + h) * kTokens + 8 * s)];
+              int d[4];
+              if (l == 0)
+                imma_16x8x16<true>(d, c[0].a[h], c[1].a[h], b);
+              else
+                imma_16x8x16<false>(d, c[0].a[h], c[1].a[h], b);
+              acc[s][l][0] += c[0].m[h] * d[0];
+              acc[s][l][1] += c[0].m[h] * d[1];
+              acc[s][l][2] += c[1].m[h] * d[2];
+              acc[s][l][3] += c[1].m[h] * d[3];
+            }
           }
         }
       }
     }
-    if ((step & (kStepsPerSuper - 1)) == kStepsPerSuper - 1) {
+    {
       // The super-block's sums: N = A0·2^16 + A1·2^8 + A2 (X8: A0), times d/8 of the row and the
       // token's scale (X24: 2^(e-23), each product exact), into the double sums.
-      const int sb = step / kStepsPerSuper;
       float dw[2];
 #pragma unroll
       for (int i = 0; i < 2; i++) dw[i] = w_valid[i] ? W::super_scale(wrow[i], sb) : 0.0f;

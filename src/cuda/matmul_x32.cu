@@ -62,23 +62,6 @@ template <int L>
 constexpr int kPieces = L * kTokens * 2;
 static_assert(kPieces<kMaxLimbs> + kTokens <= kThreads, "a step's copies take one thread each");
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-// Copies of 16, 8 or 4 bytes into shared memory; an invalid one writes zeros (source size 0).
-template <int N>
-__device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
-  static_assert(N == 4 || N == 8 || N == 16);
-  if constexpr (N == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_addr(dst)), "l"(src), "n"(N),
-                 "r"(valid ? N : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 // The 6-bit scale (kMin false) or min (true) of sub-block j from a Q4_K block's scale words
 // s0, s1, s2 (its bytes 4..15), as ggml packs them: j < 4 in the low 6 bits of byte j (scale) and
 // j + 4 (min); j ≥ 4 in the nibbles of byte j + 4 with the top bits of byte j − 4 (scale) or j (min).
