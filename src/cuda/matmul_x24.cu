@@ -51,6 +51,10 @@ constexpr int kSubTiles = kTokens / 8;
 constexpr int kMaxLimbs = 3;  // X24 (the X8 form, the fast tier's, has one)
 // How far ahead (in super-blocks) x24_kernel prefetches a row's weights into L2.
 constexpr int kPrefetchSupers = 2;
+// Blocks an SM of the X8 form (the fast tier's): at 80 registers a thread 3 fit, 24 warps to hide
+// the decode's fixed-latency chains (IQ2_XXS / IQ2_XS: no spills; IQ1_M spills 24-32 bytes, not
+// timed apart); the X24 form's 128 registers allow 2.
+constexpr int kX8BlocksPerSm = 3;
 
 // D = A·B + 0 for a 16×16 s8 A (a0: row g, a1: row g + 8, columns 4q..4q+3) and a 16×8 B (columns
 // 4q..4q+3 of token g), s8 or u8; d0, d1: row g, tokens 2q, 2q + 1; d2, d3: row g + 8.
@@ -253,7 +257,7 @@ __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq,
 // rows g and g + 8 of the warp's 16.
 // L limbs: 3, the X24 form; 1, the X8 form.
 template <GgmlType T, bool GU, int L>
-__global__ void __launch_bounds__(kThreads, 2) x24_kernel(
+__global__ void __launch_bounds__(kThreads, L == 1 ? kX8BlocksPerSm : 2) x24_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, const uint8_t* w2, size_t w2_offset,
     size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale, const int* row_off,
     const int* row_cnt, int n_tokens, float* y) {

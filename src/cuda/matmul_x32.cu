@@ -80,11 +80,12 @@ struct Stage {
 };
 
 // Y [T][rows] = X̂ · Wᵀ for Q4_K W [rows][cols]: see the top of the file. L planes: 4, the X32 form;
-// 1, the X8 form (n an int8, N = A0; the same sub-block sums S_j).
+// 1, the X8 form (n an int8, N = A0; the same sub-block sums S_j). The X8 form's registers fit 3
+// blocks an SM (80 a thread, no spills), the X32 form's 128 allow 2.
 template <int L>
-__global__ void __launch_bounds__(kThreads, 2) x32_q4k_kernel(const uint8_t* w, size_t row_bytes, int rows, int cols,
-                                                               const uint8_t* xq, const double* xscale,
-                                                               const double* xsum, int n_tokens, float* y) {
+__global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
+    x32_q4k_kernel(const uint8_t* w, size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
+                   const double* xsum, int n_tokens, float* y) {
   constexpr int kPieceCount = kPieces<L>;
   constexpr int kStepBytes = L * kStep;  // a token's bytes of one step: [plane][32]
   __shared__ Stage<L> stages[kStages];
