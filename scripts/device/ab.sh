@@ -10,7 +10,9 @@
 #                  short of device time, e.g. PATCHES=P AB_NUMERICS=fast ab.sh build-bin patches main
 #     test         the tree's test_cuda (REDLITE_FIXTURES=$FIX); TEST_FILTER: a --gtest_filter
 #     unpack-a     fixture A and its references from .deps/fixApack (the gguf as .xz, the two
-#                  reference JSONs as refs-json.tar.xz, the last-logits files, loose or as logits.tar.xz) into /tmp/rl-fix-a:
+#                  reference JSONs as refs-json.tar.xz, the last-logits files, loose or as logits.tar.xz) into
+#                  /tmp/rl-fix-a, with fixture B's files from .deps/fixB where an earlier call left them
+#                  (the CudaBackend tests that compare the two skip without both):
 #                  with the tree they fit a call's 64 MiB only without .deps/debs, so run it on a
 #                  warm machine right after a call that built, e.g.
 #                  FIX_DIR=/tmp/rl-fix-a ab.sh unpack-a test parity parity-fast   (carry .deps/fixApack)
@@ -172,7 +174,8 @@ for s in "$@"; do
       P=$ROOT/.deps/fixApack A=/tmp/rl-fix-a
       mkdir -p $A && xz -dc $P/tiny-qwen3next-iq2xxs.gguf.xz > $A/tiny-qwen3next-iq2xxs.gguf &&
         tar -xJf $P/refs-json.tar.xz -C $A &&
-        { [ -f $P/logits.tar.xz ] && tar -xJf $P/logits.tar.xz -C $A || cp $P/*.last_logits.f32 $A/; } && log "unpack-a: $(ls $A | wc -l) files in $A" ||
+        { [ -f $P/logits.tar.xz ] && tar -xJf $P/logits.tar.xz -C $A || cp $P/*.last_logits.f32 $A/; } &&
+        { [ ! -d $ROOT/.deps/fixB ] || cp $ROOT/.deps/fixB/* $A/; } && log "unpack-a: $(ls $A | wc -l) files in $A" ||
         { log "unpack-a failed"; status=1; }
       ;;
     parity)
