@@ -83,7 +83,9 @@
 #                  step without the server (compare with step parallel)
 #     patch-batch  the same on the tree and each binary of step patches ($PATCHES), in turn each round
 #     ncu-pass     GPU time and grid of the first $NCU_COUNT (default 1400) kernels of `bench --prefill-tokens
-#                  $NCU_PASS_TOKENS (default 4) --decode-tokens 2`, summed per kernel and grid ($OUT/ncu-pass.txt)
+#                  $NCU_PASS_TOKENS (default 4) --decode-tokens 2`, summed per kernel and grid ($OUT/ncu-pass.txt);
+#                  NCU_PASS_INDEX=N: the passes' launches and times, then the sums of pass N alone (0 the
+#                  first; e.g. NCU_PASS_TOKENS=512 NCU_COUNT=3400 NCU_PASS_INDEX=0, one whole 512-token pass)
 #     ncu-batch    the same over the first batched steps of `bench --batch $NCU_BATCH` (default 16), the
 #                  prefills skipped ($NCU_SKIP launches), cut into passes ($OUT/ncu-batch.txt)
 #     parallel     issue 21's concurrent streams: bench/server_parallel.py through `redlite serve --parallel N`
@@ -405,7 +407,8 @@ for s in "$@"; do
       STEP_TIMEOUT=400 step ncu-pass "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum \
         --csv --page raw --print-units base --launch-count ${NCU_COUNT:-1400} "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 \
         --prompt-tokens ${NCU_PASS_TOKENS:-4} --prefill-tokens ${NCU_PASS_TOKENS:-4} --decode-tokens 2
-      python3 "$ROOT/scripts/device/ncu_sum.py" "$OUT/ncu-pass.log" | tee "$OUT/ncu-pass.txt" | head -30
+      python3 "$ROOT/scripts/device/ncu_sum.py" "$OUT/ncu-pass.log" ${NCU_PASS_INDEX:+--passes --pass $NCU_PASS_INDEX} |
+        tee "$OUT/ncu-pass.txt" | head -40
       ;;
     ncu-batch)
       # The prefills of the NCU_BATCH sequences run unprofiled: NCU_SKIP launches (a 16-token

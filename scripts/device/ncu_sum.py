@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Sums an Nsight Compute CSV (--csv --page raw --print-units base, metric gpu__time_duration.sum) per kernel and grid: launches, total and mean GPU time, largest first.
 
-usage: scripts/device/ncu_sum.py NCU.csv [--passes]
+usage: scripts/device/ncu_sum.py NCU.csv [--passes [--pass N]]
   --passes  the launches cut into passes where each embedding (get_rows) begins one: each pass's
             launches and GPU time (a batched decode step's pass marked: several rows embedded, and the
             decode attention's split kernel, not the prefill's),
             then the table of the first batched pass that has a pass after it (or of all launches)
+  --pass N  with --passes: the table of pass N (0 the first) instead
 """
 import collections, csv, re, signal, sys
 
@@ -53,6 +54,13 @@ def main():
         us = sum(float(r[time].replace(",", "")) for r in p) / 1000
         print(f"pass {i}: {len(p)} launches, {us / 1000:.2f} ms{' (batched)' if batched(p) else ''}"
               f"{' (cut short)' if i in (0, len(passes) - 1) else ''}")
+    args = sys.argv[2:]
+    if "--pass" in args:
+        i = args.index("--pass")
+        if i + 1 >= len(args) or not args[i + 1].isdigit() or int(args[i + 1]) >= len(passes):
+            sys.exit(f"--pass takes a pass number below {len(passes)}")
+        table(passes[int(args[i + 1])], name, grid, time)
+        return
     whole = [p for p in passes[1:-1] if batched(p)]
     table(whole[0] if whole else launches, name, grid, time)
 
