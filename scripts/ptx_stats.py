@@ -22,7 +22,7 @@ KINDS = [("mma", r"\bmma\b|\bwmma\b"), ("ld.global", r"\bld\.global"), ("ld.shar
          ("barrier", r"\bbar\.|\bbarrier\.")]
 
 
-def compile_args(src, arch, defines):
+def compile_args(arch, defines):
     flags = ["-DREDLITE_HAVE_CUDA=1", "-I" + os.path.join(ROOT, "src"), "-O3", "-DNDEBUG", "-std=c++20",
              "--expt-relaxed-constexpr"] + ["-D" + d for d in defines]
     virt = "compute_" + arch[3:]
@@ -103,7 +103,7 @@ def main():
         sys.exit(f"ptx_stats: --arch {a.arch}: expected sm_NN or sm_NNa")
     if not os.path.isfile(a.source):
         sys.exit(f"ptx_stats: no file {a.source}")
-    flags, virt = compile_args(a.source, a.arch, a.defines)
+    flags, virt = compile_args(a.arch, a.defines)
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.o")
         run([NVCC, *flags, f"--generate-code=arch={virt},code=[{virt}]", "-ptx", "-x", "cu", a.source, "-o", ptx_path])

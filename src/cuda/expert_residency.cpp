@@ -269,12 +269,12 @@ void ExpertResidency::admit_misses(std::span<const int32_t> ids, int k, int limi
   // its own experts, then evicts older experts before any brought in moments earlier.
   limit = std::min(limit, std::max(0, cache_->n_slots() - k));
   std::vector<std::pair<int, int>>& admit = admit_scratch_;  // (layer, expert), the layers in turn
-  std::vector<int>& rest = rest_scratch_;
+  std::vector<int>& experts = layer_scratch_;  // a layer's bypassed misses, then a layer's admissions
   admit.clear();
   int next_first = admit_first_layer_;
   for (int i = 0; i < n; i++) {
     const int L = (admit_first_layer_ + i) % n;
-    rest.clear();
+    experts.clear();
     for (int j = 0; j < k; j++) {
       const int ex = ids[(size_t)L * k + j];
       if (cache_->lookup(L, ex) >= 0) continue;  // a hit (touched by the caller)
@@ -282,14 +282,13 @@ void ExpertResidency::admit_misses(std::span<const int32_t> ids, int k, int limi
         admit.emplace_back(L, ex);
         next_first = (L + 1) % n;
       } else {
-        rest.push_back(ex);
+        experts.push_back(ex);
       }
     }
-    cache_->bypass(L, rest);  // before any reservation changes what is resident
+    cache_->bypass(L, experts);  // before any reservation changes what is resident
   }
   admit_first_layer_ = next_first;
   // Each layer's admissions as one reservation (a layer's entries are consecutive).
-  std::vector<int>& experts = rest_scratch_;
   for (size_t a = 0; a < admit.size();) {
     const int L = admit[a].first;
     experts.clear();

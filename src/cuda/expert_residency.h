@@ -135,8 +135,10 @@ class ExpertResidency {
   uint8_t* host_experts_ = nullptr;               // --miss-reads host: [n_layer][n_expert] slots, page-locked
   const uint8_t* host_experts_dev_ = nullptr;     // its device address
   int admit_first_layer_ = 0;                     // admit_misses: the layer that goes first next time
-  std::vector<std::pair<int, int>> admit_scratch_;  // admit_misses' lists, kept so that a token allocates nothing
-  std::vector<int> rest_scratch_;
+  // admit_misses' lists, kept so that a token allocates nothing: the admissions, and one layer's
+  // experts (its bypassed misses, then its admissions).
+  std::vector<std::pair<int, int>> admit_scratch_;
+  std::vector<int> layer_scratch_;
   DeviceBuffer staging_;                          // [n_expert_used] slots (staging())
   DeviceBuffer staged_src_;                       // [n_expert_used] host-copy addresses (staged_src())
   DeviceBuffer predicted_staging_;                // [2][n_expert_used] slots (predicted_staging())
