@@ -45,6 +45,7 @@ Engine::Engine(std::shared_ptr<const Model> m, const CudaOptions& options)
   // Independent decode launches of a layer run side by side, except under --profile, which times
   // the stages one after another.
   if (!opts.profile) products.set_side(&streams);
+  products.allow_split_k();
   const ExpertCache& cache = residency.cache();
   stats.dense_bytes = weights.dense_bytes;
   stats.decode_bytes_per_token = weights.decode_bytes_per_token;

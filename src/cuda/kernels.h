@@ -173,8 +173,18 @@ void matmul_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, size_t 
 // 256-byte slot is). Groups: row_cnt[g] <= max_cnt (rows past max_cnt are not computed).
 // token_tile (16, or 64 for matmul_bf16 and 32 for matmul_bf16_gate_up) forces the kernel's token
 // tile (tests); 0 picks by the grid's size.
+// matmul_bf16 with a scratch of scratch_floats floats (used by no other stream meanwhile): a
+// product whose grid leaves the GPU idle is split over its columns in slices of whole 256 columns,
+// each slice's partial sums in the scratch, then added in slice order (fp32, one more launch), so
+// its bits depend on T (through the slices) but not on timing. `slices` 0 picks
+// (matmul_bf16_slices; never without a scratch or with token_tile 16), 1 never splits, more
+// forces that many at most (tests: a scratch and the 64-token tile needed).
 void matmul_bf16(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T,
-                 float* y, cudaStream_t stream, int token_tile = 0);
+                 float* y, cudaStream_t stream, int token_tile = 0, float* scratch = nullptr,
+                 size_t scratch_floats = 0, int slices = 0);
+// The slices matmul_bf16 picks for this shape on the current device: enough 64-token blocks for two
+// an SM, at most one a 256 columns and what the scratch holds; 1 where the grid fills the GPU.
+int matmul_bf16_slices(int rows, int cols, int T, size_t scratch_floats);
 void matmul_bf16_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
                          int rows, int cols, const float* x, const int* row_off, const int* row_cnt,
                          int n, int max_cnt, float* y, cudaStream_t stream);

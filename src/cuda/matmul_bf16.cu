@@ -31,9 +31,17 @@
 // would fit the 48 KiB of static shared memory but not the 128 registers two blocks an SM leave:
 // it spilled). An expert group of more tokens than a tile takes several blocks, each dequantising
 // the tile; at ≈10 tokens a group those are few.
+//
+// Split over the columns: a dense product whose 64-token grid leaves most of the GPU idle (the
+// F32 routers, 2048 → 512, and shared gates, 2048 → 1, ssm_ba, 2048 → 64, of a 512-token pass: 8
+// to 32 blocks each walking all 2 048 columns) is cut into S slices of whole 256 columns, grid.z
+// the slice: each block writes its partial sums to slice s of a scratch [S][T][rows], and
+// split_sum_kernel adds the slices in the order s = 0 .. S-1 (fp32), so the result does not depend
+// on the blocks' timing. S fills two blocks an SM where the columns and the caller's scratch allow.
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -56,6 +64,7 @@ constexpr int kTileK = 32;                  // columns per step: two k16 MMAs, f
 constexpr int kPitch = kTileK + 8;
 // Token tiles: dense products 64 (or 16 for small grids), expert groups 64; SwiGLU pairs 32 / 16.
 constexpr int kWideTokens = 64, kPairTokens = 32, kNarrowTokens = 16;
+constexpr int kSliceCols = 256;  // split products: columns come in slices of whole 256 (every type's block divides it)
 constexpr int kChunksPerRow = kTileK / 8;   // chunk8 calls per staged row and step
 constexpr int kXPieces = kTileK / 4;        // float4 reads per staged token and step
 // How far ahead (in steps) each staged row's weight bytes are prefetched into L2, so that the
@@ -82,11 +91,15 @@ __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
 //
 // GU: each warp's 16 rows are taken from both matrices (weight tile rows 0..127 gate, 128..255 up),
 // and it writes SiLU(gate) · up with swiglu's arithmetic.
+//
+// slice_cols < cols (dense products on the 64-token tile; the other instances carry no slicing
+// code): block z computes the columns [z · slice_cols, min(cols, (z + 1) · slice_cols)) into
+// y + z · slice_stride; slice_cols is a multiple of 256.
 template <GgmlType T, int BN, bool GU>
 __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
     const uint8_t* w, const uint8_t* w2, const uint8_t* const* slot_ptrs, size_t w_offset, size_t w2_offset,
     size_t row_bytes, int rows, int cols, const float* x, const int* row_off, const int* row_cnt, int n_tokens,
-    float* y) {
+    float* y, int slice_cols, size_t slice_stride) {
 #if __CUDA_ARCH__ >= 800
   using namespace nvcuda;
   constexpr int kMats = GU ? 2 : 1;
@@ -97,7 +110,11 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
   __shared__ __align__(128) uint16_t ws[2][kWRows * kPitch];  // bf16 weights [row][k]
   __shared__ __align__(128) uint16_t xs[2][BN * kPitch];      // bf16 activations [token][k]
 
-  const int g = blockIdx.z;
+  const bool sliced = !GU && BN == kWideTokens && slice_cols < cols;
+  const int g = sliced ? 0 : blockIdx.z;
+  const int k_begin = sliced ? blockIdx.z * slice_cols : 0;
+  const int k_end = sliced ? min(cols, k_begin + slice_cols) : cols;
+  if (sliced) y += blockIdx.z * slice_stride;
   const int cnt = row_cnt ? row_cnt[g] : n_tokens;
   const int tile_t = blockIdx.y * BN;
   if (tile_t >= cnt) return;  // the whole token tile is past this group's end (block-uniform)
@@ -184,19 +201,19 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
 #pragma unroll
     for (int f = 0; f < kNF; f++) wmma::fill_fragment(acc[m][f], 0.0f);
 
-  for (int kc = 0; kc < kPrefetchSteps * kTileK && kc < cols; kc += kSpan) prefetch(kc);
-  read(0);
+  for (int kc = k_begin; kc < k_begin + kPrefetchSteps * kTileK && kc < k_end; kc += kSpan) prefetch(kc);
+  read(k_begin);
   write(0);
   // Step s's products read buffer s % 2 after the barrier that opens step s; before them, the reads
   // of step s + 1 are issued (their latency overlaps the products), and after them that step is
   // written to the other buffer, which every warp finished reading (step s − 1) before the barrier.
   // One barrier per step.
   int buf = 0;
-  for (int k0 = 0; k0 < cols; k0 += kTileK, buf ^= 1) {
+  for (int k0 = k_begin; k0 < k_end; k0 += kTileK, buf ^= 1) {
     __syncthreads();
-    const bool more = k0 + kTileK < cols;
+    const bool more = k0 + kTileK < k_end;
     const int kc = k0 + kPrefetchSteps * kTileK;
-    if (kc < cols && kc % kSpan == 0) prefetch(kc);
+    if (kc < k_end && kc % kSpan == 0) prefetch(kc);
     if (more) read(k0 + kTileK);
     const __nv_bfloat16* wb = reinterpret_cast<const __nv_bfloat16*>(ws[buf]);
     const __nv_bfloat16* xb = reinterpret_cast<const __nv_bfloat16*>(xs[buf]);
@@ -246,6 +263,28 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_bf16_kernel(
 #else
   __trap();  // the launchers refuse devices below compute capability 8.0
 #endif
+}
+
+// y[i] = Σ_s part[s · n + i] for s = 0 .. S-1 in that order (fp32): four values a thread where n
+// is a multiple of 4 and y and part are 16-byte aligned (kVec), else one.
+template <bool kVec>
+__global__ void split_sum_kernel(const float* part, int S, size_t n, float* y) {
+  const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if constexpr (kVec) {
+    const size_t i = 4 * idx;
+    if (i >= n) return;
+    float4 a = *reinterpret_cast<const float4*>(part + i);
+    for (int s = 1; s < S; s++) {
+      const float4 b = *reinterpret_cast<const float4*>(part + (size_t)s * n + i);
+      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+    }
+    *reinterpret_cast<float4*>(y + i) = a;
+  } else {
+    if (idx >= n) return;
+    float a = part[idx];
+    for (int s = 1; s < S; s++) a += part[(size_t)s * n + idx];
+    y[idx] = a;
+  }
 }
 
 // The launchers' checks, before any CUDA call; each names the launcher and what is wrong.
@@ -298,25 +337,49 @@ void check_device(const Product& p) {
     throw_error(std::string(p.who) + ": bf16 tensor cores need compute capability 8.0 or newer");
 }
 
+// slices > 1 (a dense product, n_groups 1): the columns in that many slices of slice_cols, the
+// partial sums in `part` ([slices][max_tokens][rows]), then added into y.
 template <int BN, bool GU>
 void launch(const Product& p, const void* w, const void* w2, const uint8_t* const* slot_ptrs, size_t w_offset,
             size_t w2_offset, const float* x, const int* row_off, const int* row_cnt, int n_groups, int max_tokens,
-            float* y, cudaStream_t stream) {
+            float* y, cudaStream_t stream, int slices = 1, int slice_cols = 0, float* part = nullptr) {
   if (p.rows == 0 || n_groups == 0 || max_tokens == 0) return;
   if (!x || !y || (!slot_ptrs && (!w || (GU && !w2))))
     throw_error(std::string(p.who) + ": a null activation, output or weight pointer");
   check_device(p);
-  const dim3 grid((p.rows + kTileRows - 1) / kTileRows, (max_tokens + BN - 1) / BN, n_groups);
+  const bool sliced = slices > 1;
+  const dim3 grid((p.rows + kTileRows - 1) / kTileRows, (max_tokens + BN - 1) / BN, sliced ? slices : n_groups);
   if (grid.y > 65535 || grid.z > 65535)
     throw_error(std::string(p.who) + ": " + std::to_string(max_tokens) + " tokens in " + std::to_string(n_groups) +
                 " groups exceed the grid");
+  const size_t n = (size_t)max_tokens * p.rows;
   dispatch_type(p.t, [&]<GgmlType T>() {
     matmul_bf16_kernel<T, BN, GU><<<grid, kThreads, 0, stream>>>(
         static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(w2), slot_ptrs, w_offset, w2_offset, p.row_bytes,
-        p.rows, p.cols, x, row_off, row_cnt, max_tokens, y);
+        p.rows, p.cols, x, row_off, row_cnt, max_tokens, sliced ? part : y, sliced ? slice_cols : p.cols, n);
   });
   RL_CUDA_LAUNCH_CHECK();
+  if (sliced) {
+    constexpr int kSumThreads = 256;
+    const bool vec =
+        n % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && reinterpret_cast<uintptr_t>(part) % 16 == 0;
+    const size_t items = vec ? n / 4 : n;
+    const unsigned blocks = (unsigned)((items + kSumThreads - 1) / kSumThreads);
+    if (vec)
+      split_sum_kernel<true><<<blocks, kSumThreads, 0, stream>>>(part, slices, n, y);
+    else
+      split_sum_kernel<false><<<blocks, kSumThreads, 0, stream>>>(part, slices, n, y);
+    RL_CUDA_LAUNCH_CHECK();
+  }
 }
+
+// The columns of each slice when `cols` are cut into at most `slices`: whole 256-column slices, as
+// even as they go (the last holds the rest).
+int slice_width(int cols, int slices) {
+  const int units = (cols + kSliceCols - 1) / kSliceCols;
+  return (units + slices - 1) / slices * kSliceCols;
+}
+int slice_count(int cols, int width) { return (cols + width - 1) / width; }
 
 // The dense token tile: `wide` when its grid gives every SM a block, else 16; a forced tile must be
 // one of the two.
@@ -335,11 +398,42 @@ int dense_tile(const Product& p, int T, int wide, int forced) {
 
 RL_QUANT_TABLES_UPLOADER(upload_quant_tables_bf16)
 
+int matmul_bf16_slices(int rows, int cols, int T, size_t scratch_floats) {
+  if (rows <= 0 || T <= 0 || cols < 2 * kSliceCols) return 1;
+  const long tiles = (long)((rows + kTileRows - 1) / kTileRows) * ((T + kWideTokens - 1) / kWideTokens);
+  const long target = 2L * device_info().sm_count;  // two blocks an SM (__launch_bounds__)
+  if (tiles >= target) return 1;
+  const long by_grid = (target + tiles - 1) / tiles, by_cols = cols / kSliceCols;
+  const long by_scratch = (long)(scratch_floats / ((size_t)T * rows));
+  const int s = (int)std::min({by_grid, by_cols, by_scratch});
+  return s < 2 ? 1 : slice_count(cols, slice_width(cols, s));
+}
+
 void matmul_bf16(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const float* x, int T, float* y,
-                 cudaStream_t stream, int token_tile) {
+                 cudaStream_t stream, int token_tile, float* scratch, size_t scratch_floats, int slices) {
   const Product p{"matmul_bf16", t, row_bytes, rows, cols};
   check_product(p, x, y);
   check_weights(p, w, "the");
+  if (slices < 0 || (slices > 1 && slices > cols / kSliceCols))
+    throw_error("matmul_bf16: " + std::to_string(slices) + " slices of " + std::to_string(cols) +
+                " columns (each at least " + std::to_string(kSliceCols) + ")");
+  // Picked only where the caller leaves the tile to the kernel (the split takes the 64-token one).
+  const bool tile_free = token_tile == 0 || token_tile == kWideTokens;
+  if (slices == 0) slices = scratch && tile_free ? matmul_bf16_slices(rows, cols, T, scratch_floats) : 1;
+  if (slices > 1 && T > 0 && rows > 0) {
+    const int width = slice_width(cols, slices);
+    slices = slice_count(cols, width);
+    if (!scratch || scratch_floats < (size_t)slices * T * rows)
+      throw_error("matmul_bf16: " + std::to_string(slices) + " slices of " + std::to_string(T) + " × " +
+                  std::to_string(rows) + " partial sums, the scratch holds " +
+                  std::to_string(scratch ? scratch_floats : 0) + " floats");
+    if (token_tile != 0 && token_tile != kWideTokens)
+      throw_error("matmul_bf16: split products take the " + std::to_string(kWideTokens) + "-token tile, not " +
+                  std::to_string(token_tile));
+    launch<kWideTokens, false>(p, w, nullptr, nullptr, 0, 0, x, nullptr, nullptr, 1, T, y, stream, slices, width,
+                               scratch);
+    return;
+  }
   if (dense_tile(p, T, kWideTokens, token_tile) == kWideTokens)
     launch<kWideTokens, false>(p, w, nullptr, nullptr, 0, 0, x, nullptr, nullptr, 1, T, y, stream);
   else

@@ -83,7 +83,10 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
                ws_.dense_input_x32.scale.get<double>(), ws_.dense_input_x32.sum.get<double>(), T, y, stream_, form);
     (*x32_count_)++;
   } else if (k == Kernel::kMatmulBf16) {
-    matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
+    if (split_k_ && ws_.split_k.get())
+      matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_, 0, ws_.split_k.f(), kSplitKFloats);
+    else
+      matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
   } else {
     matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
   }

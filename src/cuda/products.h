@@ -47,6 +47,9 @@ class Products {
   // The side branch (Streams::side, forked from and joined into Streams::compute, which must be
   // this launcher's stream; none: one launch after another).
   void set_side(Streams* streams) { side_ = streams; }
+  // Dense bf16 products may split over their columns into Workspace::split_k (matmul_bf16): for
+  // one launcher only, the layer stream's, so that no two streams share the scratch.
+  void allow_split_k() { split_k_ = true; }
   // act = SiLU(gate · x) * (up · x) for T tokens as the plan's pair says (act [T][rows]; `up_out`
   // holds up · x where the two products are separate launches). x_in_moe_input: the layer's MoE
   // input conversion (moe_input_x24, or q8_moe_input for matvec-q8) already holds x.
@@ -91,6 +94,7 @@ class Products {
   Q8Rows& q8_scratch_;
   cudaStream_t stream_;
   Streams* side_ = nullptr;
+  bool split_k_ = false;  // allow_split_k
   uint64_t* x32_count_;  // EngineStats::x32_products
   const float* q8_held_ = nullptr;  // the input whose Q8 form a kernel wrote into q8_scratch_ (hold_q8)
 };

@@ -96,6 +96,7 @@ Workspace::Workspace(const Config& c, const NumericForms& forms, int max_tokens_
     const size_t pairs = (size_t)kQ8PassTokens * std::max(c.n_expert_used, 1);
     alloc_q8(q8_expert_act, pairs, ff);
   }
+  if (forms.bf16) alloc(split_k, kSplitKFloats);
   alloc(shared_act, T * ff_sh);
   alloc(shared_up, T * ff_sh);
   alloc(shared_out, T * n_embd);

@@ -17,6 +17,9 @@
 namespace rl::cuda {
 
 constexpr size_t kStagingBytes = 64u << 20;  // pinned ring for per-layer host<->device tables
+// Workspace::split_k's floats (16 MiB, the fast tier only): a 512-token pass's F32 router (2048 →
+// 512) in 8 slices takes 2 Mi of them, a 2 048-token pass's in 3 slices 3 Mi.
+constexpr size_t kSplitKFloats = 4u << 20;
 
 struct NumericForms;
 
@@ -135,6 +138,8 @@ struct Workspace {
   QuantRows expert_in_x24;     // [TK][n_embd] gathered rows of moe_input_x24
   QuantRows expert_act_x24;    // [TK][ff]     expert_act for the X24 down products
   QuantRows dense_input_x32;   // [T][x32_cols] the input of consecutive dense X32 products
+  DeviceBuffer split_k;        // [kSplitKFloats] the partial sums of a dense bf16 product split over its
+                               //   columns (matmul_bf16; the layer stream's Products only)
   // The Q8 form of decode inputs (NumericForms::q8), one buffer per input that may be live at once.
   Q8Rows q8_input;       // [kQ8PassTokens][max(n_embd, value_dim, q_dim, ff_sh)] a dense product's input
   Q8Rows q8_side_input;  // [1][max(n_embd, ff_sh)] a product's input on the decode graph's side branch

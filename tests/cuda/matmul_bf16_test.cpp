@@ -244,6 +244,98 @@ TEST_F(Bf16Products, NanActivationReachesOnlyItsToken) {
   }
 }
 
+// A split product's scratch of `floats` floats, set to NaN before each product (so a sum that read
+// a partial no block wrote is NaN and fails the bar), with a guard after it that must stay NaN.
+class Scratch {
+ public:
+  explicit Scratch(size_t floats) : floats_(floats), buf_((floats + kGuard) * sizeof(float)) {}
+  float* reset() {
+    RL_CUDA_CHECK(cudaMemset(buf_.get(), 0xFF, buf_.bytes()));
+    return buf_.f();
+  }
+  size_t floats() const { return floats_; }
+  void expect_guard_intact() const {
+    const auto all = test::to_host<float>(buf_, floats_ + kGuard);
+    for (size_t i = floats_; i < all.size(); i++) {
+      uint32_t bits;
+      std::memcpy(&bits, &all[i], 4);
+      ASSERT_EQ(bits, 0xFFFFFFFFu) << "written past the scratch's end, at " << i - floats_;
+    }
+  }
+
+ private:
+  static constexpr size_t kGuard = 64;
+  size_t floats_;
+  cuda::DeviceBuffer buf_;
+};
+
+// Products split over their columns (matmul_bf16 with a scratch): every type within the bar at 2,
+// 3 and 8 slices where the columns allow, on one row (a shared gate's 2048 → 1), a partial row tile
+// over columns that are not whole slices (768: 3 slices at most; 800, the 32-value types: 3 asked
+// give 2, 512 + 288) and a router-like 2048-column matrix; every output written (the outputs start
+// as NaN), nothing past them or past the scratch, which holds exactly the slices' partial sums.
+TEST_F(Bf16Products, SplitOverColumnsWithinTheFastBarForEveryType) {
+  for (GgmlType t : test::kWeightTypes) {
+    const int odd_cols = quant_type(t).block_size == 256 ? 768 : 800;
+    for (const DenseShape& s : std::vector<DenseShape>{{1, 2048, 77}, {130, odd_cols, 77}, {300, 2048, 200}}) {
+      const size_t rb = row_size(t, s.cols);
+      const auto w = test::random_rows(t, s.rows, s.cols, 320 + s.rows);
+      const auto x = test::random_floats((size_t)s.T * s.cols, 321 + s.rows);
+      const auto ref = reference_product(dequantize_matrix(t, w, s.rows, s.cols), s.rows, s.cols, x.data(), s.T);
+      auto dw = test::to_device(w), dx = test::to_device(x);
+      for (int slices : {2, 3, 8}) {
+        if (slices * 256 > s.cols) continue;
+        SCOPED_TRACE(trace(t, s, 64) + " slices=" + std::to_string(slices));
+        const int units = (s.cols + 255) / 256, per = (units + slices - 1) / slices;
+        Scratch scratch((size_t)((units + per - 1) / per) * s.T * s.rows);
+        Output y((size_t)s.T * s.rows);
+        cuda::matmul_bf16(t, dw.get(), rb, s.rows, s.cols, dx.f(), s.T, y.f(), nullptr, 0, scratch.reset(),
+                          scratch.floats(), slices);
+        EXPECT_LE(nmse(y.fetch(), ref), kMaxNmse);
+        scratch.expect_guard_intact();
+      }
+    }
+  }
+}
+
+// The slices matmul_bf16 picks: enough 64-token blocks for two an SM where the grid is small (the
+// 80B's shared gate and router on a 512-token pass), bounded by the columns (one a 256) and the
+// scratch, none where the grid fills the GPU or the columns are one slice; the product it then
+// computes is within the bar and the same bits on every call (the slices are added in order).
+TEST_F(Bf16Products, SplitPicksSlicesWhereTheGridIsSmall) {
+  const long sms = cuda::device_info().sm_count;
+  const size_t big = (size_t)8 << 20;
+  // At most 8 (2048 columns: 8 units of 256), else what fills 2·sms blocks from `tiles` 128-row ×
+  // 64-token tiles (8 for one row of 512 tokens, 32 for 512 rows); then as many slices as the even
+  // width ceil(8 / s) units gives (s = 3: 768, 768 and 512 columns; s = 5: four of 512).
+  const auto expect_slices = [&](long tiles) {
+    const long s = std::min<long>(8, (2 * sms + tiles - 1) / tiles), per = (8 + s - 1) / s;
+    return (int)((8 + per - 1) / per);
+  };
+  EXPECT_EQ(cuda::matmul_bf16_slices(1, 2048, 512, big), expect_slices(8));
+  EXPECT_EQ(cuda::matmul_bf16_slices(512, 2048, 512, big), expect_slices(32));
+  EXPECT_EQ(cuda::matmul_bf16_slices(512, 2048, 512, (size_t)3 * 512 * 512), std::min(3, expect_slices(32)));
+  EXPECT_EQ(cuda::matmul_bf16_slices(4096, 2048, 2048, big), 1);  // 1024 tiles
+  EXPECT_EQ(cuda::matmul_bf16_slices(1, 256, 512, big), 1);       // one slice of columns
+  EXPECT_EQ(cuda::matmul_bf16_slices(1, 2048, 512, 512), 1);      // a scratch of one slice
+
+  const GgmlType t = GgmlType::F32;
+  const int rows = 1, cols = 2048, T = 512;
+  ASSERT_GT(cuda::matmul_bf16_slices(rows, cols, T, big), 1);
+  const auto w = test::random_rows(t, rows, cols, 330);
+  const auto x = test::random_floats((size_t)T * cols, 331);
+  const auto ref = reference_product(dequantize_matrix(t, w, rows, cols), rows, cols, x.data(), T);
+  auto dw = test::to_device(w), dx = test::to_device(x);
+  Scratch scratch(big);
+  Output a((size_t)T * rows), b((size_t)T * rows);
+  cuda::matmul_bf16(t, dw.get(), row_size(t, cols), rows, cols, dx.f(), T, a.f(), nullptr, 0, scratch.reset(), big);
+  cuda::matmul_bf16(t, dw.get(), row_size(t, cols), rows, cols, dx.f(), T, b.f(), nullptr, 0, scratch.reset(), big);
+  scratch.expect_guard_intact();
+  const auto ya = a.fetch(), yb = b.fetch();
+  EXPECT_LE(nmse(ya, ref), kMaxNmse);
+  EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0);
+}
+
 // Host only (no GPU needed): bad arguments are refused before any CUDA call, naming what is wrong.
 void expect_error(const std::function<void()>& call, const std::string& naming) {
   try {
@@ -273,6 +365,14 @@ TEST(Bf16ProductArguments, BadArgumentsAreRefusedByName) {
   expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, -1, y, nullptr); }, "-1 tokens");
   expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 32); }, "token tile 32");
   expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, nullptr, 2, y, nullptr, 16); }, "null");
+  // Split products (a scratch of `floats`; no CUDA call before these checks either).
+  auto* scratch = reinterpret_cast<float*>(uintptr_t{6} << 20);
+  expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 0, nullptr, 0, 2); }, "partial sums");
+  expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 0, scratch, 15, 2); },
+               "the scratch holds 15 floats");
+  expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 0, scratch, 64, 3); }, "3 slices of 512");
+  expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 0, scratch, 64, -1); }, "-1 slices");
+  expect_error([&] { cuda::matmul_bf16(q4k, w, rb, 4, 512, x, 2, y, nullptr, 16, scratch, 64, 2); }, "64-token tile");
   expect_error([&] { cuda::matmul_bf16_gate_up(q4k, w, w + 2, rb, 4, 512, x, 2, y, nullptr); }, "up weights");
   expect_error([&] { cuda::matmul_bf16_gate_up(q4k, w, w, rb, 4, 512, x, 2, y, nullptr, 64); }, "token tile 64");
   expect_error([&] { cuda::matmul_bf16_experts(q4k, slots, 2, rb, 4, 512, x, oc, oc, 3, 9, y, nullptr); },
