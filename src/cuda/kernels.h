@@ -243,7 +243,8 @@ void matmul_x24_experts_gate_up(GgmlType t, const uint8_t* const* slot_ptrs, siz
 // once), summed in double. Compute capability 9.0; w, row_bytes and xq 16-byte aligned, xscale and
 // xsum 8-byte aligned (cp.async copies), as cudaMalloc gives. form kX8: on the X8 form (quantize_x32
 // with kX8), every output the fp32 rounding of the sum of w · x̃ for those activations.
-// x32_supported: the weight types it takes (Q4_K); x32_blocks: its grid's block count.
+// x32_supported: the weight types it takes (Q4_K); x32_blocks: the X32 form's block count (the
+// X8 form's grid takes 32 tokens a block, not 24: fewer blocks).
 bool x32_supported(GgmlType t);
 int x32_blocks(int rows, int T);
 void matmul_x32(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,

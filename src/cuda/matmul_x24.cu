@@ -361,6 +361,9 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? kX8BlocksPerSm : 2) x24_ker
     cp_async_wait<0>();
     __syncthreads();
     if (sb + 1 < nsb) copy_super(sb + 1, buf ^ 1);
+    // The X8 form's steps two at a time, so that one step's loads and decoding overlap the other's
+    // products (fully unrolled, or unrolled in the X24 form, the registers spill).
+#pragma unroll(L == 1 ? 2 : 1)
     for (int j = 0; j < kStepsPerSuper; j++) {
       const int step = sb * kStepsPerSuper + j;
       X24Chunk c[2];

@@ -24,8 +24,8 @@
 // fp32, d·sc·q − dmin·m rounded once; the two differ where that subtraction rounds, by at most half
 // an fp32 unit of w.)
 //
-// A block is 8 warps × 16 weight rows × 24 tokens (three 8-token sub-tiles; those wholly past the
-// tokens are skipped), one sub-block (32 columns) a step. Lane (g, q) takes columns 8q .. 8q + 7 of
+// A block is 8 warps × 16 weight rows × 24 tokens (the X32 form: three 8-token sub-tiles; the X8
+// form 32, four; sub-tiles wholly past the tokens are skipped), one sub-block (32 columns) a step. Lane (g, q) takes columns 8q .. 8q + 7 of
 // the step for mma column slots 4q .. 4q + 3 (its first A and B registers) and 16 + 4q .. 16 + 4q + 3
 // (its second): the sum does not depend on the order of its columns, and then a lane's weights of
 // a row are the 8 bytes 8q .. 8q + 7 of the step's 32 quant bytes (low nibbles on even steps, high
@@ -48,8 +48,15 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = kWarps * 16;
-constexpr int kTokens = 24;  // tokens per block: three 8-token sub-tiles
-constexpr int kSubTiles = kTokens / 8;
+// Tokens per block: the X32 form three 8-token sub-tiles (its int32 sums of 4 planes fill the
+// registers), the X8 form four (one plane: each weight decoded once for 32 tokens; 78 registers,
+// 43.5 KiB of shared memory, the double sums' 32 KiB of it; five would pass the 48 KiB of static
+// shared memory).
+constexpr int kX8Tokens = 32;
+template <int L>
+constexpr int kTokens = L == 1 ? kX8Tokens : 24;
+template <int L>
+constexpr int kSubTiles = kTokens<L> / 8;
 constexpr int kStep = 32;    // columns per step: one Q4_K sub-block
 constexpr int kSuper = 256;  // columns per super-block
 constexpr int kStepsPerSuper = kSuper / kStep;
@@ -57,10 +64,11 @@ constexpr int kMaxLimbs = 4;  // X32 (the X8 form, the fast tier's, has one)
 constexpr int kStages = 3;
 constexpr int kQ4KBytes = 144;
 constexpr int kPrefetchSupers = 2;
-// Copy pieces of a step: 16 bytes of plane l, half h of token t at piece (l·kTokens + t)·2 + h.
+// Copy pieces of a step: 16 bytes of plane l, half h of token t at piece (l·kTokens<L> + t)·2 + h.
 template <int L>
-constexpr int kPieces = L * kTokens * 2;
-static_assert(kPieces<kMaxLimbs> + kTokens <= kThreads, "a step's copies take one thread each");
+constexpr int kPieces = L * kTokens<L> * 2;
+static_assert(kPieces<kMaxLimbs> + kTokens<kMaxLimbs> <= kThreads && kPieces<1> + kTokens<1> <= kThreads,
+              "a step's copies take one thread each");
 
 // The 6-bit scale (kMin false) or min (true) of sub-block j from a Q4_K block's scale words
 // s0, s1, s2 (its bytes 4..15), as ggml packs them: j < 4 in the low 6 bits of byte j (scale) and
@@ -81,25 +89,26 @@ struct Stage {
 
 // Y [T][rows] = X̂ · Wᵀ for Q4_K W [rows][cols]: see the top of the file. L planes: 4, the X32 form;
 // 1, the X8 form (n an int8, N = A0; the same sub-block sums S_j). The X8 form's registers fit 3
-// blocks an SM (80 a thread, no spills), the X32 form's 128 allow 2.
+// blocks an SM (78 a thread, no spills), the X32 form's 128 allow 2.
 template <int L>
 __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
     x32_q4k_kernel(const uint8_t* w, size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale,
                    const double* xsum, int n_tokens, float* y) {
   constexpr int kPieceCount = kPieces<L>;
   constexpr int kStepBytes = L * kStep;  // a token's bytes of one step: [plane][32]
+  constexpr int kTok = kTokens<L>, kSub = kSubTiles<L>;
   __shared__ Stage<L> stages[kStages];
-  __shared__ double ssum[2][kStepsPerSuper][kTokens];   // sub-block sums by super-block parity
-  __shared__ double sxsc[2][kTokens];                    // the tokens' scales 2^(e-31), likewise
-  __shared__ uint4 sscale[2][kTileRows];                 // the rows' d, dmin and scale bytes, likewise
+  __shared__ double ssum[2][kStepsPerSuper][kTok];  // sub-block sums by super-block parity
+  __shared__ double sxsc[2][kTok];                   // the tokens' scales 2^(e-31), likewise
+  __shared__ uint4 sscale[2][kTileRows];             // the rows' d, dmin and scale bytes, likewise
   // The double sums: thread tid's output k (sub-tile k / 4, fragment element k % 4) at [k][tid],
   // in shared memory rather than registers, which the int32 sums fill (they are touched once a
   // super-block).
-  __shared__ double sout[kSubTiles * 4][kThreads];
+  __shared__ double sout[kSub * 4][kThreads];
 
-  const int tile_t = blockIdx.x * kTokens;
+  const int tile_t = blockIdx.x * kTok;
   const int r0 = blockIdx.y * kTileRows;
-  const int tile_n = min(kTokens, n_tokens - tile_t);
+  const int tile_n = min(kTok, n_tokens - tile_t);
   const int active = (tile_n + 7) / 8;
   const int nsb = cols / kSuper, steps = cols / kStep;
   const size_t x_row = (size_t)cols * L;
@@ -118,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
     wrow[i] = w + (size_t)(r < rows ? r : 0) * row_bytes;
   }
 
-  // Step st's copies: the planes (threads below kPieces), the sub-block sums (the next kTokens
+  // Step st's copies: the planes (threads below kPieces), the sub-block sums (the next kTok
   // threads) and, on a super-block's first step, the tokens' scales (the same threads) and the
   // rows' first 16 bytes of the super-block (threads below kTileRows, row r0 + tid). One group a
   // thread.
@@ -130,11 +139,11 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
                      w + (size_t)(r < rows ? r : 0) * row_bytes + (size_t)(st / kStepsPerSuper) * kQ4KBytes, r < rows);
       }
       if (tid < kPieceCount) {
-        const int h = tid & 1, t = (tid >> 1) % kTokens, l = tid / (2 * kTokens);
+        const int h = tid & 1, t = (tid >> 1) % kTok, l = tid / (2 * kTok);
         const bool v = t < tile_n;
         cp_async<16>(&stages[st % kStages].x[tid], xg + (size_t)(v ? t : 0) * x_row + (size_t)st * kStepBytes + 32 * l + 16 * h,
                      v);
-      } else if (tid < kPieceCount + kTokens) {
+      } else if (tid < kPieceCount + kTok) {
         const int t = tid - kPieceCount;
         const bool v = t < tile_n;
         const int par = (st / kStepsPerSuper) & 1;
@@ -166,12 +175,12 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
   for (int i = 0; i < 2; i++) qnext[i] = load_quants(i, 0);
 
 #pragma unroll
-  for (int k = 0; k < kSubTiles * 4; k++) sout[k][tid] = 0.0;
+  for (int k = 0; k < kSub * 4; k++) sout[k][tid] = 0.0;
   for (int sb = 0; sb < nsb; sb++) {
     if (sb + kPrefetchSupers < nsb) prefetch_weights(sb + kPrefetchSupers);
     const int par = sb & 1;
     const uint4* scw = &sscale[par][warp * 16 + fg];  // row g's words; row g + 8's at scw[8]
-    int acc[kSubTiles][L][4] = {};
+    int acc[kSub][L][4] = {};
 #pragma unroll
     for (int j = 0; j < kStepsPerSuper; j++) {
       const int st = sb * kStepsPerSuper + j;
@@ -197,12 +206,12 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
       }
       const uint2* xb = reinterpret_cast<const uint2*>(stages[st % kStages].x);
 #pragma unroll
-      for (int s = 0; s < kSubTiles; s++) {
+      for (int s = 0; s < kSub; s++) {
         if (s >= active) continue;
 #pragma unroll
         for (int l = 0; l < L; l++) {
           // Token 8s + g of plane l: 32 bytes = 4 uint2, the lane's at q.
-          const uint2 b = xb[(l * kTokens + 8 * s + fg) * 4 + fq];
+          const uint2 b = xb[(l * kTok + 8 * s + fg) * 4 + fq];
           int d[4];
           if (l == 0)
             imma_16x8x32<true>(d, a, b.x, b.y);
@@ -226,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
       for (int hh = 0; hh < 2; hh++) dmin_m[i][hh] = (double)k4_field<true>(v.y, v.z, v.w, 4 * hh + fq) * dmin;
     }
 #pragma unroll
-    for (int s = 0; s < kSubTiles; s++) {
+    for (int s = 0; s < kSub; s++) {
       if (s >= active) continue;
       double m0[2] = {0.0, 0.0}, m1[2] = {0.0, 0.0};  // M = dmin · Σ m_j S_j, rows g and g + 8
 #pragma unroll
@@ -245,15 +254,17 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
   }
   cp_async_wait<0>();
   // Row tile i (rows g, g + 8) at element 2i + e of sub-tile s, token 8s + 2q + e.
-  store_products<false, 2, kSubTiles>(y, rows, warp_r, fg, fq, tile_t, n_tokens, active,
-                                      [&](int i, int s, int e) { return sout[4 * s + 2 * i + e][tid]; });
+  store_products<false, 2, kSub>(y, rows, warp_r, fg, fq, tile_t, n_tokens, active,
+                                 [&](int i, int s, int e) { return sout[4 * s + 2 * i + e][tid]; });
 }
 
 }  // namespace
 
 bool x32_supported(GgmlType t) { return t == GgmlType::Q4_K; }
 
-int x32_blocks(int rows, int T) { return ((rows + kTileRows - 1) / kTileRows) * ((T + kTokens - 1) / kTokens); }
+int x32_blocks(int rows, int T) {
+  return ((rows + kTileRows - 1) / kTileRows) * ((T + kTokens<kMaxLimbs> - 1) / kTokens<kMaxLimbs>);
+}
 
 void matmul_x32(GgmlType t, const void* w, size_t row_bytes, int rows, int cols, const uint8_t* xq,
                 const double* xscale, const double* xsum, int T, float* y, cudaStream_t stream, XForm form) {
@@ -267,7 +278,8 @@ void matmul_x32(GgmlType t, const void* w, size_t row_bytes, int rows, int cols,
     throw_error("matmul_x32: the activations are not aligned (X32 bytes to 16, scales and sums to 8)");
   if (device_info().cc_major < 9) throw_error("matmul_x32: needs compute capability 9.0 (fp64 m16n8k4)");
   if (rows == 0 || T == 0) return;
-  const dim3 grid((T + kTokens - 1) / kTokens, (rows + kTileRows - 1) / kTileRows);
+  const int tokens = form == XForm::kX8 ? kTokens<1> : kTokens<kMaxLimbs>;
+  const dim3 grid((T + tokens - 1) / tokens, (rows + kTileRows - 1) / kTileRows);
   (form == XForm::kX8 ? x32_q4k_kernel<1> : x32_q4k_kernel<kMaxLimbs>)<<<grid, kThreads, 0, stream>>>(
       static_cast<const uint8_t*>(w), row_bytes, rows, cols, xq, xscale, xsum, T, y);
   RL_CUDA_LAUNCH_CHECK();

@@ -66,8 +66,9 @@ inline XForm x32_form_of(Kernel k) { return k == Kernel::kMatmulX8Q4K ? XForm::k
 // prefill runs the fp64 tensor-core products except:
 //   X24: IQ2_XXS / IQ2_XS / IQ1_M weights (routed experts, a shared expert's SwiGLU pair) on the
 //        8-bit tensor cores with 24-bit activations per 256-column block (kernels.h, matmul_x24);
-//   X32: dense Q4_K products whose grid has a block for every SM (or all of them, x32_always) on
-//        the 8-bit tensor cores with 32-bit activations (matmul_x32; compute capability 9.0).
+//   X32: dense Q4_K products whose grid (the X32 form's, x32_blocks: the fast tier's X8 form takes
+//        32 tokens a block, not 24, so fewer) has a block for every SM (or all of them, x32_always)
+//        on the 8-bit tensor cores with 32-bit activations (matmul_x32; compute capability 9.0).
 // docs/cuda.md states each form's exactness bound.
 struct NumericForms {
   bool x24 = false;         // X24 allowed: compute capability 8.0, n_embd and n_ff_exp whole 256-column blocks

@@ -300,7 +300,8 @@ std::vector<double> q4k_exact_row(const uint8_t* row, int cols) {
   return w;
 }
 
-// Dense Q4_K products on X32: token counts that leave partial 8- and 24-token tiles, rows that are
+// Dense Q4_K products on X32: token counts that leave partial 8-, 24- and (the X8 form's) 32-token
+// tiles (59: two sub-tiles of X32's last tile active, X8's fourth partial), rows that are
 // not a multiple of the block's 128: every output the fp32 rounding of Σ w·x̂ for the exact Q4_K
 // values w (which the library's fp32 dequantisation rounds once, checked here as well) and the X32
 // activations x̂; a row of large mins and one of zero scales. The same on the X8 form (the fast
@@ -314,7 +315,7 @@ TEST_F(CudaX24, X32Q4KProductsAreTheRoundingOfTheExactSum) {
   };
   for (const cuda::XForm form : {cuda::XForm::kX32, cuda::XForm::kX8})
     for (const Case& k : {Case{130, 256, 37}, Case{300, 2048, 17}, Case{129, 768, 70}, Case{64, 512, 1},
-                          Case{256, 1024, 96}}) {
+                          Case{256, 1024, 96}, Case{130, 256, 59}}) {
       const bool x8 = form == cuda::XForm::kX8;
       SCOPED_TRACE(std::string(x8 ? "X8 " : "X32 ") + std::to_string(k.rows) + "x" + std::to_string(k.cols) +
                    " T=" + std::to_string(k.T));
