@@ -107,6 +107,19 @@ bool q8_supported(GgmlType t);
 // on its row, in the same order, wherever that launch takes one warp a row (every width up to
 // 2048 columns); wider ones may split a row over warps there, and then differ by rounding.
 constexpr int kMaxQ8Columns = 16;
+// matvec_q8 on fp32 input: a MatvecJob with x set and xq null, of at most kQ8F32InputCols
+// columns (a multiple of 128) and kQ8F32InputValues values in all (cols · token columns), is a
+// launch whose blocks each write the input's Q8 form into shared memory (quantize_q8's arithmetic,
+// the same bits) before their products: no quantize_q8 launch (the down products' 512-column
+// inputs of a decode token or a short step). Every block repeats the conversion (at most 16 rounds
+// of a warp's 128 values), so wide inputs (an LM head's 2048 columns over thousands of blocks)
+// take quantize_q8 first. y must not overlap x (other blocks still read x while one writes y).
+constexpr int kQ8F32InputCols = 512;
+constexpr int kQ8F32InputValues = 2048;
+inline bool q8_f32_input_fits(int cols, int columns) {
+  return cols > 0 && cols % 128 == 0 && columns > 0 && cols <= kQ8F32InputCols &&
+         (long)cols * columns <= kQ8F32InputValues;
+}
 // The fast tier's Q4_K / Q5_K / Q6_K products of 1 to kMaxQ8Columns token columns on the int8
 // tensor cores (matmul_q8.cu, plan kernel mma-q8): jobs as matvec_q8_jobs' (w direct; xq/xds the Q8
 // rows of the columns tokens; y + c·y_stride), the same numeric form, the fp32 additions in another
@@ -129,6 +142,11 @@ void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaS
 void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
                        int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
                        cudaStream_t stream);
+// The same on fp32 input rows x [..][cols] (q8_f32_input_fits(cols, 1)): each block quantises its
+// expert's row as quantize_q8 would, so the outputs equal quantize_q8 then matvec_q8_experts.
+void matvec_q8_experts_f32_input(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
+                                 int rows, int cols, const float* x, int experts_per_row, float* y, int n,
+                                 cudaStream_t stream);
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,
                                size_t row_bytes_gate, size_t row_bytes_up, int rows, int cols, const int8_t* xq,
                                const float2* xds, float* act, float* scratch, int n, cudaStream_t stream,

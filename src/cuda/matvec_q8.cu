@@ -59,15 +59,34 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, size_t n_blocks,
 
 // ---- loads --------------------------------------------------------------------------------------
 
+// The activations' loads: from global memory through the read-only path, or (S) from the block's
+// shared copy (kernels that quantise their fp32 input themselves), where __ldg may not read.
+template <bool S>
+__device__ __forceinline__ int4 ld_x(const int4* p) {
+  if constexpr (S) return *p;
+  else return __ldg(p);
+}
+template <bool S>
+__device__ __forceinline__ float2 ld_ds(const float2* p) {
+  if constexpr (S) return *p;
+  else return __ldg(p);
+}
+template <bool S>
+__device__ __forceinline__ float ld_f(const float* p) {
+  if constexpr (S) return *p;
+  else return __ldg(p);
+}
 // 32 activations of block b as eight words (two 16-byte loads).
+template <bool S>
 __device__ __forceinline__ void load_x32(const int8_t* __restrict__ xq, int b, int (&w)[8]) {
-  const int4 a = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b);
-  const int4 c = __ldg(reinterpret_cast<const int4*>(xq) + 2 * b + 1);
+  const int4 a = ld_x<S>(reinterpret_cast<const int4*>(xq) + 2 * b);
+  const int4 c = ld_x<S>(reinterpret_cast<const int4*>(xq) + 2 * b + 1);
   w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = c.x, w[5] = c.y, w[6] = c.z, w[7] = c.w;
 }
 // 16 activations at value offset v (a multiple of 16): one 16-byte load.
+template <bool S>
 __device__ __forceinline__ void load_x16(const int8_t* __restrict__ xq, int v, int (&w)[4]) {
-  const int4 a = __ldg(reinterpret_cast<const int4*>(xq + v));
+  const int4 a = ld_x<S>(reinterpret_cast<const int4*>(xq + v));
   w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
 }
 __device__ __forceinline__ int dot4x4(const uint32_t (&w)[4], const int* x, int acc) {
@@ -90,10 +109,11 @@ struct Q8Dot<GgmlType::Q8_0> {
     int q[8];
     float d;
   };
+  template <bool S>
   __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
     X x;
-    load_x32(xq, u, x.q);
-    x.d = __ldg(&xds[u].x);
+    load_x32<S>(xq, u, x.q);
+    x.d = ld_f<S>(&xds[u].x);
     return x;
   }
   struct W {
@@ -126,11 +146,12 @@ struct Q8DotK4 {
     int q[2][8];
     float2 ds[2];
   };
+  template <bool S>
   __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
     X x;
-    load_x32(xq, 2 * u, x.q[0]);
-    load_x32(xq, 2 * u + 1, x.q[1]);
-    x.ds[0] = __ldg(&xds[2 * u]), x.ds[1] = __ldg(&xds[2 * u + 1]);
+    load_x32<S>(xq, 2 * u, x.q[0]);
+    load_x32<S>(xq, 2 * u + 1, x.q[1]);
+    x.ds[0] = ld_ds<S>(&xds[2 * u]), x.ds[1] = ld_ds<S>(&xds[2 * u + 1]);
     return x;
   }
   struct W {
@@ -192,13 +213,14 @@ struct Q8Dot<GgmlType::Q6_K> {
     int q[4][4];
     float d[4];
   };
+  template <bool S>
   __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
     X x;
     const int sb = u >> 2, n = (u >> 1) & 1, h = u & 1;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-      load_x16(xq, 256 * sb + 128 * n + 32 * k + 16 * h, x.q[k]);
-      x.d[k] = __ldg(&xds[8 * sb + 4 * n + k].x);
+      load_x16<S>(xq, 256 * sb + 128 * n + 32 * k + 16 * h, x.q[k]);
+      x.d[k] = ld_f<S>(&xds[8 * sb + 4 * n + k].x);
     }
     return x;
   }
@@ -289,12 +311,13 @@ struct Q8DotIq {
     int sum[4];  // Σ q over each 8 values
     float d;
   };
+  template <bool S>
   __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
     X x;
-    load_x32(xq, u, x.q);
+    load_x32<S>(xq, u, x.q);
 #pragma unroll
     for (int c = 0; c < 4; c++) x.sum[c] = __dp4a(x.q[2 * c], 0x01010101, __dp4a(x.q[2 * c + 1], 0x01010101, 0));
-    x.d = __ldg(&xds[u].x);
+    x.d = ld_f<S>(&xds[u].x);
     return x;
   }
   struct W {
@@ -383,12 +406,15 @@ struct LaneSlot {
 // Q4_K kernel on 4 columns had the nibble masks once per column), then the columns' activations
 // are read a column at a time; one column keeps one unit of activations and a row's weights at
 // a time. A column's sums are those of a one-column launch, in the same order.
-template <GgmlType T, int R, int N>
+// S: the activations are the block's shared copy (kF32Input kernels).
+template <GgmlType T, int R, int N, bool S = false>
 __device__ __forceinline__ void lane_dots_q8(const uint8_t* const (&wr)[R], const int8_t* xq, const float2* xds,
                                              int cols, int u0, int step, int n_units,
                                              const SharedTables<T, kStageQ8Codebook<T>, false>& tab, float (&acc)[N][R]) {
   using D = Q8Dot<T>;
-  auto x_of = [&](int c, int u) { return D::load_x(xq + (size_t)c * cols, xds + (size_t)c * (cols / 32), u); };
+  auto x_of = [&](int c, int u) {
+    return D::template load_x<S>(xq + (size_t)c * cols, xds + (size_t)c * (cols / 32), u);
+  };
 #pragma unroll(N == 1 ? 2 : 1)
   for (int u = u0; u < n_units; u += step) {
     if constexpr (N == 1) {  // the one-token decode: one activation unit, a row decoded at a time
@@ -426,7 +452,8 @@ struct Q8JobList {
     Job j = job[0];
     const size_t row = (size_t)(y / per_input);
     j.slot = y;
-    j.xq += row * cols, j.xds += row * (cols / 32);
+    if (j.xq) j.xq += row * cols, j.xds += row * (cols / 32);
+    if (j.x) j.x += row * cols;
     output_of(j) += (size_t)y * j.rows;
     return j;
   }
@@ -455,7 +482,12 @@ __device__ __forceinline__ decltype(auto) job_of(const Q8JobList<Job>& jobs, int
   else return (const Job&)jobs.job[blockIdx.y];
 }
 
-template <GgmlType T, int W, int N, bool kDerived = false>
+// kF32Input: the job's input is x, N columns of fp32 (q8_f32_input_fits(cols, N)); each block
+// first writes its Q8 form into shared memory and the lanes read it there: no quantize_q8 launch
+// before the product. A warp converts 128 values a round, four blocks of 32 on 8 lanes each
+// (store_q8_quad: quantize_q8's arithmetic, so the same bits), its rounds' loads unrolled so that
+// they overlap. Its weights' first rows are asked into L2 meanwhile.
+template <GgmlType T, int W, int N, bool kDerived = false, bool kF32Input = false>
 __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<MatvecJob> jobs, int cols, int G) {
   constexpr int R = kQ8RowsN<T, N>;
   const MatvecJob& jb = job_of<kDerived>(jobs, cols);
@@ -465,13 +497,28 @@ __global__ void __launch_bounds__(32 * kWarps) matvec_q8_kernel(const Q8JobList<
   pdl_wait();  // inputs and slot pointers come from the previous kernel
   pdl_trigger();
   const bool active = s.row < jb.rows;
+  const int8_t* xq = jb.xq;
+  const float2* xds = jb.xds;
+  if constexpr (kF32Input) {
+    __shared__ __align__(16) int8_t xs_q[kQ8F32InputValues];
+    __shared__ float2 xs_ds[kQ8F32InputValues / 32];
+    if (!jb.w) prefetch_rows_l2(jb.slot_ptrs[jb.slot] + jb.w_offset, jb.row_bytes, s.block_row(G), s.block_rows(G), jb.rows);
+    const int n_quads = N * cols / 128;  // the N columns are consecutive rows of cols values
+#pragma unroll 4
+    for (int r = s.warp; r < n_quads; r += blockDim.x / 32) {
+      const size_t at = (size_t)128 * r + 4 * s.lane;
+      store_q8_quad(*reinterpret_cast<const float4*>(jb.x + at), xs_q, xs_ds, at);
+    }
+    __syncthreads();
+    xq = xs_q, xds = xs_ds;
+  }
   float acc[N][R] = {};
   if (active) {
     const uint8_t* base = (jb.w ? jb.w : jb.slot_ptrs[jb.slot]) + jb.w_offset;
     const uint8_t* wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = base + (size_t)min(s.row + r, jb.rows - 1) * jb.row_bytes;
-    lane_dots_q8<T, R, N>(wr, jb.xq, jb.xds, cols, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
+    lane_dots_q8<T, R, N, kF32Input>(wr, xq, xds, cols, G * s.ws + s.sub, G * W, cols / Q8Dot<T>::kValues, tab, acc);
   }
   const size_t ys = jb.y_stride ? jb.y_stride : jb.rows;
 #pragma unroll
@@ -514,6 +561,9 @@ template <GgmlType T, int W, int N, bool kDerived = false>
 auto q8_kernel_of(const MatvecJob*) { return matvec_q8_kernel<T, W, N, kDerived>; }
 template <GgmlType T, int W, int N, bool kDerived = false>
 auto q8_kernel_of(const GateUpJob*) { return gate_up_q8_kernel<T, W, N, kDerived>; }
+// A job on fp32 input (x set, xq null: matvec products only, kF32Input).
+bool reads_f32(const MatvecJob& j) { return !j.xq && j.x; }
+bool reads_f32(const GateUpJob&) { return false; }
 template <GgmlType T, int N>
 constexpr int q8_rows_of(const MatvecJob*) { return kQ8RowsN<T, N>; }
 template <GgmlType T, int N>
@@ -521,7 +571,8 @@ constexpr int q8_rows_of(const GateUpJob*) { return 1; }
 
 // The jobs' column c0 onwards: inputs and outputs moved on by c0 columns.
 MatvecJob from_column(MatvecJob j, int c0, int cols) {
-  j.xq += (size_t)c0 * cols, j.xds += (size_t)c0 * (cols / 32);
+  if (j.xq) j.xq += (size_t)c0 * cols, j.xds += (size_t)c0 * (cols / 32);
+  if (j.x) j.x += (size_t)c0 * cols;
   j.y += (size_t)c0 * (j.y_stride ? j.y_stride : j.rows);
   return j;
 }
@@ -557,9 +608,12 @@ void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_row
     // a lane enough work).
     int G = 8;
     while (G < 32 && n_units > G) G *= 2;
-    // (Derived jobs, per_input: one lane group a row; the pairs' rows fill the GPU.)
+    // (Derived jobs, per_input: one lane group a row; the pairs' rows fill the GPU. fp32 input:
+    // one warp a row at most, as its widths take anyway.)
+    const bool f32_input = reads_f32(jobs[0]);
     int W = 1;
-    while (N == 1 && !per_input && G == 32 && W < 4 && total_rows / R * W < 4096 && n_units >= 2 * 32 * 2 * W)
+    while (N == 1 && !per_input && !f32_input && G == 32 && W < 4 && total_rows / R * W < 4096 &&
+           n_units >= 2 * 32 * 2 * W)
       W *= 2;
     // Warps a block: kWarps, or fewer (down to W, at least 2) while the grid would leave SMs idle
     // (a shared expert's 512 rows on 8 columns: 64 blocks of 8 warps, 256 of 2). A row's lanes and
@@ -572,6 +626,15 @@ void launch_q8_columns(GgmlType t, int cols, const Job* jobs, int m, int max_row
     Q8JobList<Job> list{};
     std::copy(jobs, jobs + (per_input ? 1 : m), list.job);
     list.per_input = per_input;
+    if constexpr (std::is_same_v<Job, MatvecJob>) {
+      if (f32_input) {
+        if (N == 1 && per_input)
+          launch_dependent(matvec_q8_kernel<T, 1, 1, true, true>, grid, block, stream, list, cols, G);
+        else
+          launch_dependent(matvec_q8_kernel<T, 1, N, false, true>, grid, block, stream, list, cols, G);
+        return;
+      }
+    }
     if (N == 1 && per_input) {
       launch_dependent(q8_kernel_of<T, 1, 1, true>(kind), grid, block, stream, list, cols, G);
     } else if constexpr (N == 1) {
@@ -597,8 +660,19 @@ void launch_q8_jobs(GgmlType t, int cols, const Job* jobs, int n, cudaStream_t s
   if (columns < 1 || columns > kMaxQ8Columns)
     throw_error("matvec_q8: " + std::to_string(columns) + " token columns, want 1 to " +
                 std::to_string(kMaxQ8Columns));
+  // Every job of a call reads its input one way: its Q8 form, or fp32 that fits the blocks' copy.
+  const bool f32_input = n > 0 && reads_f32(jobs[0]);
+  if (f32_input && !q8_f32_input_fits(cols, columns))
+    throw_error("matvec_q8: an fp32 input of " + std::to_string(columns) + " token columns of " + std::to_string(cols) +
+                " values (a multiple of 128, at most " + std::to_string(kQ8F32InputCols) + " a column and " +
+                std::to_string(kQ8F32InputValues) + " in all; others need quantize_q8)");
   auto check = [&](const Job& jb) {
-    if (!inputs_aligned(jb)) throw_error("matvec_q8: a job's Q8 input is missing or not 16-byte aligned");
+    if (reads_f32(jb) != f32_input) throw_error("matvec_q8: jobs of one call read both fp32 and Q8 inputs");
+    if (f32_input) {
+      if (reinterpret_cast<uintptr_t>(jb.x) % 16 != 0) throw_error("matvec_q8: a job's fp32 input is not 16-byte aligned");
+    } else if (!inputs_aligned(jb)) {
+      throw_error("matvec_q8: a job's Q8 input is missing or not 16-byte aligned");
+    }
     if ((t == GgmlType::Q4_K || t == GgmlType::Q5_K) && !aligned16(jb))
       throw_error(std::string("matvec_q8: ") + type_name(t) + " weights must be 16-byte aligned");
   };
@@ -671,6 +745,18 @@ void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_off
     const size_t row = experts_per_row ? e / experts_per_row : 0;
     jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
+  launch_q8_jobs(t, cols, jobs.data(), n, stream, 1, experts_per_row);
+}
+
+void matvec_q8_experts_f32_input(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
+                                 int rows, int cols, const float* x, int experts_per_row, float* y, int n,
+                                 cudaStream_t stream) {
+  if (experts_per_row < 0)
+    throw_error("matvec_q8_experts_f32_input: " + std::to_string(experts_per_row) + " experts an input row");
+  if (n == 0) return;
+  if (!x) throw_error("matvec_q8_experts_f32_input: no input");
+  std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
+  for (int e = 0; e < n; e++) jobs[e].x = x + (experts_per_row ? (size_t)(e / experts_per_row) : 0) * cols;
   launch_q8_jobs(t, cols, jobs.data(), n, stream, 1, experts_per_row);
 }
 

@@ -57,10 +57,16 @@ void read_q8(Job& j, const Q8Rows& rows) {
 
 void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y, KqHeld* held) {
   if (reads_q8_form(k)) {  // y [T][rows]
-    if (x != q8_held_) convert_q8(x, T, w.cols);  // else a kernel wrote it (hold_q8)
-    q8_held_ = nullptr;
     MatvecJob j = column_job(w, x, y, 0);  // the kernel writes the T columns
-    read_q8(j, q8_scratch_);
+    if (x == q8_held_) {  // a kernel wrote its Q8 form (hold_q8)
+      read_q8(j, q8_scratch_);
+    } else if (k == Kernel::kMatvecQ8 && q8_f32_input_fits(w.cols, T)) {
+      // x as it is (j.x): the product's blocks quantise it (a shared expert's down)
+    } else {
+      convert_q8(x, T, w.cols);
+      read_q8(j, q8_scratch_);
+    }
+    q8_held_ = nullptr;
     q8_launch(k, w.type, w.cols, &j, 1, stream_, T);
   } else if (is_matvec(k)) {  // a job a token column (matvec_jobs splits a long list into launches)
     if (T > kQ8PassTokens) fail("Products::project: a decode product on {} token columns, at most {}", T, kQ8PassTokens);
@@ -270,7 +276,10 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
   else
     matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, x, act,
                            ws_.expert_up.f() + row0 * ff, n, stream_, sums_of(pair.gate));
-  if (down == Kernel::kMatvecQ8) {
+  if (down == Kernel::kMatvecQ8 && q8_f32_input_fits(ff, 1)) {  // each block quantises its expert's row
+    matvec_q8_experts_f32_input(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, act, 1,
+                                ws_.expert_out.f() + row0 * n_embd, n, stream_);
+  } else if (down == Kernel::kMatvecQ8) {
     const Q8Rows& aq = ws_.q8_expert_act;
     quantize_q8(act, n, ff, aq.values() + row0 * ff, aq.scales() + row0 * (ff / 32), stream_);
     matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values() + row0 * ff,
@@ -297,6 +306,11 @@ void Products::expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down
   // Pair i reads token i / K's row of h2's Q8 form (the plan's moe_input_q8).
   matvec_q8_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd,
                             xq.values(), xq.scales(), act, ws_.expert_up.f(), n, stream_, K);
+  if (q8_f32_input_fits(ff, 1)) {  // each down block quantises its pair's row: no quantize_q8 launch
+    matvec_q8_experts_f32_input(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, act, 1, ws_.expert_out.f(),
+                                n, stream_);
+    return;
+  }
   quantize_q8(act, n, ff, aq.values(), aq.scales(), stream_);
   matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values(), aq.scales(), 1,
                     ws_.expert_out.f(), n, stream_);

@@ -72,7 +72,8 @@ class Products {
                        const int* off_d, int n, int max_cnt, size_t row0, size_t rows);
   // The decode products of n experts (slot addresses ptr_d) on one token's input x: expert g's
   // rows are expert_act / expert_out row row0 + g. matvec-q8 gate/up read q8_moe_input (the plan's
-  // moe_input_q8); a matvec-q8 down converts its input rows to q8_expert_act.
+  // moe_input_q8); a matvec-q8 down reads expert_act's fp32 rows, each block converting its row
+  // (q8_f32_input_fits; a wider one converts them to q8_expert_act first).
   void expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
                       const float* x, int n, size_t row0);
   // A short pass's (2 to kQ8PassTokens tokens) routed experts on the decode kernels, a pair at a

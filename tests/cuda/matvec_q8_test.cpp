@@ -664,6 +664,67 @@ TEST_F(CudaQ8, MoeCombineNormWritesTheQ8FormOfItsOutput) {
     }
 }
 
+// Products on fp32 input (x set, xq null: each block quantises it into shared memory) equal
+// quantize_q8 then the product on the Q8 form, bit for bit: dense jobs on 1 to 8 token columns of
+// 256 columns and 1 to 4 of 512 (each launch size; rows not a whole block; outputs at a stride,
+// the gaps untouched), an input block holding a NaN among them; the
+// routed experts' downs on their own rows (a listed launch of 10, a derived one of more than a
+// list holds) and on one shared row.
+TEST_F(CudaQ8, Fp32InputEqualsQuantizeThenProduct) {
+  for (GgmlType t : kQ8Types) {
+    for (int cols : {256, 512}) {
+      const int rows = 300, stride = rows + 3;
+      const size_t rb = row_size(t, cols);
+      auto dw = to_device(random_rows(t, rows, cols, 800 + cols));
+      for (int columns : {1, 2, 3, 4, 7, 8}) {
+        if (!cuda::q8_f32_input_fits(cols, columns)) continue;
+        SCOPED_TRACE(std::string(type_name(t)) + " cols " + std::to_string(cols) + " columns " +
+                     std::to_string(columns));
+        auto x = random_floats((size_t)columns * cols, 50 + columns);
+        if (columns == 3) x[(size_t)cols + 70] = std::numeric_limits<float>::quiet_NaN();
+        auto dx = to_device(x);
+        Q8Device q8(dx, columns, cols);
+        const float kUntouched = -12345.0f;
+        const std::vector<float> untouched((size_t)columns * stride, kUntouched);
+        auto dq = to_device(untouched), df = to_device(untouched);
+        cuda::MatvecJob j;
+        j.w = dw.get<uint8_t>(), j.row_bytes = rb, j.rows = rows, j.y_stride = stride;
+        j.xq = q8.values(), j.xds = q8.scales(), j.y = dq.f();
+        cuda::matvec_q8_jobs(t, cols, &j, 1, nullptr, columns);
+        j.xq = nullptr, j.xds = nullptr, j.x = dx.f(), j.y = df.f();
+        cuda::matvec_q8_jobs(t, cols, &j, 1, nullptr, columns);
+        const auto yq = to_host<float>(dq, (size_t)columns * stride), yf = to_host<float>(df, (size_t)columns * stride);
+        for (size_t i = 0; i < yq.size(); i++) ASSERT_EQ(bits(yf[i]), bits(yq[i])) << "output " << i;
+        for (int c = 0; c < columns; c++)
+          for (int r = rows; r < stride; r++) ASSERT_EQ(yf[(size_t)c * stride + r], kUntouched) << "gap of column " << c;
+        if (columns == 3) {
+          EXPECT_TRUE(std::isnan(yf[stride + 5]));  // the NaN's column
+        }
+      }
+    }
+  }
+  const int n_embd = 2048, ff = 512;
+  for (GgmlType t : kQ8Types) {
+    for (int n : {10, cuda::kMaxMatvecJobs + 5}) {
+      SCOPED_TRACE(std::string(type_name(t)) + " experts " + std::to_string(n));
+      const size_t rb = row_size(t, ff);
+      ExpertSlots slots({{t, {n_embd, ff}}}, n);
+      auto dx = to_device(random_floats((size_t)n * ff, 60 + n));
+      Q8Device q8(dx, n, ff);
+      cuda::DeviceBuffer dq((size_t)n * n_embd * 4), df((size_t)n * n_embd * 4);
+      for (int per_expert : {1, 0}) {
+        cuda::matvec_q8_experts(t, slots.slots(), slots.offsets[0], rb, n_embd, ff, q8.values(), q8.scales(),
+                                per_expert, dq.f(), n, nullptr);
+        cuda::matvec_q8_experts_f32_input(t, slots.slots(), slots.offsets[0], rb, n_embd, ff, dx.f(), per_expert,
+                                          df.f(), n, nullptr);
+        const auto yq = to_host<float>(dq, (size_t)n * n_embd), yf = to_host<float>(df, (size_t)n * n_embd);
+        for (size_t i = 0; i < yq.size(); i++)
+          ASSERT_EQ(bits(yf[i]), bits(yq[i])) << "input rows per expert " << per_expert << ", output " << i;
+      }
+    }
+  }
+}
+
 TEST_F(CudaQ8, RejectsWhatItCannotRun) {
   cuda::DeviceBuffer d(1 << 16);
   cuda::MatvecJob j;
@@ -679,6 +740,19 @@ TEST_F(CudaQ8, RejectsWhatItCannotRun) {
   j.w = d.get<uint8_t>();
   EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr, 0), Error);  // no columns
   EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &j, 1, nullptr, cuda::kMaxQ8Columns + 1), Error);
+  // fp32 input: wider than the blocks' copy, more values in all than it holds, mixed with Q8 jobs.
+  cuda::MatvecJob f = j;
+  f.xq = nullptr, f.xds = nullptr, f.x = d.f();
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 2048, &f, 1, nullptr), Error);
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 512, &f, 1, nullptr, 5), Error);
+  const cuda::MatvecJob mixed[2] = {f, j};
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, mixed, 2, nullptr), Error);
+  f.x = d.f() + 2;
+  EXPECT_THROW(cuda::matvec_q8_jobs(GgmlType::Q4_K, 256, &f, 1, nullptr), Error);  // not 16-byte aligned
+  EXPECT_FALSE(cuda::q8_f32_input_fits(1024, 1));
+  EXPECT_FALSE(cuda::q8_f32_input_fits(480, 1));  // not whole rounds of 128
+  EXPECT_TRUE(cuda::q8_f32_input_fits(512, 4));
+  EXPECT_FALSE(cuda::q8_f32_input_fits(512, 5));
 }
 
 // Host only: the covered types.
