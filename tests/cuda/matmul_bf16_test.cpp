@@ -108,6 +108,23 @@ std::vector<DenseShape> dense_shapes(GgmlType t) {
   return {{300, 2048, 1}, {130, odd_cols, 77}, {200, 256, 512}};
 }
 
+// A dense product's inputs: random weights (seed) and activations (seed + 1) of shape s, the
+// product in double on the dequantised weights, and both inputs on the device.
+struct DenseCase {
+  size_t rb;
+  std::vector<uint8_t> w;
+  std::vector<float> x;
+  std::vector<double> ref;
+  cuda::DeviceBuffer dw, dx;
+  DenseCase(GgmlType t, const DenseShape& s, uint32_t seed)
+      : rb(row_size(t, s.cols)),
+        w(test::random_rows(t, s.rows, s.cols, seed)),
+        x(test::random_floats((size_t)s.T * s.cols, seed + 1)),
+        ref(reference_product(dequantize_matrix(t, w, s.rows, s.cols), s.rows, s.cols, x.data(), s.T)),
+        dw(test::to_device(w)),
+        dx(test::to_device(x)) {}
+};
+
 std::string trace(GgmlType t, const DenseShape& s, int tile) {
   return std::string(type_name(t)) + " rows=" + std::to_string(s.rows) + " cols=" + std::to_string(s.cols) +
          " T=" + std::to_string(s.T) + " tile=" + std::to_string(tile);
@@ -116,16 +133,12 @@ std::string trace(GgmlType t, const DenseShape& s, int tile) {
 TEST_F(Bf16Products, DenseWithinTheFastBarForEveryType) {
   for (GgmlType t : test::kWeightTypes) {
     for (const DenseShape& s : dense_shapes(t)) {
-      const size_t rb = row_size(t, s.cols);
-      const auto w = test::random_rows(t, s.rows, s.cols, 300 + s.T);
-      const auto x = test::random_floats((size_t)s.T * s.cols, 301 + s.T);
-      const auto ref = reference_product(dequantize_matrix(t, w, s.rows, s.cols), s.rows, s.cols, x.data(), s.T);
-      auto dw = test::to_device(w), dx = test::to_device(x);
+      const DenseCase c(t, s, 300 + s.T);
       for (int tile : {0, 16, 64}) {
         SCOPED_TRACE(trace(t, s, tile));
         Output y((size_t)s.T * s.rows);
-        cuda::matmul_bf16(t, dw.get(), rb, s.rows, s.cols, dx.f(), s.T, y.f(), nullptr, tile);
-        EXPECT_LE(nmse(y.fetch(), ref), kMaxNmse);
+        cuda::matmul_bf16(t, c.dw.get(), c.rb, s.rows, s.cols, c.dx.f(), s.T, y.f(), nullptr, tile);
+        EXPECT_LE(nmse(y.fetch(), c.ref), kMaxNmse);
       }
     }
   }
@@ -278,20 +291,16 @@ TEST_F(Bf16Products, SplitOverColumnsWithinTheFastBarForEveryType) {
   for (GgmlType t : test::kWeightTypes) {
     const int odd_cols = quant_type(t).block_size == 256 ? 768 : 800;
     for (const DenseShape& s : std::vector<DenseShape>{{1, 2048, 77}, {130, odd_cols, 77}, {300, 2048, 200}}) {
-      const size_t rb = row_size(t, s.cols);
-      const auto w = test::random_rows(t, s.rows, s.cols, 320 + s.rows);
-      const auto x = test::random_floats((size_t)s.T * s.cols, 321 + s.rows);
-      const auto ref = reference_product(dequantize_matrix(t, w, s.rows, s.cols), s.rows, s.cols, x.data(), s.T);
-      auto dw = test::to_device(w), dx = test::to_device(x);
+      const DenseCase c(t, s, 320 + s.rows);
       for (int slices : {2, 3, 8}) {
         if (slices * 256 > s.cols) continue;
         SCOPED_TRACE(trace(t, s, 64) + " slices=" + std::to_string(slices));
         const int units = (s.cols + 255) / 256, per = (units + slices - 1) / slices;
         Scratch scratch((size_t)((units + per - 1) / per) * s.T * s.rows);
         Output y((size_t)s.T * s.rows);
-        cuda::matmul_bf16(t, dw.get(), rb, s.rows, s.cols, dx.f(), s.T, y.f(), nullptr, 0, scratch.reset(),
+        cuda::matmul_bf16(t, c.dw.get(), c.rb, s.rows, s.cols, c.dx.f(), s.T, y.f(), nullptr, 0, scratch.reset(),
                           scratch.floats(), slices);
-        EXPECT_LE(nmse(y.fetch(), ref), kMaxNmse);
+        EXPECT_LE(nmse(y.fetch(), c.ref), kMaxNmse);
         scratch.expect_guard_intact();
       }
     }
