@@ -11,3 +11,8 @@ bash scripts/device/ab.sh build 2>&1 | grep -E "^== .*exit|error" | tail -4
 PATCHES="$L" TEST_FILTER=$F bash scripts/device/ab.sh patch-both 2>&1 | grep -E "^== |FAILED|PASSED|tests ran" | tail -24
 PATCHES="$L" AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" bash scripts/device/ab.sh main 2>&1 | grep "== .*ab "
 PATCHES="$L" AB_NUMERICS=fast AB_ROUNDS=1 bash scripts/device/ab.sh main 2>&1 | grep "== .*ab "
+# An experiment without a patch: the dense Q4_K prefill products on bf16 tiles (128 rows x 64
+# tokens, decoded once a tile) instead of the X8 form (32 tokens a block), as a variant build.
+VARIANT_FILE=src/cuda/plan.cpp VARIANT_SED='s/return forms.use_x32(w, rows) ? forms.x32_kernel() : forms.prefill_matmul();/return forms.prefill_matmul();/' \
+  bash scripts/device/ab.sh variant 2>&1 | grep -E "== .*exit"
+AB_VARIANT=1 AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" bash scripts/device/ab.sh main 2>&1 | grep "== .*ab "
