@@ -5,8 +5,8 @@
 # (`bench --reps 1 --numerics fast`, alternating) in chunks of 512 (two rounds: prefill and the
 # decode after it), in passes of 2048 and in batched steps of 4 and 16 rows.
 export SKIP_BASE=1 FIX_DIR=.deps/fixB
-P=scripts/device/pending L="$P/split-k-last.patch $P/x8-iq1m-2blocks.patch"
-F='Bf16Product*:CudaX24.*:CudaFastTier.*:CudaKernels.*:CudaBackend.*:CudaQ8*'
+P=scripts/device/pending L="$P/split-k-last.patch $P/x8-iq1m-2blocks.patch $P/attn-q8.patch"
+F='Bf16Product*:CudaX24.*:CudaFastTier.*:CudaKernels.*:CudaBackend.*:CudaQ8*:CudaFastAttention.*:CudaBatchedDecode.*'
 nvidia-smi --query-gpu=name --format=csv,noheader
 bash scripts/device/ab.sh build test 2>&1 | grep -E "^== .*exit|error|FAILED|PASSED|SKIPPED \]" | tail -8  # the whole test_cuda on main
 PATCHES="$L" TEST_FILTER=$F bash scripts/device/ab.sh patch-both 2>&1 | grep -E "^== |FAILED|PASSED|tests ran" | tail -24
