@@ -4,11 +4,12 @@ kind) and what ptxas gives it (registers, spill bytes, static shared memory), fo
 kernel change on the development machine before a device call (e.g. whether a loop is unrolled:
 its PTX grows; whether a launch bound spills).
 
-usage: scripts/ptx_stats.py FILE.cu [--filter REGEX] [-D NAME[=VALUE] ...] [--arch sm_90a]
+usage: scripts/ptx_stats.py FILE.cu [--filter REGEX] [-D NAME[=VALUE] ...] [--arch sm_90a] [--nvcc PATH]
   FILE.cu    a source of src/cuda (compiled with the build's flags: -O3, C++20, -I src)
   --filter   only the kernels whose demangled name matches REGEX
   -D         a macro for the compile (a variant to compare)
   --arch     the target (default sm_90a, the GPU host's)
+  --nvcc     the compiler (default /usr/local/cuda/bin/nvcc)
 
 PTX is what nvcc hands ptxas, not the machine code: ptxas folds some instructions and schedules
 the rest, so the counts compare two versions of a kernel, they do not time it.
@@ -16,7 +17,6 @@ the rest, so the counts compare two versions of a kernel, they do not time it.
 import argparse, collections, os, re, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NVCC = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc")
 KINDS = [("mma", r"\bmma\b|\bwmma\b"), ("ld.global", r"\bld\.global"), ("ld.shared", r"\bld\.shared"),
          ("st.shared", r"\bst\.shared"), ("cp.async", r"\bcp\.async\b"), ("branch", r"\bbra\b"),
          ("barrier", r"\bbar\.|\bbarrier\.")]
@@ -98,6 +98,7 @@ def main():
     ap.add_argument("--filter", default="")
     ap.add_argument("-D", dest="defines", action="append", default=[])
     ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--nvcc", default="/usr/local/cuda/bin/nvcc")
     a = ap.parse_args()
     if not re.fullmatch(r"sm_\d+a?", a.arch):
         sys.exit(f"ptx_stats: --arch {a.arch}: expected sm_NN or sm_NNa")
@@ -106,8 +107,8 @@ def main():
     flags, virt = compile_args(a.arch, a.defines)
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.o")
-        run([NVCC, *flags, f"--generate-code=arch={virt},code=[{virt}]", "-ptx", "-x", "cu", a.source, "-o", ptx_path])
-        log = run([NVCC, *flags, f"--generate-code=arch={virt},code=[{a.arch}]", "-Xptxas", "-v", "-x", "cu", "-c",
+        run([a.nvcc, *flags, f"--generate-code=arch={virt},code=[{virt}]", "-ptx", "-x", "cu", a.source, "-o", ptx_path])
+        log = run([a.nvcc, *flags, f"--generate-code=arch={virt},code=[{a.arch}]", "-Xptxas", "-v", "-x", "cu", "-c",
                    a.source, "-o", obj])
         ptx = open(ptx_path).read()
     entries, info = ptx_entries(ptx), ptxas_info(log)

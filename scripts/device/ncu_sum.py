@@ -8,7 +8,7 @@ usage: scripts/device/ncu_sum.py NCU.csv [--passes [--pass N]]
             then the table of the first batched pass that has a pass after it (or of all launches)
   --pass N  with --passes: the table of pass N (0 the first) instead
 """
-import collections, csv, re, signal, sys
+import argparse, collections, csv, re, signal, sys
 
 
 def short(kernel_name):
@@ -29,13 +29,20 @@ def table(launches, name, grid, time):
 
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under head
-    rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 10]
+    ap = argparse.ArgumentParser(usage=__doc__.split("\n\n", 1)[1].splitlines()[0][len("usage: "):])
+    ap.add_argument("csv")
+    ap.add_argument("--passes", action="store_true")
+    ap.add_argument("--pass", dest="pass_index", type=int)
+    args = ap.parse_args()
+    if args.pass_index is not None and not args.passes:
+        ap.error("--pass takes --passes")
+    rows = [r for r in csv.reader(open(args.csv, errors="replace")) if len(r) > 10]
     if not rows:
-        sys.exit("no CSV rows in " + sys.argv[1])
+        sys.exit("no CSV rows in " + args.csv)
     head = rows[0]
     name, grid, time = (head.index(c) for c in ("Kernel Name", "Grid Size", "gpu__time_duration.sum"))
     launches = [r for r in rows[1:] if r[0].isdigit()]
-    if "--passes" not in sys.argv[2:]:
+    if not args.passes:
         table(launches, name, grid, time)
         return
     passes, cur = [], []
@@ -54,12 +61,10 @@ def main():
         us = sum(float(r[time].replace(",", "")) for r in p) / 1000
         print(f"pass {i}: {len(p)} launches, {us / 1000:.2f} ms{' (batched)' if batched(p) else ''}"
               f"{' (cut short)' if i in (0, len(passes) - 1) else ''}")
-    args = sys.argv[2:]
-    if "--pass" in args:
-        i = args.index("--pass")
-        if i + 1 >= len(args) or not args[i + 1].isdigit() or int(args[i + 1]) >= len(passes):
+    if args.pass_index is not None:
+        if not 0 <= args.pass_index < len(passes):
             sys.exit(f"--pass takes a pass number below {len(passes)}")
-        table(passes[int(args[i + 1])], name, grid, time)
+        table(passes[args.pass_index], name, grid, time)
         return
     whole = [p for p in passes[1:-1] if batched(p)]
     table(whole[0] if whole else launches, name, grid, time)

@@ -26,12 +26,11 @@
 // eight steps are copied into shared memory at once (cp.async, double-buffered, one barrier a
 // super-block instead of one a step) so that lane (g, q) reads its B words conflict-free; the
 // weights' raw fields are read two steps ahead, and each row's super-block kPrefetchSupers ahead is
-// prefetched into L2. (On the H200 the kernel is not bound by
-// memory — DRAM 6-7 % busy — and not by the multiply-adds of m either: a variant without them,
-// six accumulating mma per half instead, ran no faster. Nsight Compute, before the super-block
-// staging and the X8 form's 3 blocks an SM: issue slots ~60 % busy at 16 warps an SM, the largest
-// stall fixed-latency dependencies: the sixth and seventh sessions of
-// docs/perf/cuda.md, in git history at 57c9cc0. bench_cuda_kernels --filter x24 times these kernels
+// prefetched into L2. (On the H200 the kernel is not bound by memory — DRAM 6-7 % busy — and not
+// by the multiply-adds of m either: a variant without them, six accumulating mma per half instead,
+// ran no faster. Nsight Compute, before the super-block staging and the X8 form's 3 blocks an SM:
+// issue slots ~60 % busy at 16 warps an SM, the largest stall fixed-latency dependencies: the sixth
+// and seventh sessions of docs/perf/cuda.md, in git history at 57c9cc0. bench_cuda_kernels --filter x24 times these kernels
 // at the 80B's shapes.)
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"

@@ -25,9 +25,10 @@
 // an fp32 unit of w.)
 //
 // A block is 8 warps × 16 weight rows × 24 tokens (the X32 form: three 8-token sub-tiles; the X8
-// form 32, four; sub-tiles wholly past the tokens are skipped), one sub-block (32 columns) a step. Lane (g, q) takes columns 8q .. 8q + 7 of
-// the step for mma column slots 4q .. 4q + 3 (its first A and B registers) and 16 + 4q .. 16 + 4q + 3
-// (its second): the sum does not depend on the order of its columns, and then a lane's weights of
+// form 32, four; sub-tiles wholly past the tokens are skipped), one sub-block (32 columns) a step.
+// Lane (g, q) takes columns 8q .. 8q + 7 of the step for mma column slots 4q .. 4q + 3 (its first
+// A and B registers) and 16 + 4q .. 16 + 4q + 3 (its second): the sum does not depend on the order
+// of its columns, and then a lane's weights of
 // a row are the 8 bytes 8q .. 8q + 7 of the step's 32 quant bytes (low nibbles on even steps, high
 // on odd ones, the same bytes for both) and its B registers are 8 consecutive bytes of a token's
 // plane. The planes of a step, the sub-block sums and the scales are copied into shared memory with

@@ -61,18 +61,8 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, size_t n_blocks,
 
 // The activations' loads: from global memory through the read-only path, or (S) from the block's
 // shared copy (kernels that quantise their fp32 input themselves), where __ldg may not read.
-template <bool S>
-__device__ __forceinline__ int4 ld_x(const int4* p) {
-  if constexpr (S) return *p;
-  else return __ldg(p);
-}
-template <bool S>
-__device__ __forceinline__ float2 ld_ds(const float2* p) {
-  if constexpr (S) return *p;
-  else return __ldg(p);
-}
-template <bool S>
-__device__ __forceinline__ float ld_f(const float* p) {
+template <bool S, class V>
+__device__ __forceinline__ V ld_x(const V* p) {
   if constexpr (S) return *p;
   else return __ldg(p);
 }
@@ -113,7 +103,7 @@ struct Q8Dot<GgmlType::Q8_0> {
   __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
     X x;
     load_x32<S>(xq, u, x.q);
-    x.d = ld_f<S>(&xds[u].x);
+    x.d = ld_x<S>(&xds[u].x);
     return x;
   }
   struct W {
@@ -151,7 +141,7 @@ struct Q8DotK4 {
     X x;
     load_x32<S>(xq, 2 * u, x.q[0]);
     load_x32<S>(xq, 2 * u + 1, x.q[1]);
-    x.ds[0] = ld_ds<S>(&xds[2 * u]), x.ds[1] = ld_ds<S>(&xds[2 * u + 1]);
+    x.ds[0] = ld_x<S>(&xds[2 * u]), x.ds[1] = ld_x<S>(&xds[2 * u + 1]);
     return x;
   }
   struct W {
@@ -220,7 +210,7 @@ struct Q8Dot<GgmlType::Q6_K> {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
       load_x16<S>(xq, 256 * sb + 128 * n + 32 * k + 16 * h, x.q[k]);
-      x.d[k] = ld_f<S>(&xds[8 * sb + 4 * n + k].x);
+      x.d[k] = ld_x<S>(&xds[8 * sb + 4 * n + k].x);
     }
     return x;
   }
@@ -317,7 +307,7 @@ struct Q8DotIq {
     load_x32<S>(xq, u, x.q);
 #pragma unroll
     for (int c = 0; c < 4; c++) x.sum[c] = __dp4a(x.q[2 * c], 0x01010101, __dp4a(x.q[2 * c + 1], 0x01010101, 0));
-    x.d = ld_f<S>(&xds[u].x);
+    x.d = ld_x<S>(&xds[u].x);
     return x;
   }
   struct W {
@@ -736,28 +726,38 @@ void matvec_q8_gate_up(GgmlType t, int cols, const GateUpJob* jobs, int n, cudaS
   launch_q8_jobs(t, cols, jobs, n, stream, columns);
 }
 
-void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
-                       int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
-                       cudaStream_t stream) {
-  if (experts_per_row < 0) throw_error("matvec_q8_experts: " + std::to_string(experts_per_row) + " experts an input row");
+namespace {
+// The routed experts' products (slot ptrs), expert e on input row e / experts_per_row (row 0 for
+// all when 0): of the rows' Q8 form (xq, xds), or, with x, of fp32 rows that each block quantises.
+void expert_products_q8(const char* who, GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset,
+                        size_t row_bytes, int rows, int cols, const int8_t* xq, const float2* xds, const float* x,
+                        int experts_per_row, float* y, int n, cudaStream_t stream) {
+  if (experts_per_row < 0) throw_error(std::string(who) + ": " + std::to_string(experts_per_row) + " experts an input row");
   std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
   for (int e = 0; e < n; e++) {
     const size_t row = experts_per_row ? e / experts_per_row : 0;
-    jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
+    if (x)
+      jobs[e].x = x + row * cols;
+    else
+      jobs[e].xq = xq + row * cols, jobs[e].xds = xds + row * (cols / 32);
   }
   launch_q8_jobs(t, cols, jobs.data(), n, stream, 1, experts_per_row);
+}
+}  // namespace
+
+void matvec_q8_experts(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes, int rows,
+                       int cols, const int8_t* xq, const float2* xds, int experts_per_row, float* y, int n,
+                       cudaStream_t stream) {
+  expert_products_q8("matvec_q8_experts", t, slot_ptrs, w_offset, row_bytes, rows, cols, xq, xds, nullptr,
+                     experts_per_row, y, n, stream);
 }
 
 void matvec_q8_experts_f32_input(GgmlType t, const uint8_t* const* slot_ptrs, size_t w_offset, size_t row_bytes,
                                  int rows, int cols, const float* x, int experts_per_row, float* y, int n,
                                  cudaStream_t stream) {
-  if (experts_per_row < 0)
-    throw_error("matvec_q8_experts_f32_input: " + std::to_string(experts_per_row) + " experts an input row");
-  if (n == 0) return;
-  if (!x) throw_error("matvec_q8_experts_f32_input: no input");
-  std::vector<MatvecJob> jobs = expert_matvec_jobs(slot_ptrs, w_offset, row_bytes, rows, y, n);
-  for (int e = 0; e < n; e++) jobs[e].x = x + (experts_per_row ? (size_t)(e / experts_per_row) : 0) * cols;
-  launch_q8_jobs(t, cols, jobs.data(), n, stream, 1, experts_per_row);
+  if (n > 0 && !x) throw_error("matvec_q8_experts_f32_input: no input");
+  expert_products_q8("matvec_q8_experts_f32_input", t, slot_ptrs, w_offset, row_bytes, rows, cols, nullptr, nullptr, x,
+                     experts_per_row, y, n, stream);
 }
 
 void matvec_q8_experts_gate_up(GgmlType t_gate, GgmlType t_up, const uint8_t* const* slot_ptrs, size_t up_offset,

@@ -89,10 +89,10 @@ void Products::project(const DMat& w, Kernel k, const float* x, int T, float* y,
                ws_.dense_input_x32.scale.get<double>(), ws_.dense_input_x32.sum.get<double>(), T, y, stream_, form);
     (*x32_count_)++;
   } else if (k == Kernel::kMatmulBf16) {
-    if (split_k_ && ws_.split_k.get())
-      matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_, 0, ws_.split_k.f(), kSplitKFloats);
-    else
-      matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
+    // Split over the columns where the grid is small (the layer stream's launcher: its scratch).
+    float* scratch = split_k_ ? ws_.split_k.f() : nullptr;
+    matmul_bf16(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_, 0, scratch,
+                scratch ? ws_.split_k.bytes() / sizeof(float) : 0);
   } else {
     matmul(w.type, w.data, w.row_bytes, w.rows, w.cols, x, T, y, stream_);
   }
@@ -276,14 +276,8 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
   else
     matvec_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd, x, act,
                            ws_.expert_up.f() + row0 * ff, n, stream_, sums_of(pair.gate));
-  if (down == Kernel::kMatvecQ8 && q8_f32_input_fits(ff, 1)) {  // each block quantises its expert's row
-    matvec_q8_experts_f32_input(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, act, 1,
-                                ws_.expert_out.f() + row0 * n_embd, n, stream_);
-  } else if (down == Kernel::kMatvecQ8) {
-    const Q8Rows& aq = ws_.q8_expert_act;
-    quantize_q8(act, n, ff, aq.values() + row0 * ff, aq.scales() + row0 * (ff / 32), stream_);
-    matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values() + row0 * ff,
-                      aq.scales() + row0 * (ff / 32), 1, ws_.expert_out.f() + row0 * n_embd, n, stream_);
+  if (down == Kernel::kMatvecQ8) {
+    expert_downs_q8(moe, ptr_d, n, row0);
   } else {
     matvec_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, act, ff,
                    ws_.expert_out.f() + row0 * n_embd, n, stream_, sums_of(down));
@@ -292,7 +286,7 @@ void Products::expert_matvecs(const MoeDev& moe, const PairPlan& pair, Kernel do
 
 void Products::expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down, const uint8_t* const* ptr_d,
                             int n, bool h2_in_q8) {
-  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0), dv = moe.down_exps.matrix(0);
+  const TensorView gv = moe.gate_exps.matrix(0), uv = moe.up_exps.matrix(0);
   const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
   if (pair.gate != Kernel::kMatvecQ8 || pair.up != Kernel::kMatvecQ8 || down != Kernel::kMatvecQ8)
     fail("Products::expert_pairs: the routed experts' pair runs on matvec-q8 only");
@@ -306,14 +300,22 @@ void Products::expert_pairs(const MoeDev& moe, const PairPlan& pair, Kernel down
   // Pair i reads token i / K's row of h2's Q8 form (the plan's moe_input_q8).
   matvec_q8_experts_gate_up(gv.type, uv.type, ptr_d, moe.up_offset, gv.row_bytes, uv.row_bytes, ff, n_embd,
                             xq.values(), xq.scales(), act, ws_.expert_up.f(), n, stream_, K);
-  if (q8_f32_input_fits(ff, 1)) {  // each down block quantises its pair's row: no quantize_q8 launch
-    matvec_q8_experts_f32_input(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, act, 1, ws_.expert_out.f(),
-                                n, stream_);
+  expert_downs_q8(moe, ptr_d, n, 0);
+}
+
+void Products::expert_downs_q8(const MoeDev& moe, const uint8_t* const* ptr_d, int n, size_t row0) {
+  const TensorView dv = moe.down_exps.matrix(0);
+  const int ff = c_.n_ff_exp, n_embd = c_.n_embd;
+  const float* act = ws_.expert_act.f() + row0 * ff;
+  float* out = ws_.expert_out.f() + row0 * n_embd;
+  if (q8_f32_input_fits(ff, 1)) {  // each block quantises its expert's row: no quantize_q8 launch
+    matvec_q8_experts_f32_input(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, act, 1, out, n, stream_);
     return;
   }
-  quantize_q8(act, n, ff, aq.values(), aq.scales(), stream_);
-  matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values(), aq.scales(), 1,
-                    ws_.expert_out.f(), n, stream_);
+  const Q8Rows& aq = ws_.q8_expert_act;
+  quantize_q8(act, n, ff, aq.values() + row0 * ff, aq.scales() + row0 * (ff / 32), stream_);
+  matvec_q8_experts(dv.type, ptr_d, moe.down_offset, dv.row_bytes, n_embd, ff, aq.values() + row0 * ff,
+                    aq.scales() + row0 * (ff / 32), 1, out, n, stream_);
 }
 
 void Products::gather_expert_inputs(const PairPlan& pair, const float* h2, const int32_t* gather_d, int n) {

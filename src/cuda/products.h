@@ -90,6 +90,10 @@ class Products {
  private:
   // x [T][cols] (T ≤ q8_scratch_.rows) in the Q8 form in q8_scratch_ (one input at a time).
   void convert_q8(const float* x, int T, int cols);
+  // The matvec-q8 down products of n experts (slots ptr_d) on expert_act rows row0 .. row0 + n - 1
+  // into expert_out's: on the fp32 rows where each block can quantise its row
+  // (q8_f32_input_fits), else through q8_expert_act.
+  void expert_downs_q8(const MoeDev& moe, const uint8_t* const* ptr_d, int n, size_t row0);
   const Config& c_;
   Workspace& ws_;
   Q8Rows& q8_scratch_;
