@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -45,6 +47,70 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   EXPECT_EQ(met->status, 200);
   EXPECT_NE(met->body.find("redlite_queue_depth 0"), std::string::npos);
   EXPECT_NE(met->body.find("redlite_generated_tokens_total"), std::string::npos);
+}
+
+// /metrics in the Prometheus text format (version 0.0.4), checked by its rules rather than by the
+// server's own strings: each family is a HELP line, a TYPE line (counter or gauge) and then only
+// samples of that family's name, each a name, optional {labels} and a number; every family the
+// server documents is there, once, after a request has been served.
+TEST_F(ServerTest, MetricsFollowThePrometheusTextFormat) {
+  TestServer s(ServerConfig{});
+  auto c = s.client();
+  auto r = c.Post("/v1/completions", json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  std::istringstream in(m->body);
+  std::string line, family, help_of;
+  std::set<std::string> families;
+  int samples = 0;
+  while (std::getline(in, line)) {
+    SCOPED_TRACE(line);
+    if (line.rfind("# HELP ", 0) == 0) {
+      help_of = line.substr(7, line.find(' ', 7) - 7);
+      EXPECT_GT(line.size(), 8 + help_of.size()) << "a HELP line without text";
+      family.clear();
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream t(line.substr(7));
+      std::string type;
+      t >> family >> type;
+      EXPECT_EQ(family, help_of) << "TYPE after another family's HELP";
+      EXPECT_TRUE(type == "counter" || type == "gauge") << type;
+      EXPECT_TRUE(families.insert(family).second) << "family listed twice: " << family;
+      continue;
+    }
+    ASSERT_FALSE(family.empty()) << "a sample before its family's TYPE";
+    const size_t name_end = line.find_first_of("{ ");
+    ASSERT_NE(name_end, std::string::npos);
+    EXPECT_EQ(line.substr(0, name_end), family);
+    size_t value_at = name_end;
+    if (line[name_end] == '{') {
+      value_at = line.find("} ", name_end);
+      ASSERT_NE(value_at, std::string::npos) << "labels not closed";
+      value_at += 1;
+    }
+    const std::string value = line.substr(value_at + 1);
+    char* end = nullptr;
+    std::strtod(value.c_str(), &end);
+    EXPECT_TRUE(!value.empty() && end && *end == '\0') << "not a number: '" << value << "'";
+    samples++;
+  }
+  for (const char* want :
+       {"redlite_requests_total", "redlite_requests_rejected_busy_total", "redlite_requests_cancelled_total",
+        "redlite_requests_timed_out_total", "redlite_prompt_tokens_total", "redlite_prompt_tokens_cached_total",
+        "redlite_prefill_tokens_total", "redlite_generated_tokens_total", "redlite_prefill_seconds_total",
+        "redlite_decode_seconds_total", "redlite_decode_tokens_per_second", "redlite_prefill_tokens_per_second",
+        "redlite_queue_depth", "redlite_requests_running", "redlite_decode_batch_size_mean", "redlite_session_bytes",
+        "redlite_session_budget_bytes", "redlite_prompt_cache_hit_rate", "redlite_prompt_cache_bytes"})
+    EXPECT_EQ(families.count(want), 1u) << want;
+  EXPECT_GE(samples, (int)families.size()) << "a family without a sample";
+  EXPECT_NE(m->body.find("redlite_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1\n"), std::string::npos)
+      << m->body;
+  EXPECT_NE(m->body.find("redlite_generated_tokens_total 2\n"), std::string::npos) << m->body;
 }
 
 TEST_F(ServerTest, StreamedChatEqualsWholeChatEqualsGenerator) {
@@ -107,12 +173,14 @@ TEST_F(ServerTest, RepliesToRequestsWithToolsStreamAndEqualTheWholeReply) {
   EXPECT_EQ(text, msg["content"].is_null() ? std::string() : msg["content"].get<std::string>());
   EXPECT_EQ(finish, wj["choices"][0]["finish_reason"]);
   int content_deltas = 0;
-  for (const json& e : sse.events)
+  for (const json& e : sse.events) {
     if (e.contains("choices") && !e["choices"].empty() && e["choices"][0]["delta"].contains("content") &&
         e["choices"][0]["delta"]["content"].is_string() && !e["choices"][0]["delta"]["content"].get<std::string>().empty())
       content_deltas++;
-  if (!msg.contains("tool_calls") && text.find("<tool_call") == std::string::npos)
+  }
+  if (!msg.contains("tool_calls") && text.find("<tool_call") == std::string::npos) {
     EXPECT_GT(content_deltas, 3) << "the reply was not streamed: " << text;
+  }
 
   // A named tool_choice shows the model only that function: the prompt is shorter than with both.
   body["stream"] = false;
