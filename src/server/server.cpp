@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -597,55 +598,46 @@ struct Server::Impl {
     std::string out;
     const SchedulerStats st = scheduler ? scheduler->stats() : SchedulerStats{};
     std::lock_guard<std::mutex> l(metrics_m);
-    // A metric's help and type lines; metric() adds its one sample, unlabelled.
+    // A family's HELP and TYPE lines; metric() adds its one unlabelled sample: an integer as it
+    // is, a real number with `digits` decimals.
     auto header = [&](const char* name, const char* type, const char* help) {
       out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
     };
-    auto metric = [&](const char* name, const char* type, const char* help, const std::string& value) {
+    auto metric = [&](const char* name, const char* type, const char* help, auto value, int digits = 0) {
       header(name, type, help);
-      out += fmt::format("{} {}\n", name, value);
+      if constexpr (std::is_floating_point_v<decltype(value)>)
+        out += fmt::format("{} {:.{}f}\n", name, value, digits);
+      else
+        out += fmt::format("{} {}\n", name, value);
     };
+    const auto ratio = [](uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; };
     header("redlite_requests_total", "counter", "HTTP requests by endpoint and status");
     for (auto& [k, v] : requests)
       out += fmt::format("redlite_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", k.first, k.second, v);
     metric("redlite_requests_rejected_busy_total", "counter", "requests refused with 503 because the queue was full",
-           fmt::format("{}", st.rejected_busy));
+           st.rejected_busy);
     metric("redlite_requests_cancelled_total", "counter", "generations cancelled by a client that went away",
-           fmt::format("{}", st.cancelled));
-    metric("redlite_requests_timed_out_total", "counter", "generations that ran past the request timeout",
-           fmt::format("{}", timed_out));
-    metric("redlite_prompt_tokens_total", "counter", "prompt tokens of finished generations",
-           fmt::format("{}", st.prompt_tokens));
+           st.cancelled);
+    metric("redlite_requests_timed_out_total", "counter", "generations that ran past the request timeout", timed_out);
+    metric("redlite_prompt_tokens_total", "counter", "prompt tokens of finished generations", st.prompt_tokens);
     metric("redlite_prompt_tokens_cached_total", "counter", "prompt tokens reused from a kept session state",
-           fmt::format("{}", st.cached_tokens));
-    metric("redlite_prefill_tokens_total", "counter", "prompt tokens the model processed",
-           fmt::format("{}", st.prefill_tokens));
-    metric("redlite_generated_tokens_total", "counter", "tokens generated",
-           fmt::format("{}", st.generated_tokens));
-    metric("redlite_prefill_seconds_total", "counter", "time spent in prefill",
-           fmt::format("{:.6f}", st.prefill_seconds));
-    metric("redlite_decode_seconds_total", "counter", "time spent generating",
-           fmt::format("{:.6f}", st.decode_seconds));
-    metric("redlite_decode_tokens_per_second", "gauge", "decode speed of the last generation",
-           fmt::format("{:.3f}", st.last_decode_tok_s));
-    metric("redlite_prefill_tokens_per_second", "gauge", "prefill speed of the last prompt",
-           fmt::format("{:.3f}", st.last_prefill_tok_s));
-    metric("redlite_queue_depth", "gauge", "requests waiting for the model",
-           fmt::format("{}", st.queue_depth));
-    metric("redlite_requests_running", "gauge", "generations running now",
-           fmt::format("{}", st.running));
+           st.cached_tokens);
+    metric("redlite_prefill_tokens_total", "counter", "prompt tokens the model processed", st.prefill_tokens);
+    metric("redlite_generated_tokens_total", "counter", "tokens generated", st.generated_tokens);
+    metric("redlite_prefill_seconds_total", "counter", "time spent in prefill", st.prefill_seconds, 6);
+    metric("redlite_decode_seconds_total", "counter", "time spent generating", st.decode_seconds, 6);
+    metric("redlite_decode_tokens_per_second", "gauge", "decode speed of the last generation", st.last_decode_tok_s, 3);
+    metric("redlite_prefill_tokens_per_second", "gauge", "prefill speed of the last prompt", st.last_prefill_tok_s, 3);
+    metric("redlite_queue_depth", "gauge", "requests waiting for the model", st.queue_depth);
+    metric("redlite_requests_running", "gauge", "generations running now", st.running);
     metric("redlite_decode_batch_size_mean", "gauge", "sequences advanced per batched decode pass, on average",
-           fmt::format("{:.3f}", st.batched_steps ? (double)st.batched_tokens / (double)st.batched_steps : 0.0));
-    metric("redlite_session_bytes", "gauge", "bytes held by the sequences' KV caches and states",
-           fmt::format("{}", st.session_bytes));
+           ratio(st.batched_tokens, st.batched_steps), 3);
+    metric("redlite_session_bytes", "gauge", "bytes held by the sequences' KV caches and states", st.session_bytes);
     metric("redlite_session_budget_bytes", "gauge", "budget for the sequences' KV caches and states (--kv-mib)",
-           fmt::format("{}", st.memory_bytes));
+           st.memory_bytes);
     metric("redlite_prompt_cache_hit_rate", "gauge", "share of lookups that found a reusable session state",
-           fmt::format("{:.4f}", st.cache_hits + st.cache_misses
-                                     ? (double)st.cache_hits / (double)(st.cache_hits + st.cache_misses)
-                                     : 0.0));
-    metric("redlite_prompt_cache_bytes", "gauge", "bytes held by kept session states",
-           fmt::format("{}", st.cache_bytes));
+           ratio(st.cache_hits, st.cache_hits + st.cache_misses), 4);
+    metric("redlite_prompt_cache_bytes", "gauge", "bytes held by kept session states", st.cache_bytes);
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
