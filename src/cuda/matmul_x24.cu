@@ -30,8 +30,8 @@
 // by the multiply-adds of m either: a variant without them, six accumulating mma per half instead,
 // ran no faster. Nsight Compute, before the super-block staging and the X8 form's 3 blocks an SM:
 // issue slots ~60 % busy at 16 warps an SM, the largest stall fixed-latency dependencies: the sixth
-// and seventh sessions of docs/perf/cuda.md, in git history at 57c9cc0. bench_cuda_kernels --filter x24 times these kernels
-// at the 80B's shapes.)
+// and seventh sessions of docs/perf/cuda.md, in git history at 57c9cc0. bench_cuda_kernels
+// --filter x24 times these kernels at the 80B's shapes.)
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
