@@ -4,7 +4,8 @@
 #   call.sh 1  (~8 min cold) the tree with miss-inline.patch built and tested (test_cuda: the Q8
 #              products, the backend, GPU routing, batched decode, the fast tier), then the 80B at
 #              --cache-mib 8192 with --miss-staging blocks and kernel alternating (issue 22).
-#   call.sh 2  the same A/B at --cache-mib 2048 and on the --router-skew 1.0 model at 8192.
+#   call.sh 2  the same A/B at --cache-mib 2048 and on the --router-skew 1.0 model at 8192; main's
+#              binary (carry .deps/base too) against --miss-staging kernel, the staging kernels' copy loop.
 #   call.sh 3  the tree with iq-repack.patch: its test, bench_cuda_kernels' expert cases (the ggml
 #              layout and the repacked one side by side), then gate-up-5 and gate-up-4w (made against
 #              that tree) timed against it in the one-token decode (issue 20).
@@ -35,6 +36,14 @@ case "${1:-1}" in
     [ -e $S ] || "$B" synth --preset 80b --recipe seed-mix --seed 1 --router-skew 1.0 --out $S > /dev/null
     staging_ab $M 2048
     staging_ab $S 8192
+    # The staging kernels' own change (copy_pieces_16): main's binary (.deps/base/base-src.tgz of
+    # main) against the tree's --miss-staging kernel at 8192.
+    patch -p1 < $P/miss-inline.patch > /dev/null
+    SKIP_BASE=0 bash scripts/device/ab.sh build 2>&1 | grep -E "^== .*exit" | tail -2
+    for b in /tmp/rl-build-base/redlite "$B" /tmp/rl-build-base/redlite "$B"; do
+      f=$([ "$b" = "$B" ] && echo "--miss-staging kernel")
+      echo "$b: $("$b" bench -m $M --backend cuda --cache-mib 8192 $f --reps 1 --json 2>&1 | grep -oE '"(decode_tok_s|copy_gb_s)": [0-9.]+' | tr '\n' ' ')"
+    done
     ;;
   3)
     patch -p1 < $P/iq-repack.patch > /dev/null || { echo "iq-repack.patch does not apply"; exit 1; }
