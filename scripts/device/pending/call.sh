@@ -52,4 +52,28 @@ case "${1:-1}" in
     PATCHES="$P/gate-up-5.patch $P/gate-up-4w.patch" AB_NUMERICS=fast AB_ROUNDS=2 \
       bash scripts/device/ab.sh patches main 2>&1 | grep -E "== .*(ab |exit [^0])"
     ;;
+  4)
+    # main's binary with gate-up-5, gate-up-4w (now against main) and miss-inline built beside it:
+    # the one-token decode and prefill in chunks of 512, and the
+    # 2 GiB uniform bounded cache with --miss-staging blocks / kernel against main's binary.
+    find src tests bench -type f -exec touch {} +  # a warm machine's build dir saw other trees: rebuild all
+    bash scripts/device/ab.sh build-bin 2>&1 | grep -E "^== .*exit" | tail -2
+    PATCHES="$P/gate-up-5.patch $P/gate-up-4w.patch $P/miss-inline.patch" bash scripts/device/ab.sh patches 2>&1 | grep -E "^== .*exit|does not" | tail -5
+    PATCHES="$P/gate-up-5.patch $P/gate-up-4w.patch" AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" \
+      bash scripts/device/ab.sh main 2>&1 | grep -E "== .*(ab |exit [^0])"
+    MI=/tmp/rl-bin-miss-inline i=0
+    for s in blocks kernel main blocks kernel; do
+      i=$((i + 1)); b=$MI f="--miss-staging $s"; [ $s = main ] && b=$B f=
+      timeout 120 "$b" bench -m $M --backend cuda --cache-mib 2048 $f --reps 1 --json > "$OUT/mi-2048-$i-$s.json" 2>&1
+      echo "2048 MiB $s: $(grep -oE '"(decode_tok_s|hit_rate|copy_gb_s)": [0-9.]+' "$OUT/mi-2048-$i-$s.json" | tr '\n' ' ')"
+    done
+    ;;
+  5)
+    # call 4 without miss-inline (a call of ~5 min): the gate/up occupancy patches against main.
+    find src tests bench -type f -exec touch {} +
+    bash scripts/device/ab.sh build-bin 2>&1 | grep -E "^== .*exit" | tail -2
+    PATCHES="$P/gate-up-5.patch $P/gate-up-4w.patch" bash scripts/device/ab.sh patches 2>&1 | grep -E "^== .*exit|does not" | tail -5
+    PATCHES="$P/gate-up-5.patch $P/gate-up-4w.patch" AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" \
+      bash scripts/device/ab.sh main 2>&1 | grep -E "== .*(ab |exit [^0])"
+    ;;
 esac
