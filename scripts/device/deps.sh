@@ -21,7 +21,19 @@ export PATH=/usr/local/cuda/bin:$PATH:$RL_DEPS_PREFIX/usr/bin
 # rl_configure SRC BUILD: the GPU host's Release build of SRC for the H200 (sm_90a) against the
 # unpacked packages, through ccache where the host has it (its cache in /tmp, which is writable).
 export CCACHE_DIR=${CCACHE_DIR:-/tmp/rl-ccache}
+# rl_sync_sources SRC BUILD: a warm machine's BUILD keeps the objects of the last tree configured
+# there, and a call's tree keeps its files' times, so a file whose content differs from that tree's
+# but is older than its objects would not be rebuilt (a binary of two trees: seen 2026-12-07). The
+# files whose checksum differs from BUILD's record of the last configure are touched first.
+rl_sync_sources() {
+  local record now
+  mkdir -p "$2" && record=$(cd "$2" && pwd)/.rl-sources.md5
+  now=$(cd "$1" && find src tests bench CMakeLists.txt -type f 2> /dev/null | LC_ALL=C sort | xargs -r md5sum)
+  [ -f "$record" ] && (cd "$1" && diff "$record" - <<< "$now" | awk '/^> / {print $3}' | xargs -r touch)
+  printf '%s\n' "$now" > "$record"
+}
 rl_configure() {
+  rl_sync_sources "$1" "$2"
   local launcher=()
   command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREDLITE_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90a \

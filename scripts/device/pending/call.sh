@@ -10,7 +10,6 @@ export SKIP_BASE=1 FIX_DIR=.deps/fixB
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "${1:-figures}" in
   figures)
-    find src tests bench -type f -exec touch {} +  # a warm machine's build dir may hold another tree's objects
     bash scripts/device/ab.sh build-bin 2>&1 | grep -E "^== .*exit" | tail -2
     AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" bash scripts/device/ab.sh main 2>&1 | grep -E "== .*(ab |exit [^0])"
     AB_ROUNDS=1 MISS_MODES=host MISS_MIBS="8192 2048" bash scripts/device/ab.sh miss-reads 2>&1 | grep -E "== .*(miss-reads |exit [^0])"
