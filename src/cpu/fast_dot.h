@@ -18,7 +18,7 @@ namespace rl::cpu {
 //   w[i] = d[i / 32] * scale(i / 16) * q[i] - dmin * min[i / 32]
 // A decode step decodes each block into registers and dots it at once (DotRowFn); a prefill
 // decodes a tile of rows once to DecodedBlocks and dots them with every token (DecodeBlockFn,
-// dot_decoded).
+// DotDecodedFn).
 
 // The scales of one block of 256 values (a decoder's header), in registers.
 struct BlockHeader {
@@ -48,19 +48,22 @@ struct ActivationQ8K;
 using DotRowFn = void (*)(const uint8_t* row, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks,
                           float* out);
 
+// The decoded blocks of one row [n / 256] against the activations [n / 256] of n_tokens tokens
+// (1 to kDotTokens: a prefill reuses each loaded weight vector for four tokens): out[t], fp32.
+using DotDecodedFn = void (*)(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks,
+                              float* out);
+constexpr int kDotTokens = 4;
+
 struct FastKernels {
   DecodeBlockFn decode;
   DotRowFn dot_row;
+  DotDecodedFn dot_decoded;  // the type's signedness: unsigned decoded weights skip the activations' sign
 };
 
 // nullptr: the type has no integer kernels; its rows are dequantised to fp32 (the reference
 // dequantiser) and dotted with fp32 activations. F32 rows are read in place, F16 converted on the fly.
 const FastKernels* fast_kernels(GgmlType type);
 
-// The decoded blocks of one row [n / 256] against the activations [n / 256] of n_tokens tokens
-// (1 to 4: a prefill reuses each loaded weight vector for four tokens): out[t], fp32.
-void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out);
-constexpr int kDotTokens = 4;
 
 // sum a[i] * b[i] in fp32 (8 lanes, 4 accumulators).
 float fast_dot_f32(const float* a, const float* b, int64_t n);

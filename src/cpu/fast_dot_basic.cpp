@@ -1,5 +1,4 @@
-// The fast tier's kernel table, the dot kernel over decoded blocks, the Q8_0 decoder and the
-// float kernels.
+// The fast tier's kernel table, the Q8_0 decoder and the float kernels.
 #include <cmath>
 
 #include "cpu/activation_quant.h"
@@ -27,22 +26,6 @@ const FastKernels* fast_kernels(GgmlType type) {
 
 namespace {
 
-template <int kTokens>
-void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
-  __m256 acc[kTokens], mins[kTokens];
-  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n_blocks; b++) {
-    __m256 dd[kTokens];
-    kernel::block_scales<kTokens>(_mm256_loadu_ps(w[b].d), a, b, dd);
-    for (int ib32 = 0; ib32 < 8; ib32++) {
-      const __m256i q = load32(w[b].q + 32 * ib32);
-      kernel::accumulate_group<kTokens, true>(_mm256_abs_epi8(q), q, load32(w[b].scale[ib32]), dd, a, b, ib32, acc);
-    }
-    if (w[b].dmin != 0.0f) kernel::accumulate_min<kTokens>(w[b].dmin, load32(w[b].min), a, b, mins);
-  }
-  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - hsum(mins[t]);
-}
-
 // Eight Q8_0 blocks of 32: x = d * q, one fp16 scale per block.
 struct Q8_0Decoder {
   static constexpr bool kSigned = true, kHasMin = false;
@@ -66,15 +49,6 @@ struct Q8_0Decoder {
 }  // namespace
 
 const FastKernels kQ8_0Kernels = kernel::kernels_of<Q8_0Decoder>();
-
-void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
-  switch (n_tokens) {
-    case 1: return dot_decoded_n<1>(w, a, n_blocks, out);
-    case 2: return dot_decoded_n<2>(w, a, n_blocks, out);
-    case 3: return dot_decoded_n<3>(w, a, n_blocks, out);
-    default: return dot_decoded_n<4>(w, a, n_blocks, out);
-  }
-}
 
 float fast_dot_f32(const float* a, const float* b, int64_t n) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};

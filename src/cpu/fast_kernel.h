@@ -99,6 +99,38 @@ void dot_row(const uint8_t* row, const ActivationQ8K* const* a, int n_tokens, in
   }
 }
 
+// The decoded blocks of one row against kTokens tokens (prefill tiles). kSigned false: every q is
+// >= 0 (Q4_K, Q5_K: decode_block stores m itself), so the activations take no sign and |q| is q.
+// The same integer products either way (where q is 0 the product is 0), so the same floats.
+template <bool kSigned, int kTokens>
+void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
+  __m256 acc[kTokens], mins[kTokens];
+  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n_blocks; b++) {
+    __m256 dd[kTokens];
+    block_scales<kTokens>(_mm256_loadu_ps(w[b].d), a, b, dd);
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      const __m256i q = load32(w[b].q + 32 * ib32), scale = load32(w[b].scale[ib32]);
+      if constexpr (kSigned)
+        accumulate_group<kTokens, true>(_mm256_abs_epi8(q), q, scale, dd, a, b, ib32, acc);
+      else
+        accumulate_group<kTokens, false>(q, q, scale, dd, a, b, ib32, acc);
+    }
+    if (w[b].dmin != 0.0f) accumulate_min<kTokens>(w[b].dmin, load32(w[b].min), a, b, mins);
+  }
+  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - hsum(mins[t]);
+}
+
+template <bool kSigned>
+void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
+  switch (n_tokens) {
+    case 1: return dot_decoded_n<kSigned, 1>(w, a, n_blocks, out);
+    case 2: return dot_decoded_n<kSigned, 2>(w, a, n_blocks, out);
+    case 3: return dot_decoded_n<kSigned, 3>(w, a, n_blocks, out);
+    default: return dot_decoded_n<kSigned, 4>(w, a, n_blocks, out);
+  }
+}
+
 // Block b of a row to the decoded form (prefill tiles).
 template <class Decoder>
 void decode_block(const uint8_t* row, int64_t b, DecodedBlock* out) {
@@ -115,7 +147,7 @@ void decode_block(const uint8_t* row, int64_t b, DecodedBlock* out) {
 
 template <class Decoder>
 constexpr FastKernels kernels_of() {
-  return {decode_block<Decoder>, dot_row<Decoder>};
+  return {decode_block<Decoder>, dot_row<Decoder>, dot_decoded<Decoder::kSigned>};
 }
 
 }  // namespace rl::cpu::kernel

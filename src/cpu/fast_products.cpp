@@ -94,7 +94,7 @@ void run_tile(const PreparedJob& p, int64_t r0, int64_t nr) {
       for (int t = 0; t < nt; t++) act[t] = p.acts + (size_t)(t0 + t) * n_blocks;
       for (int64_t r = 0; r < nr; r++) {
         float dots[kDotTokens];
-        dot_decoded(&decoded[(size_t)(r * n_blocks)], act, nt, n_blocks, dots);
+        p.kernels->dot_decoded(&decoded[(size_t)(r * n_blocks)], act, nt, n_blocks, dots);
         for (int t = 0; t < nt; t++) p.job->out[(int64_t)(t0 + t) * n_out + r0 + r] = dots[t];
       }
     }
