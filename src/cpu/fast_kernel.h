@@ -36,24 +36,24 @@ inline __m256i scales_from_bytes(__m128i bytes, bool odd_scales) {
   return odd_scales ? _mm256_or_si256(_mm256_slli_epi16(s, 1), _mm256_set1_epi16(1)) : s;
 }
 
-// dd[t] = d_w * d_x per 32 values of block b.
+// dd[t][i] = d_w * d_x of values [32 i, 32 i + 32) of block b, in memory: a group's factor is then one
+// broadcast load, not a lane permute (the shuffle unit is the one the integer steps need).
 template <int kTokens>
-inline void block_scales(__m256 wd, const ActivationQ8K* const* a, int64_t b, __m256* dd) {
-  for (int t = 0; t < kTokens; t++) dd[t] = _mm256_mul_ps(wd, _mm256_loadu_ps(a[t][b].d));
+inline void block_scales(__m256 wd, const ActivationQ8K* const* a, int64_t b, float (*dd)[8]) {
+  for (int t = 0; t < kTokens; t++) _mm256_store_ps(dd[t], _mm256_mul_ps(wd, _mm256_loadu_ps(a[t][b].d)));
 }
 
 // acc[t] += d * (q . x[t]) over values [32 ib32, 32 ib32 + 32) of block b, q = m with the signs of
 // s (kSigned) or m itself.
 template <int kTokens, bool kSigned>
-inline void accumulate_group(__m256i m, __m256i s, __m256i scale, const __m256* dd, const ActivationQ8K* const* a,
+inline void accumulate_group(__m256i m, __m256i s, __m256i scale, const float (*dd)[8], const ActivationQ8K* const* a,
                              int64_t b, int ib32, __m256* acc) {
-  const __m256i lane = _mm256_set1_epi32(ib32);
   for (int t = 0; t < kTokens; t++) {
     // |q| (<= 128) times x with q's sign: maddubs cannot saturate.
     __m256i x = load32(a[t][b].qs + 32 * ib32);
     if constexpr (kSigned) x = _mm256_sign_epi8(x, s);
     const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), scale);
-    acc[t] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dd[t], lane), _mm256_cvtepi32_ps(p), acc[t]);
+    acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[t][ib32]), _mm256_cvtepi32_ps(p), acc[t]);
   }
 }
 
@@ -77,7 +77,7 @@ void dot_row_n(const uint8_t* row, const ActivationQ8K* const* a, int64_t n_bloc
   for (int64_t b = 0; b < n_blocks; b++) {
     BlockHeader h;
     Decoder::header(row, b, &h);
-    __m256 dd[kTokens];
+    alignas(32) float dd[kTokens][8];
     block_scales<kTokens>(h.d, a, b, dd);
     Decoder::groups(row, b, [&](int ib32, __m256i m, __m256i s) {
       accumulate_group<kTokens, Decoder::kSigned>(m, s, scale_vector(h.scale, ib32), dd, a, b, ib32, acc);
@@ -107,7 +107,7 @@ void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t
   __m256 acc[kTokens], mins[kTokens];
   for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; b++) {
-    __m256 dd[kTokens];
+    alignas(32) float dd[kTokens][8];
     block_scales<kTokens>(_mm256_loadu_ps(w[b].d), a, b, dd);
     for (int ib32 = 0; ib32 < 8; ib32++) {
       const __m256i q = load32(w[b].q + 32 * ib32), scale = load32(w[b].scale[ib32]);
