@@ -89,14 +89,20 @@ void dot_row_n(const uint8_t* row, const ActivationQ8K* const* a, int64_t n_bloc
   for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - hsum(mins[t]);
 }
 
+// f.template operator()<N>() for N = n_tokens (1 to 3), else 4: a call's token count as a constant.
+template <class F>
+void with_tokens(int n_tokens, F&& f) {
+  switch (n_tokens) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    default: return f.template operator()<4>();
+  }
+}
+
 template <class Decoder>
 void dot_row(const uint8_t* row, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
-  switch (n_tokens) {
-    case 1: return dot_row_n<Decoder, 1>(row, a, n_blocks, out);
-    case 2: return dot_row_n<Decoder, 2>(row, a, n_blocks, out);
-    case 3: return dot_row_n<Decoder, 3>(row, a, n_blocks, out);
-    default: return dot_row_n<Decoder, 4>(row, a, n_blocks, out);
-  }
+  with_tokens(n_tokens, [&]<int N>() { dot_row_n<Decoder, N>(row, a, n_blocks, out); });
 }
 
 // The decoded blocks of one row against kTokens tokens (prefill tiles). kSigned false: every q is
@@ -123,12 +129,7 @@ void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t
 
 template <bool kSigned>
 void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
-  switch (n_tokens) {
-    case 1: return dot_decoded_n<kSigned, 1>(w, a, n_blocks, out);
-    case 2: return dot_decoded_n<kSigned, 2>(w, a, n_blocks, out);
-    case 3: return dot_decoded_n<kSigned, 3>(w, a, n_blocks, out);
-    default: return dot_decoded_n<kSigned, 4>(w, a, n_blocks, out);
-  }
+  with_tokens(n_tokens, [&]<int N>() { dot_decoded_n<kSigned, N>(w, a, n_blocks, out); });
 }
 
 // Block b of a row to the decoded form (prefill tiles).
