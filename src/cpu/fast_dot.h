@@ -64,7 +64,6 @@ struct FastKernels {
 // dequantiser) and dotted with fp32 activations. F32 rows are read in place, F16 converted on the fly.
 const FastKernels* fast_kernels(GgmlType type);
 
-
 // sum a[i] * b[i] in fp32 (8 lanes, 4 accumulators).
 float fast_dot_f32(const float* a, const float* b, int64_t n);
 // An F16 row against fp32 values.

@@ -37,7 +37,7 @@ inline __m256i scales_from_bytes(__m128i bytes, bool odd_scales) {
 }
 
 // dd[t][i] = d_w * d_x of values [32 i, 32 i + 32) of block b, in memory: a group's factor is then one
-// broadcast load, not a lane permute (the shuffle unit is the one the integer steps need).
+// broadcast load instead of a lane permute of a register (3 % less CPU time on a prefill, PERF.md).
 template <int kTokens>
 inline void block_scales(__m256 wd, const ActivationQ8K* const* a, int64_t b, float (*dd)[8]) {
   for (int t = 0; t < kTokens; t++) _mm256_store_ps(dd[t], _mm256_mul_ps(wd, _mm256_loadu_ps(a[t][b].d)));
