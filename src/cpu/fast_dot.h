@@ -57,7 +57,7 @@ constexpr int kDotTokens = 4;
 struct FastKernels {
   DecodeBlockFn decode;
   DotRowFn dot_row;
-  DotDecodedFn dot_decoded;  // the type's signedness: unsigned decoded weights skip the activations' sign
+  DotDecodedFn dot_decoded;
 };
 
 // nullptr: the type has no integer kernels; its rows are dequantised to fp32 (the reference

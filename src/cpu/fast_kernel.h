@@ -69,25 +69,63 @@ inline void accumulate_min(float dmin, __m256i min, const ActivationQ8K* const* 
   }
 }
 
-// One packed row against kTokens tokens, each block decoded into registers.
-template <class Decoder, int kTokens>
-void dot_row_n(const uint8_t* row, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
+// The one dot of both forms: a row of n_blocks blocks against kTokens tokens. Src gives block b's
+// scales (header: d, and dmin where kHasMin; min(b, h): the mins, asked only where dmin != 0) and
+// its groups (groups: emit(ib32, m, s, scale) for ib32 = 0..7), from the packed row (PackedRow) or
+// from decoded blocks (DecodedRow); the steps and their order are this function's, so a token's dot
+// has the same bits in either form.
+template <class Src, int kTokens>
+void dot_blocks(const Src& src, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
   __m256 acc[kTokens], mins[kTokens];
   for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n_blocks; b++) {
     BlockHeader h;
-    Decoder::header(row, b, &h);
+    src.header(b, &h);
     alignas(32) float dd[kTokens][8];
     block_scales<kTokens>(h.d, a, b, dd);
-    Decoder::groups(row, b, [&](int ib32, __m256i m, __m256i s) {
-      accumulate_group<kTokens, Decoder::kSigned>(m, s, scale_vector(h.scale, ib32), dd, a, b, ib32, acc);
+    src.groups(b, h, [&](int ib32, __m256i m, __m256i s, __m256i scale) {
+      accumulate_group<kTokens, Src::kSigned>(m, s, scale, dd, a, b, ib32, acc);
     });
-    if constexpr (Decoder::kHasMin) {
-      if (h.dmin != 0.0f) accumulate_min<kTokens>(h.dmin, h.min, a, b, mins);
+    if constexpr (Src::kHasMin) {
+      if (h.dmin != 0.0f) accumulate_min<kTokens>(h.dmin, src.min(b, h), a, b, mins);
     }
   }
   for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - hsum(mins[t]);
 }
+
+// A packed row, each block decoded into registers (a decode step).
+template <class Decoder>
+struct PackedRow {
+  static constexpr bool kSigned = Decoder::kSigned, kHasMin = Decoder::kHasMin;
+  const uint8_t* row;
+  void header(int64_t b, BlockHeader* h) const { Decoder::header(row, b, h); }
+  __m256i min(int64_t, const BlockHeader& h) const { return h.min; }
+  template <class Emit>
+  void groups(int64_t b, const BlockHeader& h, Emit&& emit) const {
+    Decoder::groups(row, b, [&](int ib32, __m256i m, __m256i s) { emit(ib32, m, s, scale_vector(h.scale, ib32)); });
+  }
+};
+
+// A row's blocks decoded to memory by decode_block (a prefill tile). Where the type's q are never
+// negative (Q4_K, Q5_K: !kSigned) the stored bytes are m itself, dotted without the activations'
+// sign, as PackedRow dots them.
+template <class Decoder>
+struct DecodedRow {
+  static constexpr bool kSigned = Decoder::kSigned, kHasMin = Decoder::kHasMin;
+  const DecodedBlock* w;
+  void header(int64_t b, BlockHeader* h) const {
+    h->d = _mm256_loadu_ps(w[b].d);
+    if constexpr (kHasMin) h->dmin = w[b].dmin;
+  }
+  __m256i min(int64_t b, const BlockHeader&) const { return load32(w[b].min); }
+  template <class Emit>
+  void groups(int64_t b, const BlockHeader&, Emit&& emit) const {
+    for (int ib32 = 0; ib32 < 8; ib32++) {
+      const __m256i q = load32(w[b].q + 32 * ib32);
+      emit(ib32, kSigned ? _mm256_abs_epi8(q) : q, q, load32(w[b].scale[ib32]));
+    }
+  }
+};
 
 // f.template operator()<N>() for N = n_tokens (1 to 3), else 4: a call's token count as a constant.
 template <class F>
@@ -102,34 +140,12 @@ void with_tokens(int n_tokens, F&& f) {
 
 template <class Decoder>
 void dot_row(const uint8_t* row, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
-  with_tokens(n_tokens, [&]<int N>() { dot_row_n<Decoder, N>(row, a, n_blocks, out); });
+  with_tokens(n_tokens, [&]<int N>() { dot_blocks<PackedRow<Decoder>, N>({row}, a, n_blocks, out); });
 }
 
-// The decoded blocks of one row against kTokens tokens (prefill tiles). kSigned false: every q is
-// >= 0 (Q4_K, Q5_K: decode_block stores m itself), so the activations take no sign and |q| is q.
-// The same integer products either way (where q is 0 the product is 0), so the same floats.
-template <bool kSigned, int kTokens>
-void dot_decoded_n(const DecodedBlock* w, const ActivationQ8K* const* a, int64_t n_blocks, float* out) {
-  __m256 acc[kTokens], mins[kTokens];
-  for (int t = 0; t < kTokens; t++) acc[t] = _mm256_setzero_ps(), mins[t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < n_blocks; b++) {
-    alignas(32) float dd[kTokens][8];
-    block_scales<kTokens>(_mm256_loadu_ps(w[b].d), a, b, dd);
-    for (int ib32 = 0; ib32 < 8; ib32++) {
-      const __m256i q = load32(w[b].q + 32 * ib32), scale = load32(w[b].scale[ib32]);
-      if constexpr (kSigned)
-        accumulate_group<kTokens, true>(_mm256_abs_epi8(q), q, scale, dd, a, b, ib32, acc);
-      else
-        accumulate_group<kTokens, false>(q, q, scale, dd, a, b, ib32, acc);
-    }
-    if (w[b].dmin != 0.0f) accumulate_min<kTokens>(w[b].dmin, load32(w[b].min), a, b, mins);
-  }
-  for (int t = 0; t < kTokens; t++) out[t] = hsum(acc[t]) - hsum(mins[t]);
-}
-
-template <bool kSigned>
+template <class Decoder>
 void dot_decoded(const DecodedBlock* w, const ActivationQ8K* const* a, int n_tokens, int64_t n_blocks, float* out) {
-  with_tokens(n_tokens, [&]<int N>() { dot_decoded_n<kSigned, N>(w, a, n_blocks, out); });
+  with_tokens(n_tokens, [&]<int N>() { dot_blocks<DecodedRow<Decoder>, N>({w}, a, n_blocks, out); });
 }
 
 // Block b of a row to the decoded form (prefill tiles).
@@ -148,7 +164,7 @@ void decode_block(const uint8_t* row, int64_t b, DecodedBlock* out) {
 
 template <class Decoder>
 constexpr FastKernels kernels_of() {
-  return {decode_block<Decoder>, dot_row<Decoder>, dot_decoded<Decoder::kSigned>};
+  return {decode_block<Decoder>, dot_row<Decoder>, dot_decoded<Decoder>};
 }
 
 }  // namespace rl::cpu::kernel
