@@ -73,6 +73,12 @@
 #                  (one compile of what it changes), its binary kept and its test_cuda run
 #     ncu-detail   Nsight Compute's detailed sections for the first $NCU_COUNT (default 2) kernels
 #                  matching $NCU_RE after the prefill of depth $NCU_DETAIL_DEPTH (default 32768)
+#     ncu-stall    where the warps of the kernels matching $NCU_RE (default gate_up_q8_kernel) wait: Nsight
+#                  Compute's warp-state, scheduler, occupancy, instruction and memory-table sections of
+#                  launches $NCU_SKIP.. ($NCU_COUNT, default 2) of `bench $NCU_BENCH_FLAGS` (default a 16-token
+#                  prompt, 2 decode tokens), summed up by ncu_stall.py ($OUT/ncu-stall-$NCU_TAG.txt); $NCU_RE
+#                  matches the demangled name, e.g. 'gate_up_q8_kernel<.rl::GgmlType.17, .int.1, .int.1, .bool.1>'
+#                  (IQ2_XS, one column, the derived pairs)
 #     ncu          GPU time of each kernel matching $NCU_RE (default: attention) over 2 decode tokens
 #                  after each of $NCU_DEPTHS (default 0,32768), tree's binary ($OUT/ncu-*.csv)
 #     mask         issue 25's mask overhead: the 80B seed-mix with the real vocabulary of the carried
@@ -378,6 +384,17 @@ for s in "$@"; do
       STEP_TIMEOUT=400 step ncu-detail "$NCU_BIN" --clock-control none --set detailed --import-source no -k "regex:${NCU_RE:-attention_decode}" \
         --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-2} --csv --page details "$BUILD/redlite" bench -m $M80 \
         --backend cuda --reps 1 --depth-decode-tokens 2 --depths "${NCU_DETAIL_DEPTH:-32768}"
+      ;;
+    ncu-stall)
+      model
+      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      STEP_TIMEOUT=400 step ncu-stall "$NCU_BIN" --clock-control none --section WarpStateStats --section SchedulerStats \
+        --section Occupancy --section SpeedOfLight --section InstructionStats --section MemoryWorkloadAnalysis_Tables \
+        --csv --page raw --print-units base --kernel-name-base demangled -k "regex:${NCU_RE:-gate_up_q8_kernel}" --launch-skip ${NCU_SKIP:-0} \
+        --launch-count ${NCU_COUNT:-2} "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 \
+        ${NCU_BENCH_FLAGS:---prefill-tokens 16 --decode-tokens 2}
+      python3 "$ROOT/scripts/device/ncu_stall.py" "$OUT/ncu-stall.log" > "$OUT/ncu-stall-${NCU_TAG:-0}.txt"
+      cat "$OUT/ncu-stall-${NCU_TAG:-0}.txt"
       ;;
     ncu)
       model

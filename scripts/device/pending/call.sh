@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# main's first figures on an H200 host (no H200 figure of the engine since 2026-12-02; export OUT,
-# carry .deps/fixB .deps/debs .deps/base), ~4 min on a cold machine:
-#   call.sh          one-token decode and prefill in chunks of 512 (all resident, fast tier), the
-#                    bounded cache at 8 and 2 GiB (uniform) and at 8 GiB on the --router-skew 1.0
-#                    model, with the commands' defaults (issues 20 and 22)
+# The next calls (export OUT; carry .deps/fixB .deps/debs .deps/base):
+#   call.sh          the patches waiting here (x24-unpredicated, q8-silu-fast): each built with
+#                    test_cuda and tested (the X24/X8, Q8, fast-tier and exact-tier tests), then timed
+#                    against the tree in chunks of 512 (decode and prefill, 2 rounds) and q8-silu-fast
+#                    in batched steps of 4 and 16 rows; ~8 min on a cold machine
+#   call.sh figures  main's figures on an H200 host (none of the current engine since 2026-12-02):
+#                    one-token decode and prefill in chunks of 512, the bounded cache at 8 and 2 GiB
+#                    (uniform) and at 8 GiB on the --router-skew 1.0 model (issues 20 and 22)
 #   call.sh batch    then, on the warm machine: batched steps of 4 and 16 rows and the server's
 #                    streams at 1, 4 and 16 (issue 21)
-export SKIP_BASE=1 FIX_DIR=.deps/fixB
+export SKIP_BASE=1 FIX_DIR=.deps/fixB P=scripts/device/pending
+A=scripts/device/ab.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:-figures}" in
+case "${1:-patches}" in
+  patches)
+    PATCHES="$P/x24-unpredicated.patch $P/q8-silu-fast.patch"
+    export PATCHES
+    bash $A build 2>&1 | grep -E "^== .*exit" | tail -1
+    TEST_FILTER='CudaX24.*:CudaQ8.*:CudaFastTier.*:ExactTier.*' bash $A patch-both 2>&1 |
+      grep -E "^== .*exit|PASSED|FAILED|tests ran" | tail -12
+    AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" bash $A main 2>&1 | grep -E "== .*(ab |exit [^0])"
+    PATCHES=$P/q8-silu-fast.patch BATCHES="4 16" AB_ROUNDS=2 bash $A patch-batch 2>&1 |
+      grep -E "== .*(batch [0-9a-z-]+ [0-9]+:|exit [^0])"
+    ;;
   figures)
-    bash scripts/device/ab.sh build-bin 2>&1 | grep -E "^== .*exit" | tail -2
-    AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" bash scripts/device/ab.sh main 2>&1 | grep -E "== .*(ab |exit [^0])"
-    AB_ROUNDS=1 MISS_MODES=host MISS_MIBS="8192 2048" bash scripts/device/ab.sh miss-reads 2>&1 | grep -E "== .*(miss-reads |exit [^0])"
-    AB_ROUNDS=1 MISS_MODEL=skew MISS_MODES=host bash scripts/device/ab.sh miss-reads 2>&1 | grep -E "== .*(miss-reads |exit [^0])"
+    bash $A build-bin 2>&1 | grep -E "^== .*exit" | tail -2
+    AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" bash $A main 2>&1 | grep -E "== .*(ab |exit [^0])"
+    AB_ROUNDS=1 MISS_MODES=host MISS_MIBS="8192 2048" bash $A miss-reads 2>&1 | grep -E "== .*(miss-reads |exit [^0])"
+    AB_ROUNDS=1 MISS_MODEL=skew MISS_MODES=host bash $A miss-reads 2>&1 | grep -E "== .*(miss-reads |exit [^0])"
     ;;
   batch)
-    BATCHES="4 16" AB_ROUNDS=2 bash scripts/device/ab.sh batch 2>&1 | grep -E "== .*(batch [0-9a-z-]+ [0-9]+:|exit [^0])"
-    STREAMS=1,4,16 PARALLEL_N=128 bash scripts/device/ab.sh parallel 2>&1 | grep -E '^parallel: |exit [^0]'
+    BATCHES="4 16" AB_ROUNDS=2 bash $A batch 2>&1 | grep -E "== .*(batch [0-9a-z-]+ [0-9]+:|exit [^0])"
+    STREAMS=1,4,16 PARALLEL_N=128 bash $A parallel 2>&1 | grep -E '^parallel: |exit [^0]'
     ;;
-  *) echo "call.sh: unknown call $1 (figures, batch)"; exit 2 ;;
+  *) echo "call.sh: unknown call $1 (patches, figures, batch)"; exit 2 ;;
 esac
