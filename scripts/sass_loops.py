@@ -8,11 +8,12 @@ the PTX (compiled as the build does) is relabelled PTX 7.8 for sm_90 with its
 and disassembled by the old tools. The counts compare two versions of a kernel; they are not the
 shipped code's (another ptxas) and they time nothing.
 
-usage: scripts/sass_loops.py FILE.cu [--filter REGEX] [--tools DIR] [--min N] [-D NAME[=VALUE] ...]
+usage: scripts/sass_loops.py FILE.cu [--filter REGEX] [--tools DIR] [--min N] [--nvcc PATH] [-D NAME[=VALUE] ...]
   FILE.cu    a source of src/cuda
   --filter   only the kernels whose mangled name matches REGEX
   --tools    the directory holding the old ptxas and cuobjdump (default /tmp/cudatk/x/usr/bin)
   --min      the smallest loop printed, in instructions (default 20)
+  --nvcc     the compiler of the PTX (default /usr/local/cuda/bin/nvcc)
   -D         a macro for the compile
 
 The old tools, once (no install):
