@@ -15,11 +15,11 @@ A=scripts/device/ab.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "${1:-patches}" in
   patches)
-    PATCHES="$P/x24-unpredicated.patch $P/x24-unpredicated-iq1m.patch $P/q8-lean.patch $P/q8-iq2-signed.patch"
+    PATCHES="$P/x24-unpredicated.patch $P/x24-unpredicated-iq1m.patch $P/x32-pair-stage.patch $P/q8-lean.patch $P/q8-iq2-signed.patch"
     export PATCHES
     bash $A build 2>&1 | grep -E "^== .*exit" | tail -1
-    TEST_FILTER='CudaX24.*:CudaQ8.*:CudaFastTier.*:ExactTier.*' bash $A patch-both 2>&1 |
-      grep -E "^== .*exit|PASSED|FAILED|tests ran" | tail -12
+    TEST_FILTER='CudaX24.*:CudaQ8.*:CudaFastTier.*:ExactTier.*:CudaPrefillBatch.*' bash $A patch-both 2>&1 |
+      grep -E "^== .*exit|PASSED|FAILED|tests ran" | tail -24
     AB_NUMERICS=fast AB_ROUNDS=2 AB_FLAGS="--prefill-chunk 512" bash $A main 2>&1 | grep -E "== .*(ab |exit [^0])"
     ;;
   patch-batch)
