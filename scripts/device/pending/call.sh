@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The next calls (export OUT; carry .deps/fixB .deps/debs .deps/base), each under the 600 s limit:
-#   call.sh          (prefill) the tree built with test_cuda, then x24-unpredicated,
-#                    x24-unpredicated-iq1m and x32-pair-stage each built and tested (the X24/X8, Q8,
+#   call.sh          (prefill) the tree built with test_cuda, then x24-unpredicated-iq1m (which holds
+#                    x24-unpredicated) and x32-pair-stage each built and tested (the X24/X8, Q8,
 #                    fast-tier, exact-tier and prefill-batch tests), then timed against the tree in
-#                    chunks of 512 (decode and prefill, 2 rounds); ~7 min on a cold machine
+#                    chunks of 512 (decode and prefill, 2 rounds); ~6 min on a cold machine
 #   call.sh decode   then, warm: the same for q8-lean, q8-iq2-signed and combined (all but
 #                    x24-unpredicated, which x24-unpredicated-iq1m contains)
 #   call.sh patch-batch  then, warm: the Q8 ones in batched steps of 4 and 16 rows
@@ -20,7 +20,7 @@ case "${1:-prefill}" in
     if [ "$1" = decode ]; then
       PATCHES="$P/q8-lean.patch $P/q8-iq2-signed.patch $P/combined.patch"
     else
-      PATCHES="$P/x24-unpredicated.patch $P/x24-unpredicated-iq1m.patch $P/x32-pair-stage.patch"
+      PATCHES="$P/x24-unpredicated-iq1m.patch $P/x32-pair-stage.patch"
       bash $A build 2>&1 | grep -E "^== .*exit" | tail -1
     fi
     export PATCHES
