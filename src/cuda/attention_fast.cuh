@@ -14,8 +14,6 @@ namespace rl::cuda::fast_attention {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeadDimF = 256;
 
-__device__ __forceinline__ float sigmoid_fast(float x) { return 1.0f / (1.0f + __expf(-x)); }
-
 __device__ __forceinline__ void fma4(float4& acc, float w, float4 v) {
   acc.x = fmaf(w, v.x, acc.x);
   acc.y = fmaf(w, v.y, acc.y);

@@ -92,16 +92,13 @@ struct X24Chunk {
   uint32_t a[2];
   int m[2];
 };
-// IQ2 grid bytes g with byte masks mk (0 or 0xFF): ±g per byte as (g ^ mk) + (mk & 1): g ≥ 8, so
-// g ^ 0xFF ≤ 247 and the +1 carries out of no byte.
-__device__ __forceinline__ uint32_t iq2_signed_s8(uint32_t g, uint32_t mk) { return (g ^ mk) + (mk & 0x01010101u); }
 // The signed bytes of half hb/4 of grid entry gi under sign code si: the tables' 8-byte entries read
 // as words at byte offset index·8 + hb.
 __device__ __forceinline__ uint32_t iq2_half(const uint32_t* grid, const uint32_t* masks, uint32_t gi, uint32_t si,
                                              uint32_t hb) {
   const uint32_t g = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(grid) + ((gi << 3) | hb));
   const uint32_t mk = *reinterpret_cast<const uint32_t*>(reinterpret_cast<const char*>(masks) + ((si << 3) | hb));
-  return iq2_signed_s8(g, mk);
+  return iq2_s8(g, mk);
 }
 
 template <GgmlType T>
@@ -191,6 +188,23 @@ struct X24Weights<GgmlType::IQ1_M> {
 template <GgmlType T>
 constexpr bool kX24Type = T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS || T == GgmlType::IQ1_M;
 
+// x24_kernel's step loop without predicates (the IQ2 types): every lane decodes and fetches its
+// rows' weights at every step, a row past the matrix reading row 0's (wrow: its sums are never
+// stored, and only they read its bytes, an A row of the mma giving its own D rows) and the last
+// two steps of a row fetching its last step again, so that the two steps' weight registers rotate
+// without copies and the decoding without branches (the step's sub-scales pinned ahead of the
+// sub-tiles' branches too): 230 machine instructions for two steps of the IQ2_XS gate/up pair
+// against 300 predicated (scripts/sass_loops.py; Nsight Compute found these kernels bound by their
+// instruction issue, docs/PERF.md). IQ1_M's X8 form runs unpredicated at 2 blocks an SM (128
+// registers, no spill; at 3 it spilled 56 bytes, predicated 32); its X24 form keeps the predicated
+// loop (unpredicated it spilled 24 bytes at 128 registers) (ptxas).
+template <GgmlType T, int L>
+constexpr bool kX24Unpredicated =
+    T == GgmlType::IQ2_XXS || T == GgmlType::IQ2_XS || (T == GgmlType::IQ1_M && L == 1);
+// Blocks an SM for the X8 (L = 1) and X24 (L = 3) forms.
+template <GgmlType T, int L>
+constexpr int kX24BlocksPerSm = L == 1 && T != GgmlType::IQ1_M ? kX8BlocksPerSm : 2;
+
 // One warp per (row, super-block): the block's largest magnitude m gives e with m < 2^e (frexp),
 // the scale 2^(e-B) with B = 8L - 1 (NaN when the block holds a NaN or an infinity, so that the
 // products carry it), and each value's (B+1)-bit integer n = round(x · 2^(B-e)) in L byte planes,
@@ -257,7 +271,7 @@ __global__ void quantize_kernel(const float* x, int rows, int cols, uint8_t* xq,
 // rows g and g + 8 of the warp's 16.
 // L limbs: 3, the X24 form; 1, the X8 form.
 template <GgmlType T, bool GU, int L>
-__global__ void __launch_bounds__(kThreads, L == 1 ? kX8BlocksPerSm : 2) x24_kernel(
+__global__ void __launch_bounds__(kThreads, kX24BlocksPerSm<T, L>) x24_kernel(
     const uint8_t* w, const uint8_t* const* slot_ptrs, size_t w_offset, const uint8_t* w2, size_t w2_offset,
     size_t row_bytes, int rows, int cols, const uint8_t* xq, const double* xscale, const int* row_off,
     const int* row_cnt, int n_tokens, float* y) {
@@ -326,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? kX8BlocksPerSm : 2) x24_ker
   auto fetch_weights = [&](typename W::Raw (&r)[2], int step) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
-      if (w_valid[i]) r[i] = W::load(wrow[i], step, fq);
+      if (kX24Unpredicated<T, L> || w_valid[i]) r[i] = W::load(wrow[i], step, fq);
   };
   // L2 prefetches of the weights of the super-block kPrefetchSupers ahead (each row's block by its
   // 4 lanes: offsets 0, 32, 64 and the last byte cover the block's sectors).
@@ -368,16 +382,25 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? kX8BlocksPerSm : 2) x24_ker
       X24Chunk c[2];
 #pragma unroll
       for (int i = 0; i < 2; i++) {
-        if (w_valid[i]) {
+        if (kX24Unpredicated<T, L> || w_valid[i]) {
           c[i] = W::decode(raw[i], fq, step, grid32, masks32);
         } else {
           c[i].a[0] = c[i].a[1] = 0;
           c[i].m[0] = c[i].m[1] = 0;
         }
       }
+      // The sub-scales once a step, not again in each sub-tile's branch (where the compiler
+      // would sink them).
+#pragma unroll
+      for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) asm volatile("" : "+r"(c[i].m[h]));
 #pragma unroll
       for (int i = 0; i < 2; i++) raw[i] = raw_next[i];
-      if (step + 2 < steps) fetch_weights(raw_next, step + 2);
+      if (kX24Unpredicated<T, L>)
+        fetch_weights(raw_next, min(step + 2, steps - 1));
+      else if (step + 2 < steps)
+        fetch_weights(raw_next, step + 2);
       const uint32_t* xw = reinterpret_cast<const uint32_t*>(xs[buf][j]) + 4 * fg + fq;
 #pragma unroll
       for (int s = 0; s < kSubTiles; s++) {

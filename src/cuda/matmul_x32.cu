@@ -32,9 +32,10 @@
 // a row are the 8 bytes 8q .. 8q + 7 of the step's 32 quant bytes (low nibbles on even steps, high
 // on odd ones, the same bytes for both) and its B registers are 8 consecutive bytes of a token's
 // plane. The planes of a step, the sub-block sums and the scales are copied into shared memory with
-// cp.async three steps deep; the weights are read into registers two steps ahead and prefetched
-// into L2 two super-blocks ahead. Blocks of one row tile are adjacent in the grid, so the tokens'
-// blocks of a weight tile run together and read it from L2. (The int32 sums of 4 planes × 3
+// cp.async three stages deep (a stage: one step in the X32 form, two in the X8 form, so that the X8
+// form's four mma a warp per step wait on half as many barriers); the weights are read into
+// registers two steps ahead and prefetched into L2 two super-blocks ahead. Blocks of one row tile
+// are adjacent in the grid, so the tokens' blocks of a weight tile run together and read it from L2. (The int32 sums of 4 planes × 3
 // sub-tiles fill the registers that 128 a thread allow at two blocks an SM; the double sums live in
 // shared memory.)
 #include "cuda/cuda_check.h"
@@ -68,6 +69,11 @@ constexpr int kPrefetchSupers = 2;
 // Copy pieces of a step: 16 bytes of plane l, half h of token t at piece (l·kTokens<L> + t)·2 + h.
 template <int L>
 constexpr int kPieces = L * kTokens<L> * 2;
+// Steps a stage holds (one barrier each): the X8 form two, the step pair whose quant bytes a lane
+// reads at once (its stages fit the 48 KiB of static shared memory); the X32 form one (two would
+// not fit).
+template <int L>
+constexpr int kStageSteps = L == 1 ? 2 : 1;
 static_assert(kPieces<kMaxLimbs> + kTokens<kMaxLimbs> <= kThreads && kPieces<1> + kTokens<1> <= kThreads,
               "a step's copies take one thread each");
 
@@ -85,7 +91,7 @@ __device__ __forceinline__ int k4_field(uint32_t s0, uint32_t s1, uint32_t s2, i
 
 template <int L>
 struct Stage {
-  uint4 x[kPieces<L>];  // [plane][token][2 halves of 16 bytes]
+  uint4 x[kStageSteps<L>][kPieces<L>];  // [step][plane][token][2 halves of 16 bytes]
 };
 
 // Y [T][rows] = X̂ · Wᵀ for Q4_K W [rows][cols]: see the top of the file. L planes: 4, the X32 form;
@@ -128,29 +134,34 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
     wrow[i] = w + (size_t)(r < rows ? r : 0) * row_bytes;
   }
 
-  // Step st's copies: the planes (threads below kPieces), the sub-block sums (the next kTok
-  // threads) and, on a super-block's first step, the tokens' scales (the same threads) and the
-  // rows' first 16 bytes of the super-block (threads below kTileRows, row r0 + tid). One group a
-  // thread.
-  auto stage = [&](int st) {
-    if (st < steps) {
-      if (st % kStepsPerSuper == 0 && tid < kTileRows) {
+  // Stage q's copies, steps st = q·S .. q·S + S − 1 (S = kStageSteps, a divisor of a super-block's
+  // steps): the planes (threads below kPieces), the sub-block sums (the next kTok threads) and, on a
+  // super-block's first step, the tokens' scales (the same threads) and the rows' first 16 bytes of
+  // the super-block (threads below kTileRows, row r0 + tid). One group a thread.
+  constexpr int S = kStageSteps<L>;
+  auto stage = [&](int q) {
+    const int st0 = q * S;
+    if (st0 < steps) {
+      if (st0 % kStepsPerSuper == 0 && tid < kTileRows) {
         const int r = r0 + tid;
-        cp_async<16>(&sscale[(st / kStepsPerSuper) & 1][tid],
-                     w + (size_t)(r < rows ? r : 0) * row_bytes + (size_t)(st / kStepsPerSuper) * kQ4KBytes, r < rows);
+        cp_async<16>(&sscale[(st0 / kStepsPerSuper) & 1][tid],
+                     w + (size_t)(r < rows ? r : 0) * row_bytes + (size_t)(st0 / kStepsPerSuper) * kQ4KBytes, r < rows);
       }
       if (tid < kPieceCount) {
         const int h = tid & 1, t = (tid >> 1) % kTok, l = tid / (2 * kTok);
         const bool v = t < tile_n;
-        cp_async<16>(&stages[st % kStages].x[tid], xg + (size_t)(v ? t : 0) * x_row + (size_t)st * kStepBytes + 32 * l + 16 * h,
-                     v);
+        const uint8_t* src = xg + (size_t)(v ? t : 0) * x_row + (size_t)st0 * kStepBytes + 32 * l + 16 * h;
+#pragma unroll
+        for (int u = 0; u < S; u++) cp_async<16>(&stages[q % kStages].x[u][tid], src + u * kStepBytes, v);
       } else if (tid < kPieceCount + kTok) {
         const int t = tid - kPieceCount;
         const bool v = t < tile_n;
-        const int par = (st / kStepsPerSuper) & 1;
-        cp_async<8>(&ssum[par][st % kStepsPerSuper][t], sg + (size_t)(v ? t : 0) * steps + st, v);
-        if (st % kStepsPerSuper == 0)
-          cp_async<8>(&sxsc[par][t], cg + (size_t)(v ? t : 0) * nsb + st / kStepsPerSuper, v);
+        const int par = (st0 / kStepsPerSuper) & 1;
+#pragma unroll
+        for (int u = 0; u < S; u++)
+          cp_async<8>(&ssum[par][(st0 + u) % kStepsPerSuper][t], sg + (size_t)(v ? t : 0) * steps + st0 + u, v);
+        if (st0 % kStepsPerSuper == 0)
+          cp_async<8>(&sxsc[par][t], cg + (size_t)(v ? t : 0) * nsb + st0 / kStepsPerSuper, v);
       }
     }
     cp_async_commit();
@@ -185,9 +196,12 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
 #pragma unroll
     for (int j = 0; j < kStepsPerSuper; j++) {
       const int st = sb * kStepsPerSuper + j;
-      cp_async_wait<1>();  // this step's group (the next one may still be in flight)
-      __syncthreads();     // everyone's copies visible; the buffer stage(st + 2) reuses is read
-      stage(st + 2);
+      const int q = st / S;
+      if (j % S == 0) {
+        cp_async_wait<1>();  // this stage's group (the next one may still be in flight)
+        __syncthreads();     // everyone's copies visible; the buffer stage(q + 2) reuses is read
+        stage(q + 2);
+      }
       if (j % 2 == 0) {
         const int p = st / 2;
 #pragma unroll
@@ -205,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
         const uint4 v = scw[8 * i];
         sc[i] = k4_field<false>(v.y, v.z, v.w, j);
       }
-      const uint2* xb = reinterpret_cast<const uint2*>(stages[st % kStages].x);
+      const uint2* xb = reinterpret_cast<const uint2*>(stages[q % kStages].x[j % S]);
 #pragma unroll
       for (int s = 0; s < kSub; s++) {
         if (s >= active) continue;
@@ -225,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, L == 1 ? 3 : 2)
         }
       }
     }
-    // The super-block's contribution (its last step's barrier made its sums and scales visible).
+    // The super-block's contribution (its last stage's barrier made its sums and scales visible).
     double dmin_m[2][2], dd[2];  // [row][k4 half]: m_j · dmin for j = 4·half + q; d per row
 #pragma unroll
     for (int i = 0; i < 2; i++) {

@@ -293,20 +293,25 @@ struct IqUnit<GgmlType::IQ1_M> {  // four index bytes, two high-bit bytes, the b
   }
 };
 
+// The IQ2 types take their chunks as signed bytes (no bias, so no activation sums): the same floats,
+// since s · (Σ u_j q_j − 43 · Σ q_j) formed in fp32 was already exact (integers below 2^24).
 template <GgmlType T>
 struct Q8DotIq {
   static constexpr int kValues = 32;
+  static constexpr bool kSigned = kSignMasks<T>;  // the IQ2 types
   struct X {
     int q[8];
-    int sum[4];  // Σ q over each 8 values
+    int sum[4];  // Σ q over each 8 values (not kSigned)
     float d;
   };
   template <bool S>
   __device__ static X load_x(const int8_t* xq, const float2* xds, int u) {
     X x;
     load_x32<S>(xq, u, x.q);
+    if constexpr (!kSigned) {
 #pragma unroll
-    for (int c = 0; c < 4; c++) x.sum[c] = __dp4a(x.q[2 * c], 0x01010101, __dp4a(x.q[2 * c + 1], 0x01010101, 0));
+      for (int c = 0; c < 4; c++) x.sum[c] = __dp4a(x.q[2 * c], 0x01010101, __dp4a(x.q[2 * c + 1], 0x01010101, 0));
+    }
     x.d = ld_x<S>(&xds[u].x);
     return x;
   }
@@ -319,7 +324,12 @@ struct Q8DotIq {
     IqUnit<T>::load(row, u, raw);
     W w;
 #pragma unroll
-    for (int c = 0; c < 4; c++) w.k[c] = Q::decode(raw[c], 4 * u + c, grid);
+    for (int c = 0; c < 4; c++) {
+      if constexpr (kSigned)
+        w.k[c] = Q::template decode<true>(raw[c], 4 * u + c, grid);
+      else
+        w.k[c] = Q::decode(raw[c], 4 * u + c, grid);
+    }
     return w;
   }
   __device__ static float dot(const W& w, const X& x) {
@@ -328,7 +338,10 @@ struct Q8DotIq {
     for (int c = 0; c < 4; c++) {
       const IqChunk& k = w.k[c];
       const int s = __dp4a((int)k.u.x, x.q[2 * c], __dp4a((int)k.u.y, x.q[2 * c + 1], 0));
-      acc = fmaf(k.s, fmaf(-k.b, (float)x.sum[c], (float)s), acc);
+      if constexpr (kSigned)
+        acc = fmaf(k.s, (float)s, acc);
+      else
+        acc = fmaf(k.s, fmaf(-k.b, (float)x.sum[c], (float)s), acc);
     }
     return acc * x.d;
   }
@@ -363,9 +376,12 @@ constexpr bool kStageQ8Codebook = GridOf<T>::kEntries * sizeof(uint64_t) < 16 * 
 template <int W, int R>
 struct LaneSlot {
   int warp, lane, row, ws, sub;
+  // G is 8, 16 or 32 (launch_q8_columns): its divisions as shifts, not the integer division a
+  // run-time divisor costs every warp.
   __device__ LaneSlot(int G) {
-    warp = threadIdx.x / 32, lane = threadIdx.x % 32, ws = warp % W, sub = lane % G;
-    row = ((blockIdx.x * (blockDim.x / 32 / W) + warp / W) * (32 / G) + lane / G) * R;
+    const int lg = __ffs(G) - 1;
+    warp = threadIdx.x / 32, lane = threadIdx.x % 32, ws = warp % W, sub = lane & (G - 1);
+    row = ((blockIdx.x * (blockDim.x / 32 / W) + warp / W) * (32 >> lg) + (lane >> lg)) * R;
   }
   // The block's rows: from block_row(G), block_rows(G) of them.
   __device__ static int block_rows(int G) { return kWarps / W * (32 / G) * R; }
@@ -541,7 +557,7 @@ __global__ void __launch_bounds__(32 * kWarps) gate_up_q8_kernel(const Q8JobList
   for (int c = 0; c < N; c++) {
     const bool own_g = s.reduce(acc[c][0], active, G);
     const bool own_u = s.reduce(acc[c][1], active, G);
-    if (own_g && own_u) jb.act[c * as + s.row] = __fmul_rn(silu_f(acc[c][0]), acc[c][1]);
+    if (own_g && own_u) jb.act[c * as + s.row] = __fmul_rn(silu_fast(acc[c][0]), acc[c][1]);
   }
 }
 

@@ -277,6 +277,19 @@ __device__ __forceinline__ uint2 iq2_signed_bytes(uint64_t grid, uint64_t masks)
   return make_uint2(iq2_signed_bytes((uint32_t)grid, (uint32_t)masks),
                     iq2_signed_bytes((uint32_t)(grid >> 32), (uint32_t)(masks >> 32)));
 }
+// The same values as signed bytes s·g (no bias): (g ^ m) + (m & 1) per byte; g ≥ 8, so g ^ 0xFF ≤
+// 247 and the +1 carries out of no byte.
+__device__ __forceinline__ uint32_t iq2_s8(uint32_t g, uint32_t m) { return (g ^ m) + (m & 0x01010101u); }
+__device__ __forceinline__ uint2 iq2_s8(uint64_t grid, uint64_t masks) {
+  return make_uint2(iq2_s8((uint32_t)grid, (uint32_t)masks), iq2_s8((uint32_t)(grid >> 32), (uint32_t)(masks >> 32)));
+}
+// An IQ2 chunk in the integer form, u biased (b = 43, the exact tier's products and matvec.cu) or,
+// kSigned, the signed bytes with b = 0 (matvec-q8's dp4a takes signed bytes).
+template <bool kSigned>
+__device__ __forceinline__ IqChunk iq2_chunk(uint64_t grid, uint64_t masks, float s) {
+  if constexpr (kSigned) return {iq2_s8(grid, masks), s, 0.0f};
+  else return {iq2_signed_bytes(grid, masks), s, (float)kIq2Bias};
+}
 // The byte masks of a 7-bit IQ2 sign code: byte j is 0xFF when ksigns(code) has bit j. Without a
 // table or a loop: bit j < 4 of a nibble goes to bit 8j by one multiply (the nibble's four shifted
 // copies do not overlap, so nothing carries), and each byte's 0 or 1 times 0xFF is its mask (the
@@ -322,10 +335,11 @@ struct Dequant<GgmlType::IQ2_XXS> {
     const uint8_t* q = b + 2 + 8 * ((c & 31) >> 2);
     return {(uint32_t)load_u16(q + 4) | ((uint32_t)load_u16(q + 6) << 16), load_u16(b), q[c & 3]};
   }
+  template <bool kSigned = false>
   __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid) {
     const float d = half_bits_to_f32(r.d);
     const float db = d * (0.5f + (float)(r.aux1 >> 28)) * 0.25f;
-    return {iq2_signed_bytes(grid[r.idx], iq2_sign_bytes((r.aux1 >> (7 * (c & 3))) & 127)), db, (float)kIq2Bias};
+    return iq2_chunk<kSigned>(grid[r.idx], iq2_sign_bytes((r.aux1 >> (7 * (c & 3))) & 127), db);
   }
 };
 
@@ -357,10 +371,11 @@ struct Dequant<GgmlType::IQ2_XS> {
     const int ib = (c & 31) >> 2;
     return {load_u16(b), load_u16(b + 2 + 2 * (4 * ib + (c & 3))), b[66 + ib]};
   }
+  template <bool kSigned = false>
   __device__ static IqChunk decode(const Raw& r, int c, const uint64_t* grid) {
     const float d = half_bits_to_f32(r.d);
     const float db = d * (0.5f + (float)(((c & 3) < 2) ? (r.sc & 0xF) : (r.sc >> 4))) * 0.25f;
-    return {iq2_signed_bytes(grid[r.qs & 511], iq2_sign_bytes(r.qs >> 9u)), db, (float)kIq2Bias};
+    return iq2_chunk<kSigned>(grid[r.qs & 511], iq2_sign_bytes(r.qs >> 9u), db);
   }
 };
 
