@@ -160,6 +160,7 @@ each_patch() {
 }
 keep_patch_bin() { cp $BUILD/redlite "/tmp/rl-bin-$1"; }
 keep_and_test_patch() { keep_patch_bin "$1"; test_patch "$1"; }
+ncu_bin() { command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1; }  # Nsight Compute
 test_patch() { REDLITE_FIXTURES=$FIX STEP_TIMEOUT=400 step "test_cuda-$1" "$BUILD/test_cuda" ${TEST_FILTER:+--gtest_filter=$TEST_FILTER}; }
 for s in "$@"; do
   case "$s" in
@@ -380,14 +381,14 @@ for s in "$@"; do
     variant-depths) model; step depths-variant /tmp/rl-build-variant/redlite bench -m $M80 --backend cuda --reps 1 --depths "$DEPTHS" ;;
     ncu-detail)
       model
-      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      NCU_BIN=$(ncu_bin)
       STEP_TIMEOUT=400 step ncu-detail "$NCU_BIN" --clock-control none --set detailed --import-source no -k "regex:${NCU_RE:-attention_decode}" \
         --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-2} --csv --page details "$BUILD/redlite" bench -m $M80 \
         --backend cuda --reps 1 --depth-decode-tokens 2 --depths "${NCU_DETAIL_DEPTH:-32768}"
       ;;
     ncu-stall)
       model
-      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      NCU_BIN=$(ncu_bin)
       STEP_TIMEOUT=400 step ncu-stall "$NCU_BIN" --clock-control none --section WarpStateStats --section SchedulerStats \
         --section Occupancy --section SpeedOfLight --section InstructionStats --section MemoryWorkloadAnalysis_Tables \
         --csv --page raw --print-units base --kernel-name-base demangled -k "regex:${NCU_RE:-gate_up_q8_kernel}" --launch-skip ${NCU_SKIP:-0} \
@@ -398,7 +399,7 @@ for s in "$@"; do
       ;;
     ncu)
       model
-      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      NCU_BIN=$(ncu_bin)
       STEP_TIMEOUT=400 step ncu "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
         -k "regex:${NCU_RE:-attention}" "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 --depth-decode-tokens 2 \
         --depths "${NCU_DEPTHS:-0,32768}"
@@ -420,7 +421,7 @@ for s in "$@"; do
       ;;
     ncu-pass)
       model
-      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      NCU_BIN=$(ncu_bin)
       STEP_TIMEOUT=400 step ncu-pass "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum \
         --csv --page raw --print-units base --launch-count ${NCU_COUNT:-1400} "$BUILD/redlite" bench -m $M80 --backend cuda --reps 1 \
         --prompt-tokens ${NCU_PASS_TOKENS:-4} --prefill-tokens ${NCU_PASS_TOKENS:-4} --decode-tokens 2
@@ -431,7 +432,7 @@ for s in "$@"; do
       # The prefills of the NCU_BATCH sequences run unprofiled: NCU_SKIP launches (a 16-token
       # prefill of the 80B is 1,397), a little short of them so the first step is whole.
       model
-      NCU_BIN=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      NCU_BIN=$(ncu_bin)
       nb=${NCU_BATCH:-16}
       STEP_TIMEOUT=400 step ncu-batch "$NCU_BIN" --clock-control none --metrics gpu__time_duration.sum \
         --csv --page raw --print-units base --launch-skip ${NCU_SKIP:-$((nb * 1397 - 100))} --launch-count ${NCU_COUNT:-3200} \

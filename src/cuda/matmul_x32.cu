@@ -35,9 +35,9 @@
 // cp.async three stages deep (a stage: one step in the X32 form, two in the X8 form, so that the X8
 // form's four mma a warp per step wait on half as many barriers); the weights are read into
 // registers two steps ahead and prefetched into L2 two super-blocks ahead. Blocks of one row tile
-// are adjacent in the grid, so the tokens' blocks of a weight tile run together and read it from L2. (The int32 sums of 4 planes × 3
-// sub-tiles fill the registers that 128 a thread allow at two blocks an SM; the double sums live in
-// shared memory.)
+// are adjacent in the grid, so the tokens' blocks of a weight tile run together and read it from
+// L2. (The int32 sums of 4 planes × 3 sub-tiles fill the registers that 128 a thread allow at two
+// blocks an SM; the double sums live in shared memory.)
 #include "cuda/cuda_check.h"
 #include "cuda/kernels.h"
 #include "cuda/math_device.cuh"
